@@ -1,0 +1,204 @@
+"""The `fedrecgel` command: parse, call the library, print.
+
+Exit codes: 0 success, 2 bad input (a clear message, no traceback), 1 internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from fedrecgel_secure.errors import BadInputError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="FedRecGEL federated recommendation with secure aggregation and client-level DP.")
+policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, download.")
+app.add_typer(policy_app, name="policy")
+app.add_typer(data_app, name="data")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def user_errors(command):
+    """Bad input becomes a one-paragraph message and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except BadInputError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _metrics_table(title: str, rows: dict[str, dict | None]) -> Table:
+    table = Table(title=title)
+    table.add_column("")
+    table.add_column("round", justify="right")
+    keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]
+    for k in keys:
+        table.add_column(k.upper().replace("NDCG", "NDCG"), justify="right")
+    for name, record in rows.items():
+        if record is None:
+            table.add_row(name, "-", *["-"] * len(keys))
+        else:
+            table.add_row(name, str(record.get("round", "-")), *[f"{record[k]:.4f}" for k in keys])
+    return table
+
+
+@app.command()
+@user_errors
+def train(
+    policy: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
+    out_dir: Annotated[Path, typer.Option("--out", help="Run directory.")] = Path("runs/default"),
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")] = False,
+    seed: Annotated[Optional[int], typer.Option(help="Training seed (overrides the policy's seed).")] = None,
+):
+    """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
+    from fedrecgel_secure.runs import open_run
+
+    overrides = list(set_) + ([f"seed={seed}"] if seed is not None else [])
+    trainer = open_run(out_dir, policy, overrides, resume=resume)
+    rounds = trainer.policy.federation.rounds
+    if trainer.round:
+        out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
+    latest = {"hr": "-", "ndcg": "-"}
+    columns = [
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]}  HR@10 {task.fields[hr]}  NDCG@10 {task.fields[ndcg]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns, console=out, transient=False) as progress:
+        task = progress.add_task("train", total=rounds, completed=trainer.round, loss="-", **latest)
+
+        def on_round(event):
+            if event.metrics is not None:
+                latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
+            progress.update(task, completed=event.round, loss=f"{event.loss:.4f}", **latest)
+
+        summary = trainer.run(out_dir, on_round)
+    out.print(_metrics_table(f"{summary['method']} on {trainer.policy.data.dataset}: {summary['wall_time_s']:.1f} s", {
+        f"best ({summary['select_by']})": summary["best"],
+        "final": summary["final"],
+        "validation-selected": summary["validation_selected"],
+    }))
+    out.print(f"wrote {out_dir}/metrics.jsonl, summary.json, policy.resolved.toml, checkpoint.pt")
+
+
+@app.command()
+@user_errors
+def evaluate(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `fedrecgel train`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+):
+    """Recompute the metrics of the model saved in a run directory."""
+    from fedrecgel_secure.runs import evaluate_run
+
+    metrics = evaluate_run(run_dir)
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    rows = {"test": metrics}
+    if "val_hr@10" in metrics:
+        rows["validation"] = {"round": metrics["round"], **{k[4:]: v for k, v in metrics.items() if k.startswith("val_")}}
+    out.print(_metrics_table(f"{run_dir}", rows))
+
+
+@policy_app.command("validate")
+@user_errors
+def policy_validate(file: Annotated[Path, typer.Argument(help="Policy file (TOML).")]):
+    """Check a policy file; print every error with its dotted field path."""
+    from fedrecgel_secure.policy import load_policy
+
+    load_policy(file)
+    out.print(f"{file}: valid")
+
+
+@policy_app.command("show")
+@user_errors
+def policy_show(
+    file: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Override a field: section.key=value.")] = [],
+):
+    """Print the resolved policy, every default filled in, as TOML."""
+    from fedrecgel_secure.policy import load_policy
+
+    print(load_policy(file, set_).to_toml(), end="")
+
+
+@policy_app.command("schema")
+def policy_schema():
+    """Print the JSON Schema of policy files."""
+    from fedrecgel_secure.policy import Policy
+
+    print(json.dumps(Policy.model_json_schema(), indent=2))
+
+
+@data_app.command("list")
+def data_list():
+    """The datasets this package knows, and where each comes from."""
+    from fedrecgel_secure.data.loaders import DATASETS
+
+    table = Table(title="datasets")
+    for col in ("name", "bundled", "format", "source", "description"):
+        table.add_column(col)
+    for info in DATASETS.values():
+        table.add_row(info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description)
+    out.print(table)
+
+
+@data_app.command("info")
+@user_errors
+def data_info(
+    name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
+    format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
+    min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
+):
+    """Users, items, interactions and sparsity after filtering."""
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.policy import DataPolicy
+
+    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions))
+    table = Table(title=f"{name_or_path} (users with >= {min_interactions} interactions)")
+    table.add_column("users", justify="right")
+    table.add_column("items", justify="right")
+    table.add_column("interactions", justify="right")
+    table.add_column("sparsity", justify="right")
+    table.add_row(f"{split.n_users:,}", f"{split.n_items:,}", f"{split.n_interactions:,}", f"{split.sparsity:.4%}")
+    out.print(table)
+
+
+@data_app.command("fetch")
+@user_errors
+def data_fetch(
+    name: Annotated[str, typer.Argument(help="A dataset name (see `data list`).")],
+    to: Annotated[Path, typer.Option("--to", help="Directory to download into.")] = Path("data"),
+):
+    """Download a dataset from its public URL."""
+    from fedrecgel_secure.data.fetch import fetch_dataset
+
+    path = fetch_dataset(name, to)
+    out.print(f"downloaded {name}: {path}\ntrain on it with: fedrecgel train --set data.dataset={name} --set data.path={path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

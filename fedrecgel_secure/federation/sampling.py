@@ -1,0 +1,76 @@
+"""What a round draws: the sampled clients and their local training sets.
+
+Both engines consume the same :class:`LocalSets`, so with one seed they train
+on the very same negatives in the very same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedrecgel_secure.data.split import SeenIndex, Split, sample_negatives
+
+
+def sample_clients(rng: np.random.Generator, n_clients: int, fraction: float) -> np.ndarray:
+    """A fixed-size sample without replacement, as the authors' server draws it."""
+    m = max(1, int(n_clients * fraction))
+    return np.sort(rng.choice(n_clients, size=m, replace=False))
+
+
+@dataclass(frozen=True)
+class LocalSets:
+    """Every sampled client's local examples, flattened and grouped by client.
+
+    Client ``c`` (the ``c``-th of ``clients``) owns examples
+    ``offsets[c]:offsets[c + 1]``, already shuffled: consecutive chunks of that
+    range are the chunks of the sum-of-chunk-means loss.
+    """
+
+    clients: np.ndarray
+    offsets: np.ndarray
+    items: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def of(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        s = slice(self.offsets[c], self.offsets[c + 1])
+        return self.items[s], self.labels[s]
+
+    def owner(self) -> np.ndarray:
+        """(E,) position in ``clients`` of each example's client."""
+        return np.repeat(np.arange(self.clients.size), self.sizes)
+
+    def chunk_weights(self, chunk_size: int) -> np.ndarray:
+        """Weight 1/|chunk| per example, so that sum(w * bce) is the sum of chunk means."""
+        owner = self.owner()
+        position = np.arange(self.items.size) - self.offsets[owner]
+        chunk_start = position // chunk_size * chunk_size
+        chunk_len = np.minimum(chunk_size, self.sizes[owner] - chunk_start)
+        return 1.0 / chunk_len
+
+
+def build_local_sets(rng: np.random.Generator, split: Split, seen: SeenIndex, clients: np.ndarray, n_negatives: int) -> LocalSets:
+    """Each training positive with ``n_negatives`` fresh negatives, shuffled per client."""
+    starts = split.train_indptr[clients]
+    lens = split.train_indptr[clients + 1] - starts
+    first = np.repeat(np.cumsum(lens) - lens, lens)
+    flat = np.arange(lens.sum()) - first + np.repeat(starts, lens)
+    pos_items = split.train_items[flat]
+    pos_users = np.repeat(clients, lens)
+    negatives = sample_negatives(rng, seen, pos_users, n_negatives)
+
+    items = np.concatenate([pos_items[:, None], negatives], axis=1).reshape(-1)
+    labels = np.zeros((pos_items.size, 1 + n_negatives), dtype=np.float32)
+    labels[:, 0] = 1.0
+    labels = labels.reshape(-1)
+    sizes = lens * (1 + n_negatives)
+    owner = np.repeat(np.arange(clients.size), sizes)
+    order = np.lexsort((rng.random(items.size), owner))
+    offsets = np.zeros(clients.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    return LocalSets(clients=clients, offsets=offsets, items=items[order], labels=labels[order])

@@ -1,0 +1,184 @@
+"""The round loop: sample clients -> client updates -> aggregate -> server step -> evaluate.
+
+Everything a run needs to continue exactly lives in :meth:`Trainer.state_dict`:
+the shared model and its server Adam state, every client's private state and
+Adam moments, the RNG states and the metrics so far.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fedrecgel_secure import __version__
+from fedrecgel_secure.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from fedrecgel_secure.data.split import SeenIndex, Split
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
+from fedrecgel_secure.federation.sampling import build_local_sets, sample_clients
+from fedrecgel_secure.federation.server import Server
+from fedrecgel_secure.federation.state import ClientStates
+from fedrecgel_secure.metrics import KS
+from fedrecgel_secure.model import NeuMF
+from fedrecgel_secure.policy import Policy
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+RESOLVED = "policy.resolved.toml"
+
+
+@dataclass
+class RoundEvent:
+    round: int
+    rounds: int
+    loss: float
+    metrics: dict | None  # the evaluation record of this round, if it was evaluated
+
+
+def make_engine(policy: Policy):
+    rho_sh, rho_ns = policy.rhos()
+    cfg = ClientConfig(rho_sh=rho_sh, rho_ns=rho_ns, client_lr=policy.federation.client_lr, chunk_size=policy.federation.chunk_size)
+    if policy.federation.engine == "per-client":
+        return PerClientEngine(cfg)
+    from fedrecgel_secure.federation.batched import BatchedEngine
+
+    return BatchedEngine(cfg, clients_per_batch=policy.federation.clients_per_batch)
+
+
+class Trainer:
+    def __init__(self, policy: Policy, split: Split):
+        self.policy, self.split = policy, split
+        self.seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
+        dtype = getattr(torch, policy.model.dtype)
+        init = torch.Generator().manual_seed(policy.seed)
+        self.model = NeuMF(split.n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower)).to(dtype)
+        self.model.reset_parameters(init)
+        self.states = ClientStates.fresh(self.model.init_private(split.n_users, init))
+        self.server = Server(self.model, policy.federation.server_lr)
+        self.engine = make_engine(policy)
+        self.rng = np.random.default_rng(policy.seed)
+        self.round = 0
+        self.history: list[dict] = []
+        self.elapsed = 0.0  # training wall time, carried across resumes
+
+    # -- one round --------------------------------------------------------
+    def train_round(self) -> float:
+        fed = self.policy.federation
+        clients = sample_clients(self.rng, self.split.n_users, fed.fraction)
+        local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
+        update = self.engine.train_round(self.model, self.states, local)
+        self.server.step(update.uploads.total() / update.uploads.num_clients)
+        self.states.commit(update.private)
+        self.round += 1
+        return update.loss
+
+    def evaluate(self) -> dict[str, float]:
+        return self.engine.evaluate(self.model, self.states.theta, self.split)
+
+    # -- the loop -----------------------------------------------------------
+    def run(self, out_dir: Path | None = None, on_round: Callable[[RoundEvent], None] | None = None, stop_after: int | None = None) -> dict:
+        """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``."""
+        fed, rounds = self.policy.federation, self.policy.federation.rounds
+        last = rounds if stop_after is None else min(rounds, self.round + stop_after)
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(out_dir / RESOLVED, self.policy.to_toml().encode())
+            self._rewrite_metrics(out_dir)
+        while self.round < last:
+            start = time.perf_counter()
+            loss = self.train_round()
+            record = None
+            if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
+                record = {"round": self.round, "loss": loss, **self.evaluate()}
+            self.elapsed += time.perf_counter() - start
+            if record is not None:
+                record["elapsed_s"] = round(self.elapsed, 3)
+                self.history.append(record)
+                if out_dir is not None:
+                    with open(out_dir / METRICS, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+            if out_dir is not None and (self.round % self.policy.checkpoint.every == 0 or self.round in (last, rounds)):
+                save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
+            if on_round is not None:
+                on_round(RoundEvent(self.round, rounds, loss, record))
+        summary = self.summary()
+        if out_dir is not None:
+            atomic_write_bytes(out_dir / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
+        return summary
+
+    def _rewrite_metrics(self, out_dir: Path) -> None:
+        """metrics.jsonl holds exactly the evaluations of the state we continue from.
+
+        After a kill, lines written after the last checkpoint describe rounds that
+        will be trained again; they are dropped so no round appears twice.
+        """
+        atomic_write_bytes(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
+
+    # -- results ------------------------------------------------------------
+    def summary(self) -> dict:
+        key = self.policy.evaluation.select_by
+        test_keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in KS]
+        out = {
+            "version": __version__,
+            "policy_digest": self.policy.digest(),
+            "method": self.policy.method,
+            "rounds_done": self.round,
+            "rounds_planned": self.policy.federation.rounds,
+            "wall_time_s": round(self.elapsed, 3),
+            "select_by": key,
+            "data": {
+                "users": self.split.n_users,
+                "items": self.split.n_items,
+                "interactions": self.split.n_interactions,
+            },
+            "best": None,
+            "final": None,
+            "validation_selected": None,
+            "best_each": None,
+        }
+        if self.history:
+            out["best"] = max(self.history, key=lambda r: (r[key], -r["round"]))
+            out["final"] = self.history[-1]
+            out["best_each"] = {k: max(r[k] for r in self.history) for k in test_keys}
+            if "val_" + key in self.history[-1]:
+                out["validation_selected"] = max(self.history, key=lambda r: (r["val_" + key], -r["round"]))
+        return out
+
+    # -- checkpoints ----------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "format": 1,
+            "policy_digest": self.policy.digest(),
+            "round": self.round,
+            "elapsed": self.elapsed,
+            "model": self.model.state_dict(),
+            "server_optimizer": self.server.optimizer.state_dict(),
+            "clients": self.states.state_dict(),
+            "numpy_rng": json.dumps(self.rng.bit_generator.state),
+            "history": json.dumps(self.history),
+        }
+
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        if state.get("policy_digest") != self.policy.digest():
+            raise BadInputError(
+                f"{source}: was written under a different policy; resume with the run's own "
+                f"{RESOLVED} and no new --set overrides, or start a new --out directory"
+            )
+        self.round = int(state["round"])
+        self.elapsed = float(state["elapsed"])
+        self.model.load_state_dict(state["model"])
+        self.server.optimizer.load_state_dict(state["server_optimizer"])
+        self.states = ClientStates.from_state_dict(state["clients"])
+        self.rng.bit_generator.state = json.loads(state["numpy_rng"])
+        self.history = json.loads(state["history"])
+
+    def resume_from(self, out_dir: Path) -> None:
+        path = Path(out_dir) / CHECKPOINT
+        self.load_state_dict(load_checkpoint(path), str(path))

@@ -1,0 +1,95 @@
+"""A round's uploads: each client's gradient of the full shared vector.
+
+The shared vector is ``parameters_to_vector(model.parameters())``: the item
+table first (``n_items * row_dim`` values), then the tower and prediction layer
+(``rest``). Two holders give the same answers:
+
+* :class:`DenseUploads` stores one dense vector per client (the plain path);
+* :class:`RowUploads` stores, per client, only the item rows its gradient
+  touches plus its dense ``rest``; the untouched rows are exactly zero, so
+  norms, clipping and sums never need the dense vectors.
+
+A privacy layer that must treat the full vector (masking, encryption, noise)
+asks for :meth:`Uploads.vector` one client at a time: the protocol covers every
+coordinate, touched or not, so that the server cannot tell which rows a client
+touched (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GROUPS = ("item_embeddings", "rest")
+
+
+class Uploads:
+    num_clients: int
+
+    def group_sq_norms(self) -> torch.Tensor:
+        """(C, 2) squared L2 norms of each client's item-table and rest parts."""
+        raise NotImplementedError
+
+    def scale_groups(self, factors: torch.Tensor) -> Uploads:
+        """A copy with group g of client c multiplied by ``factors[c, g]``."""
+        raise NotImplementedError
+
+    def total(self) -> torch.Tensor:
+        """The dense sum over clients."""
+        raise NotImplementedError
+
+    def vector(self, c: int) -> torch.Tensor:
+        """Client ``c``'s dense upload."""
+        raise NotImplementedError
+
+    def norms(self) -> torch.Tensor:
+        return self.group_sq_norms().sum(dim=1).sqrt()
+
+    def scale(self, factors: torch.Tensor) -> Uploads:
+        return self.scale_groups(factors[:, None].expand(-1, len(GROUPS)))
+
+
+class DenseUploads(Uploads):
+    def __init__(self, vectors: torch.Tensor, n_item_values: int):
+        self.vectors = vectors
+        self.n_item_values = n_item_values
+        self.num_clients = vectors.shape[0]
+
+    def group_sq_norms(self) -> torch.Tensor:
+        items, rest = self.vectors[:, : self.n_item_values], self.vectors[:, self.n_item_values :]
+        return torch.stack([items.square().sum(1), rest.square().sum(1)], dim=1)
+
+    def scale_groups(self, factors: torch.Tensor) -> DenseUploads:
+        n = self.n_item_values
+        f = torch.cat([factors[:, :1].expand(-1, n), factors[:, 1:].expand(-1, self.vectors.shape[1] - n)], dim=1)
+        return DenseUploads(self.vectors * f, n)
+
+    def total(self) -> torch.Tensor:
+        return self.vectors.sum(dim=0)
+
+    def vector(self, c: int) -> torch.Tensor:
+        return self.vectors[c]
+
+
+class RowUploads(Uploads):
+    def __init__(self, rows: torch.Tensor, row_owner: torch.Tensor, row_item: torch.Tensor, rest: torch.Tensor, n_items: int):
+        self.rows, self.row_owner, self.row_item, self.rest = rows, row_owner, row_item, rest
+        self.n_items = n_items
+        self.num_clients = rest.shape[0]
+
+    def group_sq_norms(self) -> torch.Tensor:
+        item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype).index_add_(0, self.row_owner, self.rows.square().sum(1))
+        return torch.stack([item_sq, self.rest.square().sum(1)], dim=1)
+
+    def scale_groups(self, factors: torch.Tensor) -> RowUploads:
+        rows = self.rows * factors[self.row_owner, 0:1]
+        return RowUploads(rows, self.row_owner, self.row_item, self.rest * factors[:, 1:2], self.n_items)
+
+    def _table(self, rows: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(self.n_items, self.rows.shape[1], dtype=rows.dtype).index_add_(0, items, rows)
+
+    def total(self) -> torch.Tensor:
+        return torch.cat([self._table(self.rows, self.row_item).reshape(-1), self.rest.sum(dim=0)])
+
+    def vector(self, c: int) -> torch.Tensor:
+        mine = self.row_owner == c
+        return torch.cat([self._table(self.rows[mine], self.row_item[mine]).reshape(-1), self.rest[c]])

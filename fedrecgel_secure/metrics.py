@@ -1,0 +1,25 @@
+"""Leave-one-out ranking metrics: HR@K and NDCG@K over 1 held-out item + negatives."""
+
+from __future__ import annotations
+
+import torch
+
+KS = (5, 10, 15, 20)
+
+
+def rank_of_target(scores: torch.Tensor) -> torch.Tensor:
+    """0-based rank of column 0 among its row: how many candidates score strictly higher."""
+    return (scores[:, 1:] > scores[:, :1]).sum(dim=1)
+
+
+def ranking_metrics(scores: torch.Tensor, ks: tuple[int, ...] = KS, prefix: str = "") -> dict[str, float]:
+    """HR@K = P(rank < K); NDCG@K = E[1/log2(rank + 2) if rank < K else 0]."""
+    rank = rank_of_target(scores).to(torch.float64)
+    gain = 1.0 / torch.log2(rank + 2.0)
+    out = {}
+    for k in ks:
+        hit = rank < k
+        out[f"{prefix}hr@{k}"] = hit.to(torch.float64).mean().item()
+    for k in ks:
+        out[f"{prefix}ndcg@{k}"] = torch.where(rank < k, gain, 0.0).mean().item()
+    return out

@@ -1,0 +1,175 @@
+"""Policy files: one pydantic model tree, read from TOML, the single source of truth for a run.
+
+Unknown keys are errors and types are strict. Every error names the file, the
+dotted field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedrecgel_secure.errors import BadInputError
+
+_HERE = Path(__file__).resolve().parent
+# Ready policies: installed as package data next to this file, or the top-level
+# policies/ folder of a source checkout (editable install).
+POLICY_DIR = _HERE / "policies" if (_HERE / "policies").is_dir() else _HERE.parent / "policies"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class DataPolicy(Section):
+    dataset: str = Field("filmtrust", description="A registered dataset name (`fedrecgel data list`) or a path to a file.")
+    path: str | None = Field(None, description="The file to read for a non-bundled dataset; overrides the name's default.")
+    format: str | None = Field(None, description="File format; guessed from the dataset name or file name when absent.")
+    min_interactions: int = Field(5, ge=1, description="Users with fewer interactions are dropped.")
+    test_negatives: int = Field(99, ge=1, description="Negatives ranked against each held-out item.")
+    train_negatives: int = Field(4, ge=1, description="Negatives per training positive, resampled every round.")
+    validation: bool = Field(False, description="Hold out the second-latest interaction as a validation item.")
+    seed: int = Field(42, description="Seed of the preprocessing: random timestamps and test negatives.")
+    cache_dir: str | None = Field(None, description="Where prepared splits are cached (default: ~/.cache/fedrecgel-secure).")
+
+
+class ModelPolicy(Section):
+    gmf_dim: int = Field(32, ge=1)
+    mlp_dim: int = Field(128, ge=1)
+    tower: list[int] = Field([128, 64, 32], min_length=1, description="MLP widths after the 2*mlp_dim input.")
+    dtype: Literal["float32", "float64"] = "float32"
+
+
+class FederationPolicy(Section):
+    rounds: int = Field(100, ge=1)
+    fraction: float = Field(0.1, gt=0, le=1, description="Fraction of clients sampled per round.")
+    server_lr: float = Field(0.001, gt=0, description="Server Adam learning rate on the shared parameters.")
+    client_lr: float = Field(0.1, gt=0, description="Client Adam learning rate on the private user embedding.")
+    chunk_size: int = Field(128, ge=1, description="Chunk length of the sum-of-chunk-means loss.")
+    engine: Literal["batched", "per-client"] = Field("batched", description="per-client is the plain reference path.")
+    clients_per_batch: int = Field(256, ge=1, description="Batched engine: clients trained together, bounds memory.")
+
+
+class SamPolicy(Section):
+    rho_sh: float = Field(0.02, ge=0, description="SAM radius on the shared parameters.")
+    rho_ns: float = Field(0.02, ge=0, description="SAM radius on the private (non-shared) parameters.")
+
+
+class EvaluationPolicy(Section):
+    every: int = Field(1, ge=1, description="Evaluate every this many rounds (and after the last).")
+    select_by: Literal["hr@5", "hr@10", "hr@15", "hr@20", "ndcg@5", "ndcg@10", "ndcg@15", "ndcg@20"] = "hr@10"
+
+
+class CheckpointPolicy(Section):
+    every: int = Field(10, ge=1, description="Write a checkpoint every this many rounds (and after the last).")
+
+
+class PrivacyPolicy(Section):
+    pass
+
+
+Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
+
+
+class Policy(Section):
+    method: Method = Field("fedrecgel", description="fedncf: no SAM; sam-shared / sam-private: SAM on one group only.")
+    seed: int = Field(42, description="Seed of training: model init, client sampling, negatives.")
+    data: DataPolicy = DataPolicy()
+    model: ModelPolicy = ModelPolicy()
+    federation: FederationPolicy = FederationPolicy()
+    sam: SamPolicy = SamPolicy()
+    evaluation: EvaluationPolicy = EvaluationPolicy()
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    privacy: PrivacyPolicy = PrivacyPolicy()
+
+    @model_validator(mode="after")
+    def _tower_fits(self) -> Policy:
+        if any(w < 1 for w in self.model.tower):
+            raise ValueError("model.tower widths must be >= 1")
+        return self
+
+    def rhos(self) -> tuple[float, float]:
+        """(rho_sh, rho_ns) in effect for the method."""
+        rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
+        rho_ns = self.sam.rho_ns if self.method in ("fedrecgel", "sam-private") else 0.0
+        return rho_sh, rho_ns
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+    def digest(self) -> str:
+        """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _describe(errors: ValidationError, where: str) -> str:
+    lines = [f"{where}: invalid policy"]
+    for e in errors.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in e and e["type"] != "missing":
+            msg += f" (got {e['input']!r})"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value``; the value is read as TOML (so 10, 0.5, true, [1, 2]), else as a string."""
+    if "=" not in text:
+        raise BadInputError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p.strip() for p in key.split(".")]
+    if not all(path):
+        raise BadInputError(f"--set {text!r}: empty part in the key {key!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise BadInputError(f"--set {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_policy_data(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInputError(f"{path}: no such policy file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{path}: cannot read the policy file ({e})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BadInputError(f"{path}: not valid TOML: {e}") from None
+
+
+def load_policy(path: str | Path | None = None, overrides: list[str] = ()) -> Policy:
+    """Read, override and validate a policy; ``None`` means policies/default.toml."""
+    path = Path(path) if path is not None else POLICY_DIR / "default.toml"
+    data = apply_overrides(read_policy_data(path), list(overrides))
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        where = str(path) + (" with --set " + " ".join(overrides) if overrides else "")
+        raise BadInputError(_describe(e, where)) from None

@@ -1,0 +1,50 @@
+"""Run directories: start a run, resume it after a crash, evaluate what it saved.
+
+A run directory holds ``policy.resolved.toml``, ``metrics.jsonl``,
+``summary.json`` and ``checkpoint.pt``. The checkpoint records the digest of
+the resolved policy, so a run only ever continues under the policy it started with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedrecgel_secure.data.prepare import load_split
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.trainer import CHECKPOINT, RESOLVED, Trainer
+from fedrecgel_secure.checkpoint import load_checkpoint
+from fedrecgel_secure.policy import Policy, load_policy
+
+
+def open_run(out_dir: Path, policy_path: Path | None = None, overrides: list[str] = (), *, resume: bool = False) -> Trainer:
+    """A trainer for ``out_dir``: fresh, or restored from its checkpoint with ``resume``.
+
+    With ``resume`` and no policy file, the run's own resolved policy is used.
+    """
+    out_dir = Path(out_dir)
+    checkpoint = out_dir / CHECKPOINT
+    if resume and policy_path is None and (out_dir / RESOLVED).is_file():
+        policy_path = out_dir / RESOLVED
+    policy = load_policy(policy_path, overrides)
+    if checkpoint.exists() and not resume:
+        raise BadInputError(f"{out_dir}: already holds a run (checkpoint.pt); pass --resume to continue it or choose another --out")
+    trainer = Trainer(policy, load_split(policy.data))
+    if resume and checkpoint.exists():
+        trainer.resume_from(out_dir)
+    return trainer
+
+
+def load_run(run_dir: Path) -> tuple[Policy, Trainer]:
+    run_dir = Path(run_dir)
+    if not (run_dir / RESOLVED).is_file():
+        raise BadInputError(f"{run_dir}: not a run directory (no {RESOLVED})")
+    policy = load_policy(run_dir / RESOLVED)
+    trainer = Trainer(policy, load_split(policy.data))
+    trainer.load_state_dict(load_checkpoint(run_dir / CHECKPOINT), str(run_dir / CHECKPOINT))
+    return policy, trainer
+
+
+def evaluate_run(run_dir: Path) -> dict:
+    """Metrics of the model a run directory's checkpoint holds, recomputed from scratch."""
+    _, trainer = load_run(run_dir)
+    return {"round": trainer.round, **trainer.evaluate()}
