@@ -42,18 +42,15 @@ def user_errors(command):
     return wrapper
 
 
-def _metrics_table(title: str, rows: dict[str, dict | None]) -> Table:
+def _metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
+    """Metrics as rows, one column per record (best, final, ...), so it fits a terminal."""
     table = Table(title=title)
-    table.add_column("")
-    table.add_column("round", justify="right")
-    keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]
-    for k in keys:
-        table.add_column(k.upper().replace("NDCG", "NDCG"), justify="right")
-    for name, record in rows.items():
-        if record is None:
-            table.add_row(name, "-", *["-"] * len(keys))
-        else:
-            table.add_row(name, str(record.get("round", "-")), *[f"{record[k]:.4f}" for k in keys])
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    table.add_row("round", *[str(r["round"]) if r else "-" for r in columns.values()])
+    for key in [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]:
+        table.add_row(key.upper(), *[f"{r[key]:.4f}" if r else "-" for r in columns.values()])
     return table
 
 

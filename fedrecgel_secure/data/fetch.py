@@ -34,10 +34,10 @@ def fetch_dataset(name: str, to_dir: Path, *, timeout: float = 30.0) -> Path:
     to_dir = Path(to_dir)
     try:
         to_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=to_dir, prefix=f".{name}-", suffix=".part")
     except OSError as e:
-        raise BadInputError(f"{to_dir}: cannot create the download folder ({e.strerror or e})") from None
+        raise BadInputError(f"{to_dir}: cannot write to the download folder ({e.strerror or e})") from None
 
-    fd, tmp_name = tempfile.mkstemp(dir=to_dir, prefix=f".{name}-", suffix=".part")
     tmp = Path(tmp_name)
     try:
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import io
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -92,7 +93,7 @@ def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
         expect = f"{len(names)} fields as in the header on line {header_line}"
     else:
         if layout.header == "none" or _is_data_row(names, layout):
-            header_line, rows = 0, _chain(first, rows)
+            header_line, rows = 0, itertools.chain([first], rows)
         # An optional header is skipped, not read: its names vary between copies.
         names = keys = list(layout.columns)
         expect = layout.expect
@@ -158,11 +159,6 @@ def _rows(src: str, text: str, sep: str | None) -> Iterator[tuple[int, list[str]
         raise BadInputError(f"{src}:{reader.line_num}: {e}") from None
 
 
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
 def _is_data_row(fields: list[str], layout: _Layout) -> bool:
     """A header-optional file starts with data unless its timestamp field is text."""
     if len(fields) != len(layout.columns):
@@ -180,7 +176,7 @@ def _column(src: str, header_line: int, names: list[str], keys: list[str], wante
             return keys.index(name.lower())
     hint = ""
     if fmt == "csv":
-        hint = "; a headerless 'user,item,rating,timestamp' file needs format 'amazon' (--set data.format=amazon)"
+        hint = "; a headerless 'user,item,rating,timestamp' file needs format 'amazon' (`--format amazon` or `--set data.format=amazon`)"
     raise BadInputError(
         f"{src}:{header_line}: the header has no '{wanted[0]}' column "
         f"(found: {', '.join(names)}){hint}"
@@ -236,6 +232,8 @@ def find_recbole_ml100k() -> Path | None:
 
 @dataclass(frozen=True)
 class DatasetInfo:
+    """A dataset of the paper: where its file comes from and how to read and cite it."""
+
     name: str
     fmt: str  # default format for its file
     description: str
@@ -296,7 +294,7 @@ DATASETS: dict[str, DatasetInfo] = {
             description=(
                 "QQ Browser article clicks from Tenrec; the paper keeps 24,508 users, 7,352 items, "
                 "348,704 interactions. There is no public download: Tenrec is released on "
-                f"application at {_TENREC_APPLICATION}"
+                f"application at {_TENREC_APPLICATION}."
             ),
             citation=(
                 'G. Yuan et al., "Tenrec: A Large-scale Multipurpose Benchmark Dataset for '
@@ -340,7 +338,7 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
         inter = find_recbole_ml100k()
         if inter is None:
             raise BadInputError(
-                "ml-100k: MovieLens-100K is not bundled (its licence forbids redistribution). "
+                "ml-100k: MovieLens-100K is not bundled (its terms of use do not allow redistribution). "
                 "Install the copy shipped with RecBole (`pip install --no-deps recbole==1.2.1`), "
                 "or pass the path of its u.data (`--set data.path=.../u.data`); "
                 "`fedrecgel data fetch ml-100k --to DIR` downloads it."

@@ -1,0 +1,132 @@
+"""The `fedrecgel` command as a user runs it: real processes, exit codes, files written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_ratings
+
+METRIC_KEYS = {"round", "loss", "elapsed_s"} | {f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)}
+
+
+def fedrecgel(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    data = write_ratings(root / "ratings.txt", n_users=40, n_items=200, per_user=(5, 30))
+    out = root / "out"
+    result = fedrecgel("train", "--out", out, "--set", f"data.dataset={data}", "--set", "data.test_negatives=50",
+                       "--set", "federation.rounds=4", "--set", "federation.fraction=0.25", "--set", "data.validation=true")
+    assert result.returncode == 0, result.stderr
+    return out, data, result
+
+
+def test_train_writes_metrics_summary_policy_and_checkpoint(tiny_run):
+    out, _, result = tiny_run
+    assert "HR@10" in result.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    assert METRIC_KEYS <= set(records[0])
+    assert all(0 <= r["hr@10"] <= 1 and r["hr@5"] <= r["hr@10"] <= r["hr@20"] for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final"] == records[-1]
+    assert summary["best"]["hr@10"] == max(r["hr@10"] for r in records)
+    assert summary["validation_selected"]["val_hr@10"] == max(r["val_hr@10"] for r in records)
+    assert {"wall_time_s", "version", "policy_digest"} <= set(summary)
+    assert (out / "checkpoint.pt").is_file()
+    shown = fedrecgel("policy", "show", out / "policy.resolved.toml")
+    assert shown.returncode == 0 and "rounds = 4" in shown.stdout
+
+
+def test_evaluate_recomputes_the_final_metrics(tiny_run):
+    out, _, _ = tiny_run
+    result = fedrecgel("evaluate", out, "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    final = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["round"] == 4
+    for k in METRIC_KEYS - {"loss", "elapsed_s"}:
+        assert metrics[k] == pytest.approx(final[k], abs=1e-12)
+
+
+def test_a_finished_run_is_not_overwritten(tiny_run):
+    out, data, _ = tiny_run
+    result = fedrecgel("train", "--out", out, "--set", f"data.dataset={data}")
+    assert result.returncode == 2 and "--resume" in result.stderr and "Traceback" not in result.stderr
+
+
+def bad(args, expected, tmp_path):
+    result = fedrecgel(*args, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert expected in " ".join(result.stderr.split()), result.stderr
+
+
+def test_missing_data_file_is_exit_2(tmp_path):
+    bad(["train", "--out", tmp_path / "o", "--set", f"data.dataset={tmp_path / 'none.txt'}"], "none.txt", tmp_path)
+
+
+def test_unparsable_line_names_file_and_line(tmp_path):
+    path = write_ratings(tmp_path / "ratings.txt")
+    lines = path.read_text().splitlines()
+    lines[6] = "12 oops"
+    path.write_text("\n".join(lines) + "\n")
+    bad(["data", "info", path], "ratings.txt:7", tmp_path)
+    bad(["train", "--out", tmp_path / "o", "--set", f"data.dataset={path}"], "ratings.txt:7", tmp_path)
+
+
+def test_no_user_left_after_filtering_is_exit_2(tmp_path):
+    path = write_ratings(tmp_path / "ratings.txt")
+    bad(["data", "info", path, "--min-interactions", "500"], "no user has at least 500 interactions", tmp_path)
+
+
+def test_bad_policy_is_exit_2_with_the_field(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text("[federation]\nrounds = 'ten'\n")
+    bad(["train", policy, "--out", tmp_path / "o"], "federation.rounds", tmp_path)
+    bad(["policy", "validate", policy], "federation.rounds", tmp_path)
+    bad(["policy", "validate", tmp_path / "missing.toml"], "missing.toml: no such policy file", tmp_path)
+    bad(["train", "--set", "federation.rounds", "--out", tmp_path / "o"], "expected section.key=value", tmp_path)
+
+
+def test_evaluate_of_a_non_run_is_exit_2(tmp_path):
+    bad(["evaluate", tmp_path], "not a run directory", tmp_path)
+
+
+def test_fetch_without_a_public_url_is_exit_2(tmp_path):
+    bad(["data", "fetch", "qb-article", "--to", tmp_path], "qb-article", tmp_path)
+
+
+def test_policy_commands(tmp_path):
+    from fedrecgel_secure.policy import POLICY_DIR
+
+    ok = fedrecgel("policy", "validate", POLICY_DIR / "default.toml")
+    assert ok.returncode == 0 and "valid" in ok.stdout
+    schema = fedrecgel("policy", "schema")
+    assert schema.returncode == 0 and "federation" in json.loads(schema.stdout)["properties"]
+    shown = fedrecgel("policy", "show", "--set", "federation.rounds=9")
+    assert shown.returncode == 0 and "rounds = 9" in shown.stdout
+
+
+def test_data_commands():
+    listed = fedrecgel("data", "list")
+    assert listed.returncode == 0 and "filmtrust" in listed.stdout and "qb-article" in listed.stdout
+    info = fedrecgel("data", "info", "filmtrust")
+    assert info.returncode == 0, info.stderr
+    assert "1,227" in info.stdout and "2,059" in info.stdout and "34,890" in info.stdout
+
+
+def test_the_console_script_is_installed():
+    import shutil
+
+    exe = shutil.which("fedrecgel")
+    assert exe is not None
+    result = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "train" in result.stdout

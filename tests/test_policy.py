@@ -1,0 +1,105 @@
+"""Policy files: strict, closed, and every error names the file and the dotted field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy import POLICY_DIR, Policy, load_policy
+
+SHIPPED = sorted(POLICY_DIR.glob("*.toml"))
+
+
+def test_every_shipped_policy_validates():
+    names = {p.name for p in SHIPPED}
+    assert {"default.toml", "fedncf.toml", "filmtrust.toml", "lastfm-2k.toml", "amazon-video.toml", "qb-article.toml"} <= names
+    for path in SHIPPED:
+        load_policy(path)
+
+
+def test_default_is_the_authors_setting():
+    p = load_policy()
+    assert (p.federation.rounds, p.federation.fraction, p.federation.server_lr, p.federation.client_lr) == (100, 0.1, 0.001, 0.1)
+    assert (p.sam.rho_sh, p.sam.rho_ns, p.federation.chunk_size, p.data.train_negatives) == (0.02, 0.02, 128, 4)
+    assert p.rhos() == (0.02, 0.02)
+
+
+def test_paper_policies_carry_the_authors_rhos():
+    expected = {"filmtrust": (0.0, 0.02), "lastfm-2k": (0.01, 0.01), "amazon-video": (0.01, 0.2), "qb-article": (0.02, 0.05)}
+    for name, rhos in expected.items():
+        assert load_policy(POLICY_DIR / f"{name}.toml").rhos() == rhos, name
+
+
+def test_methods_switch_sam_groups():
+    p = Policy.model_validate({"sam": {"rho_sh": 0.3, "rho_ns": 0.4}})
+    assert p.rhos() == (0.3, 0.4)
+    assert p.model_copy(update={"method": "fedncf"}).rhos() == (0.0, 0.0)
+    assert p.model_copy(update={"method": "sam-shared"}).rhos() == (0.3, 0.0)
+    assert p.model_copy(update={"method": "sam-private"}).rhos() == (0.0, 0.4)
+
+
+@pytest.mark.parametrize(
+    "text, field, expected",
+    [
+        ("[federation]\nround = 3\n", "federation.round", "unknown key"),
+        ("[federation]\nrounds = '3'\n", "federation.rounds", "valid integer"),
+        ("[federation]\nrounds = 0\n", "federation.rounds", "greater than or equal to 1"),
+        ("[federation]\nfraction = 1.5\n", "federation.fraction", "less than or equal to 1"),
+        ("[sam]\nrho_sh = -0.1\n", "sam.rho_sh", "greater than or equal to 0"),
+        ("[data]\nvalidation = 1\n", "data.validation", "valid boolean"),
+        ("method = 'fedavg'\n", "method", "fedrecgel"),
+        ("[federation]\nengine = 'gpu'\n", "federation.engine", "batched"),
+        ("[sharpness]\nrho = 1\n", "sharpness", "unknown key"),
+    ],
+)
+def test_bad_fields_are_named_with_their_dotted_path(tmp_path, text, field, expected):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(BadInputError) as info:
+        load_policy(path)
+    message = str(info.value)
+    assert str(path) in message and f"  {field}:" in message and expected in message
+
+
+def test_invalid_toml_names_the_line(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("[federation]\nrounds = = 3\n")
+    with pytest.raises(BadInputError, match=r"(?s)broken.toml: not valid TOML.*line 2"):
+        load_policy(path)
+
+
+def test_missing_policy_file(tmp_path):
+    with pytest.raises(BadInputError, match="nope.toml: no such policy file"):
+        load_policy(tmp_path / "nope.toml")
+
+
+def test_integers_are_accepted_where_floats_are_expected(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text("[sam]\nrho_sh = 0\n")
+    assert load_policy(path).sam.rho_sh == 0.0
+
+
+def test_overrides_are_typed_and_validated():
+    p = load_policy(None, ["federation.rounds=7", "sam.rho_sh=0.5", "data.dataset=filmtrust", "model.tower=[64, 32]", "data.validation=true"])
+    assert (p.federation.rounds, p.sam.rho_sh, p.data.dataset, p.model.tower, p.data.validation) == (7, 0.5, "filmtrust", [64, 32], True)
+    with pytest.raises(BadInputError, match=r"(?s)--set federation.rounds=many.*federation.rounds"):
+        load_policy(None, ["federation.rounds=many"])
+    with pytest.raises(BadInputError, match="expected section.key=value"):
+        load_policy(None, ["federation.rounds"])
+
+
+def test_resolved_toml_round_trips_and_the_digest_tracks_content(tmp_path):
+    p = load_policy(None, ["seed=3"])
+    path = tmp_path / "resolved.toml"
+    path.write_text(p.to_toml())
+    again = load_policy(path)
+    assert again == p and again.digest() == p.digest()
+    assert load_policy(None, ["seed=4"]).digest() != p.digest()
+
+
+def test_the_schema_describes_every_section():
+    schema = Policy.model_json_schema()
+    json.dumps(schema)
+    assert {"data", "model", "federation", "sam", "evaluation", "checkpoint", "privacy"} <= set(schema["properties"])
