@@ -47,35 +47,48 @@ class NeuMF(nn.Module):
         """Fresh user embeddings, N(0, 0.01) like the item embeddings."""
         return torch.empty(n_clients, self.private_dim, dtype=self.item_embeddings.dtype).normal_(0.0, 0.01, generator=generator)
 
-    def logits_from_rows(self, theta: torch.Tensor, item_rows: torch.Tensor) -> torch.Tensor:
-        """Logits for user rows ``theta`` paired with item-table rows ``item_rows`` (same leading shape)."""
-        g = self.gmf_dim
-        gmf = theta[..., :g] * item_rows[..., :g]
-        h = self.mlp(torch.cat([theta[..., g:], item_rows[..., g:]], dim=-1))
-        return self.predict(torch.cat([gmf, h], dim=-1)).squeeze(-1)
+    def tower(self) -> dict[str, torch.Tensor]:
+        """The shared parameters other than the item table, by name (the dense part of phi)."""
+        return {n: p for n, p in self.named_parameters() if n != "item_embeddings"}
 
-    def forward(self, theta: torch.Tensor, items: torch.Tensor | None = None, *, item_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one user's ``theta`` against item ids, or against given item-table rows.
-
-        ``item_rows`` lets a caller (the batched engine) pass its own copy of the
-        rows a client touches, so the full table is never copied per client.
-        """
-        rows = self.item_embeddings[items] if item_rows is None else item_rows
-        return self.logits_from_rows(theta.expand(rows.shape[0], -1), rows)
+    def forward(self, theta: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Logits of one user's ``theta`` against item ids."""
+        return head(self.tower(), theta, item_side(self.tower(), self.item_embeddings[items]))
 
     @torch.no_grad()
     def score_candidates(self, theta: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Scores (U, K) of each user's K candidate items.
 
-        The first tower layer acts on [user | item]; it is split into a user part
-        and an item part computed once per user and once per item, which removes
-        most of the work of scoring U x K pairs.
+        The item side is computed once per item and gathered, so scoring U x K
+        pairs costs only the tower above the first layer.
         """
-        g, first = self.gmf_dim, self.mlp[0]
-        w_user, w_item = first.weight[:, : self.mlp_dim], first.weight[:, self.mlp_dim :]
-        user_part = theta[:, g:] @ w_user.T + first.bias  # (U, H)
-        item_part = self.item_embeddings[:, g:] @ w_item.T  # (I, H)
-        h = torch.relu(user_part[:, None, :] + item_part[candidates])
-        h = self.mlp[2:](h)
-        gmf = theta[:, None, :g] * self.item_embeddings[candidates, :g]
-        return self.predict(torch.cat([gmf, h], dim=-1)).squeeze(-1)
+        gmf_rows, z_item = item_side(self.tower(), self.item_embeddings)
+        return head(self.tower(), theta[:, None, :], (gmf_rows[candidates], z_item[candidates]))
+
+
+# NeuMF as pure functions of the tower parameters, so the batched engine can
+# vmap them over per-client (perturbed) copies. The first tower layer acts on
+# [user | item]; it is split into its user and item halves, W1 [u; v] =
+# W1_u u + W1_v v, so the user half is computed once per client instead of
+# once per example, and the item half ("item side") can be reused.
+
+
+def item_side(tower: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The user-free part of NeuMF for item-table rows: their GMF half and W1_v v."""
+    w1 = tower["mlp.0.weight"]
+    mlp_dim = w1.shape[1] // 2
+    return rows[..., : rows.shape[-1] - mlp_dim], rows[..., -mlp_dim:] @ w1[:, mlp_dim:].T
+
+
+def head(tower: dict[str, torch.Tensor], theta: torch.Tensor, side: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Logits from user rows ``theta`` (broadcast against the side's leading shape) and an item side."""
+    gmf_rows, z_item = side
+    w1 = tower["mlp.0.weight"]
+    mlp_dim = w1.shape[1] // 2
+    h = torch.relu(z_item + (theta[..., -mlp_dim:] @ w1[:, :mlp_dim].T + tower["mlp.0.bias"]))
+    layer = 2
+    while f"mlp.{layer}.weight" in tower:
+        h = torch.relu(h @ tower[f"mlp.{layer}.weight"].T + tower[f"mlp.{layer}.bias"])
+        layer += 2
+    gmf = theta[..., : theta.shape[-1] - mlp_dim] * gmf_rows
+    return (torch.cat([gmf, h], dim=-1) @ tower["predict.weight"][0]) + tower["predict.bias"][0]
