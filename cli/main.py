@@ -71,12 +71,12 @@ def train(
     rounds = trainer.policy.federation.rounds
     if trainer.round:
         out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
-    latest = {"hr": "-", "ndcg": "-"}
+    latest = {"hr": "-", "ndcg": "-", "eps": ""}
     columns = [
         TextColumn("[bold]round"),
         MofNCompleteColumn(),
         BarColumn(),
-        TextColumn("loss {task.fields[loss]}  HR@10 {task.fields[hr]}  NDCG@10 {task.fields[ndcg]}"),
+        TextColumn("loss {task.fields[loss]}  HR@10 {task.fields[hr]}  NDCG@10 {task.fields[ndcg]}{task.fields[eps]}"),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     ]
@@ -86,7 +86,10 @@ def train(
         def on_round(event):
             if event.metrics is not None:
                 latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
-            progress.update(task, completed=event.round, loss=f"{event.loss:.4f}", **latest)
+            if "epsilon" in event.privacy:
+                latest["eps"] = f"  ε {event.privacy['epsilon']:.3f}"
+            loss = "-" if event.loss is None else f"{event.loss:.4f}"
+            progress.update(task, completed=event.round, loss=loss, **latest)
 
         summary = trainer.run(out_dir, on_round)
     out.print(_metrics_table(f"{summary['method']} on {trainer.policy.data.dataset}: {summary['wall_time_s']:.1f} s", {
@@ -94,6 +97,11 @@ def train(
         "final": summary["final"],
         "validation-selected": summary["validation_selected"],
     }))
+    if summary["stopped_early"]:
+        out.print(f"[bold yellow]stopped after round {summary['rounds_done']}:[/] {summary['stopped_early']}")
+    if summary["privacy"]:
+        p = summary["privacy"]
+        out.print(f"privacy: ({p['epsilon']:.3f}, {p['delta']:g})-DP per user ({p['accountant']}, z = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:g})")
     out.print(f"wrote {out_dir}/metrics.jsonl, summary.json, policy.resolved.toml, checkpoint.pt")
 
 

@@ -16,6 +16,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.dp import DPSettings
 
 _HERE = Path(__file__).resolve().parent
 # Ready policies: installed as package data next to this file, or the top-level
@@ -71,7 +72,7 @@ class CheckpointPolicy(Section):
 
 
 class PrivacyPolicy(Section):
-    pass
+    dp: DPSettings = Field(default_factory=DPSettings, description="Client-level DP-FedAvg on the shared uploads.")
 
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]

@@ -20,13 +20,15 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.aggregation import DPFedAvg, MeanAggregation
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
-from fedrecgel_secure.federation.sampling import build_local_sets, sample_clients
+from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.dp import validate_against_population
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -34,12 +36,21 @@ SUMMARY = "summary.json"
 RESOLVED = "policy.resolved.toml"
 
 
+def make_aggregation(policy: Policy, split: Split):
+    settings = policy.privacy.dp
+    if not settings.enabled:
+        return MeanAggregation(policy.federation.fraction)
+    resolved = validate_against_population(settings, split.n_users, policy.federation.rounds, policy.federation.fraction)
+    return DPFedAvg(resolved, policy.seed)
+
+
 @dataclass
 class RoundEvent:
     round: int
     rounds: int
-    loss: float
+    loss: float | None  # None when no client was sampled (possible under Poisson sampling)
     metrics: dict | None  # the evaluation record of this round, if it was evaluated
+    privacy: dict  # epsilon, delta, clip norm ... when DP is on
 
 
 def make_engine(policy: Policy):
@@ -63,21 +74,29 @@ class Trainer:
         self.states = ClientStates.fresh(self.model.init_private(split.n_users, init))
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
+        self.aggregation = make_aggregation(policy, split)
+        self.stopped: str | None = None  # why training ended before federation.rounds
         self.rng = np.random.default_rng(policy.seed)
         self.round = 0
         self.history: list[dict] = []
         self.elapsed = 0.0  # training wall time, carried across resumes
 
     # -- one round --------------------------------------------------------
-    def train_round(self) -> float:
-        fed = self.policy.federation
-        clients = sample_clients(self.rng, self.split.n_users, fed.fraction)
-        local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
-        update = self.engine.train_round(self.model, self.states, local)
-        self.server.step(update.uploads.total() / update.uploads.num_clients)
-        self.states.commit(update.private)
+    def train_round(self) -> tuple[float | None, dict]:
+        """One round; returns the clients' mean BCE and what the aggregation reports (epsilon, ...)."""
+        clients = self.aggregation.sample(self.rng, self.split.n_users)
+        update = None
+        if clients.size:
+            local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
+            update = self.engine.train_round(self.model, self.states, local)
+        dim = sum(p.numel() for p in self.model.parameters())
+        aggregate, info = self.aggregation.aggregate(None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
+        self.server.step(aggregate)
+        if update is not None:
+            self.states.commit(update.private)
+        info.update(self.aggregation.commit())
         self.round += 1
-        return update.loss
+        return (None if update is None else update.loss), info
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
@@ -92,11 +111,14 @@ class Trainer:
             atomic_write_bytes(out_dir / RESOLVED, self.policy.to_toml().encode())
             self._rewrite_metrics(out_dir)
         while self.round < last:
+            self.stopped = self.aggregation.budget_exhausted(self.round + 1)
+            if self.stopped:
+                break
             start = time.perf_counter()
-            loss = self.train_round()
+            loss, privacy = self.train_round()
             record = None
             if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
-                record = {"round": self.round, "loss": loss, **self.evaluate()}
+                record = {"round": self.round, "loss": loss, **self.evaluate(), **privacy}
             self.elapsed += time.perf_counter() - start
             if record is not None:
                 record["elapsed_s"] = round(self.elapsed, 3)
@@ -107,7 +129,9 @@ class Trainer:
             if out_dir is not None and (self.round % self.policy.checkpoint.every == 0 or self.round in (last, rounds)):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
             if on_round is not None:
-                on_round(RoundEvent(self.round, rounds, loss, record))
+                on_round(RoundEvent(self.round, rounds, loss, record, privacy))
+        if self.stopped and out_dir is not None:
+            save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
         summary = self.summary()
         if out_dir is not None:
             atomic_write_bytes(out_dir / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
@@ -142,6 +166,8 @@ class Trainer:
             "final": None,
             "validation_selected": None,
             "best_each": None,
+            "stopped_early": self.stopped,
+            "privacy": self.privacy_summary(),
         }
         if self.history:
             out["best"] = max(self.history, key=lambda r: (r[key], -r["round"]))
@@ -150,6 +176,23 @@ class Trainer:
             if "val_" + key in self.history[-1]:
                 out["validation_selected"] = max(self.history, key=lambda r: (r["val_" + key], -r["round"]))
         return out
+
+    def privacy_summary(self) -> dict | None:
+        if not isinstance(self.aggregation, DPFedAvg):
+            return None
+        r = self.aggregation.dp
+        return {
+            "epsilon": self.aggregation.accountant.epsilon(),
+            "delta": r.delta,
+            "accountant": r.accountant,
+            "noise_multiplier": r.noise_multiplier,
+            "update_noise_multiplier": r.update_noise_multiplier,
+            "sample_rate": r.sample_rate,
+            "expected_clients": r.expected_clients,
+            "clip_norm": self.aggregation.clip_norm,
+            "mode": r.mode,
+            "max_epsilon": r.max_epsilon,
+        }
 
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict:
@@ -163,6 +206,7 @@ class Trainer:
             "clients": self.states.state_dict(),
             "numpy_rng": json.dumps(self.rng.bit_generator.state),
             "history": json.dumps(self.history),
+            "aggregation": self.aggregation.state_dict(),
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -178,6 +222,7 @@ class Trainer:
         self.states = ClientStates.from_state_dict(state["clients"])
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
+        self.aggregation.load_state_dict(state["aggregation"])
 
     def resume_from(self, out_dir: Path) -> None:
         path = Path(out_dir) / CHECKPOINT

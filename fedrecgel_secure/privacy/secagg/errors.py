@@ -1,0 +1,61 @@
+"""Errors raised by the secure-aggregation protocol.
+
+Everything a client, a peer or a user can cause is a ``BadInputError`` subclass,
+so the CLI reports it without a traceback and callers need to catch one type.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from fedrecgel_secure.errors import BadInputError
+
+
+class Reason(StrEnum):
+    """Why a payload was rejected; the values are stable and appear in logs and results."""
+
+    TRUNCATED = "truncated"
+    GARBAGE = "garbage"
+    WRONG_KIND = "wrong_kind"
+    UNKNOWN_CLIENT = "unknown_client"
+    REPLAY = "replay"
+    WRONG_ROUND = "wrong_round"
+    BAD_SIGNATURE = "bad_signature"
+    DUPLICATE_CLIENT = "duplicate_client"
+    WRONG_SHAPE = "wrong_shape"
+    WRONG_PARAMS = "wrong_params"
+    BAD_CIPHERTEXT = "bad_ciphertext"
+    NOT_IN_COHORT = "not_in_cohort"
+    OUT_OF_PHASE = "out_of_phase"
+    BAD_SHARE = "bad_share"
+    TOO_FEW_CONTRIBUTORS = "too_few_contributors"
+
+
+class RejectedPayload(BadInputError):
+    """A payload failed a protocol check; ``reason`` is a :class:`Reason`."""
+
+    def __init__(self, reason: Reason, detail: str, client_id: int | None = None) -> None:
+        self.reason = Reason(reason)
+        self.detail = detail
+        self.client_id = client_id
+        who = "unknown sender" if client_id is None else f"client {client_id}"
+        super().__init__(f"{self.reason.value}: {detail} ({who})")
+
+
+class RoundSkipped(BadInputError):
+    """A round could not produce an aggregate; no persistent state was changed.
+
+    ``reason`` is a short code (``too_few_clients``, ``below_threshold``,
+    ``bad_shares``), ``rejected`` maps client id to the rejection reason of every
+    payload that was refused during the round.
+    """
+
+    def __init__(self, reason: str, detail: str, rejected: dict[int, str] | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.rejected = dict(rejected or {})
+        super().__init__(f"round skipped ({reason}): {detail}")
+
+
+class KeyFileError(BadInputError):
+    """A key file is missing, malformed, or readable by someone other than its owner."""

@@ -1,0 +1,259 @@
+"""Client identities and the signed envelope every upload travels in.
+
+Each client holds a long-term Ed25519 key; the aggregator and the key holder
+know the public halves (an :class:`IdentityDirectory`). Every message a client
+sends is an envelope::
+
+    offset  size  field
+    0       4     magic  b"FRSA"
+    4       1     version (1)
+    5       1     kind   (:class:`Kind`)
+    6       2     reserved, must be 0
+    8       8     round index, u64 big-endian
+    16      4     client id, u32 big-endian
+    20      4     body length L, u32 big-endian
+    24      L     body
+    24+L    64    Ed25519 signature
+
+The signature covers ``DOMAIN || len(context) || context || kind || round ||
+client id || SHA-256(body)``. ``context`` is agreed out of band (a session tag,
+plus the round nonce for the masking protocol), so an envelope cannot be moved
+between deployments, protocol steps or attempts of a round. Signing the body's
+hash rather than the body lets the aggregator forward a compact proof of each
+contribution (client id, hash, signature) to the CKKS key holder.
+
+The order of checks is fixed so that rejection reasons are predictable: layout
+(``truncated``/``garbage``), kind, known client, round (``replay`` if at or
+before the last completed round, else ``wrong_round``), signature. Cheap checks
+come first so a flood of junk costs no signature verifications.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from fedrecgel_secure.errors import BadInputError
+
+from .errors import KeyFileError, Reason, RejectedPayload
+from .keys import read_private_file, write_private_file
+
+MAGIC = b"FRSA"
+VERSION = 1
+DOMAIN = b"fedrecgel-secagg/v1/envelope\x00"
+HEADER = struct.Struct(">4sBBHQII")
+SIGNATURE_BYTES = 64
+DIGEST_BYTES = 32
+MAX_CLIENT_ID = 2**32 - 1
+MAX_ROUND = 2**64 - 1
+
+
+class Kind(IntEnum):
+    """Message type; part of the signed data so one step's message never passes for another's."""
+
+    CKKS_UPLOAD = 1
+    MASK_ADVERTISE = 2
+    MASK_SHARES = 3
+    MASK_INPUT = 4
+    MASK_UNMASK = 5
+
+
+def check_client_id(client_id: int) -> int:
+    if isinstance(client_id, bool) or not isinstance(client_id, int) or not 0 <= client_id <= MAX_CLIENT_ID:
+        raise BadInputError(f"client id must be an integer in [0, 2**32 - 1], got {client_id!r}")
+    return client_id
+
+
+def check_round(round_idx: int) -> int:
+    if isinstance(round_idx, bool) or not isinstance(round_idx, int) or not 0 <= round_idx <= MAX_ROUND:
+        raise BadInputError(f"round index must be an integer in [0, 2**64 - 1], got {round_idx!r}")
+    return round_idx
+
+
+def signed_message(context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes) -> bytes:
+    return b"".join(
+        (DOMAIN, struct.pack(">H", len(context)), context, struct.pack(">BQI", kind, round_idx, client_id), digest)
+    )
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: int
+    round_idx: int
+    client_id: int
+    body: bytes
+    signature: bytes
+
+    @property
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.body).digest()
+
+    def to_bytes(self) -> bytes:
+        header = HEADER.pack(MAGIC, VERSION, self.kind, 0, self.round_idx, self.client_id, len(self.body))
+        return header + self.body + self.signature
+
+    @classmethod
+    def parse(cls, data: bytes) -> Envelope:
+        """Split bytes into an envelope; checks layout only, not the signature."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise RejectedPayload(Reason.GARBAGE, f"payload must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < HEADER.size + SIGNATURE_BYTES:
+            raise RejectedPayload(Reason.TRUNCATED, f"{len(data)} bytes is shorter than an empty envelope")
+        magic, version, kind, reserved, round_idx, client_id, length = HEADER.unpack_from(data)
+        if magic != MAGIC or reserved != 0:
+            raise RejectedPayload(Reason.GARBAGE, "not a secure-aggregation envelope (bad magic)")
+        if version != VERSION:
+            raise RejectedPayload(Reason.GARBAGE, f"unsupported envelope version {version}", client_id)
+        expected = HEADER.size + length + SIGNATURE_BYTES
+        if len(data) < expected:
+            raise RejectedPayload(Reason.TRUNCATED, f"{len(data)} bytes, header announces {expected}", client_id)
+        if len(data) > expected:
+            raise RejectedPayload(Reason.GARBAGE, f"{len(data) - expected} trailing bytes", client_id)
+        body = data[HEADER.size : HEADER.size + length]
+        return cls(kind, round_idx, client_id, body, data[HEADER.size + length :])
+
+
+@dataclass(frozen=True)
+class ContributionProof:
+    """What the key holder needs to check that a client really contributed to a round."""
+
+    client_id: int
+    digest: bytes
+    signature: bytes
+
+    SIZE = 4 + DIGEST_BYTES + SIGNATURE_BYTES
+
+    def to_bytes(self) -> bytes:
+        return struct.pack(">I", self.client_id) + self.digest + self.signature
+
+    @classmethod
+    def parse(cls, data: bytes) -> ContributionProof:
+        if len(data) != cls.SIZE:
+            raise RejectedPayload(Reason.TRUNCATED, f"contribution proof of {len(data)} bytes")
+        (client_id,) = struct.unpack_from(">I", data)
+        return cls(client_id, data[4 : 4 + DIGEST_BYTES], data[4 + DIGEST_BYTES :])
+
+
+class ClientIdentity:
+    """A client's long-term Ed25519 signing key."""
+
+    def __init__(self, client_id: int, private_key: Ed25519PrivateKey) -> None:
+        self.client_id = check_client_id(client_id)
+        self._key = private_key
+        self.public_bytes = private_key.public_key().public_bytes_raw()
+
+    @classmethod
+    def generate(cls, client_id: int) -> ClientIdentity:
+        return cls(client_id, Ed25519PrivateKey.generate())
+
+    def seal(self, kind: Kind, round_idx: int, body: bytes, context: bytes = b"") -> bytes:
+        check_round(round_idx)
+        digest = hashlib.sha256(body).digest()
+        signature = self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest))
+        return Envelope(int(kind), round_idx, self.client_id, bytes(body), signature).to_bytes()
+
+    def save(self, path: str | Path) -> None:
+        """Write the private key as unencrypted PKCS#8 PEM to a new 0600 file."""
+        pem = self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        write_private_file(path, pem)
+
+    @classmethod
+    def load(cls, client_id: int, path: str | Path) -> ClientIdentity:
+        data = read_private_file(path)
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as exc:
+            raise KeyFileError(f"{path}: not an unencrypted PEM private key ({exc})") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise KeyFileError(f"{path}: expected an Ed25519 key, found {type(key).__name__}")
+        return cls(client_id, key)
+
+
+class IdentityDirectory:
+    """Public identity keys of the clients allowed to take part."""
+
+    def __init__(self, public_keys: Mapping[int, bytes]) -> None:
+        self._keys: dict[int, Ed25519PublicKey] = {}
+        for client_id, raw in public_keys.items():
+            check_client_id(client_id)
+            try:
+                self._keys[client_id] = Ed25519PublicKey.from_public_bytes(bytes(raw))
+            except ValueError:
+                raise BadInputError(f"public key of client {client_id} is not a 32-byte Ed25519 key") from None
+
+    @classmethod
+    def of(cls, identities: Mapping[int, ClientIdentity] | list[ClientIdentity]) -> IdentityDirectory:
+        items = identities.values() if isinstance(identities, Mapping) else identities
+        return cls({ident.client_id: ident.public_bytes for ident in items})
+
+    def __contains__(self, client_id: object) -> bool:
+        return client_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def client_ids(self) -> list[int]:
+        return sorted(self._keys)
+
+    def check_known(self, client_id: int) -> None:
+        if client_id not in self._keys:
+            raise RejectedPayload(Reason.UNKNOWN_CLIENT, "no identity key registered", client_id)
+
+    def verify(self, context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, signature: bytes) -> None:
+        self.check_known(client_id)
+        try:
+            self._keys[client_id].verify(signature, signed_message(context, kind, round_idx, client_id, digest))
+        except InvalidSignature:
+            raise RejectedPayload(Reason.BAD_SIGNATURE, "signature does not verify", client_id) from None
+
+
+def open_envelope(
+    data: bytes,
+    *,
+    directory: IdentityDirectory,
+    kind: Kind,
+    round_idx: int,
+    completed_round: int,
+    context: bytes,
+) -> Envelope:
+    """Parse and authenticate ``data`` as a ``kind`` message of round ``round_idx``."""
+    return authenticate(
+        Envelope.parse(data), directory=directory, kind=kind, round_idx=round_idx,
+        completed_round=completed_round, context=context,
+    )
+
+
+def authenticate(
+    env: Envelope,
+    *,
+    directory: IdentityDirectory,
+    kind: Kind,
+    round_idx: int,
+    completed_round: int,
+    context: bytes,
+) -> Envelope:
+    """Check a parsed envelope's kind, sender, round and signature, in that order."""
+    if env.kind != kind:
+        reason = Reason.WRONG_KIND if env.kind in Kind._value2member_map_ else Reason.GARBAGE
+        raise RejectedPayload(reason, f"expected message kind {kind.name}, got {env.kind}", env.client_id)
+    directory.check_known(env.client_id)
+    if env.round_idx <= completed_round:
+        raise RejectedPayload(
+            Reason.REPLAY, f"round {env.round_idx} is at or before completed round {completed_round}", env.client_id
+        )
+    if env.round_idx != round_idx:
+        raise RejectedPayload(Reason.WRONG_ROUND, f"round {env.round_idx}, expected {round_idx}", env.client_id)
+    directory.verify(context, env.kind, env.round_idx, env.client_id, env.digest, env.signature)
+    return env

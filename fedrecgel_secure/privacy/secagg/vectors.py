@@ -1,0 +1,31 @@
+"""Checks and clipping shared by both schemes' clients."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedrecgel_secure.errors import BadInputError
+
+
+def check_upload(x: object, dim: int, client_id: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim != 1 or arr.shape[0] != dim:
+        raise BadInputError(f"upload of client {client_id} has shape {arr.shape}, expected ({dim},)")
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise BadInputError(f"upload of client {client_id} has dtype {arr.dtype}, expected float")
+    arr = arr.astype(np.float64, copy=False)
+    if not np.isfinite(arr).all():
+        raise BadInputError(f"upload of client {client_id} contains NaN or infinity")
+    return arr
+
+
+def clip(x: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+    """Clip to [-bound, bound]; returns the clipped copy and how many values were changed."""
+    over = int(np.count_nonzero(np.abs(x) > bound))
+    return (np.clip(x, -bound, bound) if over else x), over
+
+
+def check_dim(dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim < 2**31:
+        raise BadInputError(f"dim must be an integer in [1, 2**31), got {dim!r}")
+    return dim
