@@ -63,32 +63,41 @@ class NeuMF(nn.Module):
         pairs costs only the tower above the first layer.
         """
         gmf_rows, z_item = item_side(self.tower(), self.item_embeddings)
-        return head(self.tower(), theta[:, None, :], (gmf_rows[candidates], z_item[candidates]))
+        return head(self.tower(), theta, (gmf_rows[candidates], z_item[candidates]))
 
 
-# NeuMF as pure functions of the tower parameters, so the batched engine can
-# vmap them over per-client (perturbed) copies. The first tower layer acts on
-# [user | item]; it is split into its user and item halves, W1 [u; v] =
-# W1_u u + W1_v v, so the user half is computed once per client instead of
-# once per example, and the item half ("item side") can be reused.
+# NeuMF as pure functions of the tower parameters. Shapes: a user row theta is
+# (..., d) and an item side is (..., L, .), one row per example; the tower
+# weights are either shared, (out, in), or one copy per leading index,
+# (..., out, in), which is how the batched engine gives every client its own
+# (perturbed) tower. The first tower layer acts on [user | item]; it is split
+# into W1 [u; v] = W1_u u + W1_v v, so the user half is computed once per user
+# instead of once per example, and the item half (the "item side") can be reused.
+
+
+def _t(w: torch.Tensor) -> torch.Tensor:
+    return w.transpose(-1, -2)
 
 
 def item_side(tower: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The user-free part of NeuMF for item-table rows: their GMF half and W1_v v."""
+    """The user-free part of NeuMF for item-table rows (..., L, d): their GMF half and W1_v v."""
     w1 = tower["mlp.0.weight"]
-    mlp_dim = w1.shape[1] // 2
-    return rows[..., : rows.shape[-1] - mlp_dim], rows[..., -mlp_dim:] @ w1[:, mlp_dim:].T
+    mlp_dim = w1.shape[-1] // 2
+    return rows[..., : rows.shape[-1] - mlp_dim], rows[..., -mlp_dim:] @ _t(w1[..., mlp_dim:])
 
 
 def head(tower: dict[str, torch.Tensor], theta: torch.Tensor, side: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Logits from user rows ``theta`` (broadcast against the side's leading shape) and an item side."""
+    """Logits (..., L) of user rows ``theta`` (..., d) against an item side (..., L, .)."""
     gmf_rows, z_item = side
     w1 = tower["mlp.0.weight"]
-    mlp_dim = w1.shape[1] // 2
-    h = torch.relu(z_item + (theta[..., -mlp_dim:] @ w1[:, :mlp_dim].T + tower["mlp.0.bias"]))
+    mlp_dim = w1.shape[-1] // 2
+    user = theta[..., None, -mlp_dim:] @ _t(w1[..., :mlp_dim]) + tower["mlp.0.bias"][..., None, :]
+    h = torch.relu(z_item + user)
     layer = 2
     while f"mlp.{layer}.weight" in tower:
-        h = torch.relu(h @ tower[f"mlp.{layer}.weight"].T + tower[f"mlp.{layer}.bias"])
+        h = torch.relu(h @ _t(tower[f"mlp.{layer}.weight"]) + tower[f"mlp.{layer}.bias"][..., None, :])
         layer += 2
-    gmf = theta[..., : theta.shape[-1] - mlp_dim] * gmf_rows
-    return (torch.cat([gmf, h], dim=-1) @ tower["predict.weight"][0]) + tower["predict.bias"][0]
+    gmf_dim = theta.shape[-1] - mlp_dim
+    w = tower["predict.weight"]  # (..., 1, gmf_dim + tower width): applied to [GMF | h] without building it
+    gmf = (theta[..., None, :gmf_dim] * gmf_rows) @ _t(w[..., :gmf_dim])
+    return (gmf + h @ _t(w[..., gmf_dim:])).squeeze(-1) + tower["predict.bias"]

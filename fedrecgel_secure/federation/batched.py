@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.func import grad, vmap
 
 from fedrecgel_secure.federation.evaluation import evaluate
 from fedrecgel_secure.federation.per_client import SAM_EPS, ClientConfig
@@ -113,47 +112,56 @@ class BatchedEngine:
         self.cfg = cfg
         self.clients_per_batch = clients_per_batch
 
-    def _client_step(self):
-        """One client's update as a pure function, for vmap: the steps of per_client.client_update.
+    def _bucket_step(self, theta, rows, tower, idx, labels, weights):
+        """Every client's update of one bucket, with one leading client index everywhere.
 
-        ``rows`` are the client's own rows of the item table and ``idx`` maps each
-        local example to one of them. The private SAM pass reuses the item side of
-        the first pass: it is evaluated at the same (unperturbed) shared point.
+        The clients' losses are independent, so the gradient of their sum with
+        respect to client c's own leaves (its theta, its rows, its copy of the
+        tower) is client c's gradient: one backward pass serves the whole bucket.
+        The steps are those of per_client.client_update. The private SAM pass
+        reuses the item side of the first pass: it is at the same shared point.
         """
         rho_sh, rho_ns = self.cfg.rho_sh, self.cfg.rho_ns
+        n = theta.shape[0]
+        width = rows.shape[-1]
+        gather = idx[..., None].expand(-1, -1, width)
 
-        def from_side(theta, side, tower, labels, weights):
-            bce = F.binary_cross_entropy_with_logits(head(tower, theta, side), labels, reduction="none")
-            return (weights * bce).sum(), bce
+        def bce(theta, side, tower):
+            return F.binary_cross_entropy_with_logits(head(tower, theta, side), labels, reduction="none")
 
-        def loss(theta, rows, tower, idx, labels, weights):
-            # gather, not rows[idx]: its backward is a scatter-add, several times faster on CPU than index_put
-            side = item_side(tower, rows.gather(0, idx[:, None].expand(-1, rows.shape[-1])))
-            value, bce = from_side(theta, side, tower, labels, weights)
-            return value, (side, (bce * (weights > 0)).sum())
+        def shared_grads(theta, rows, tower, want_theta):
+            leaves = [rows, *tower.values()] + ([theta] if want_theta else [])
+            for leaf in leaves:
+                leaf.requires_grad_(True)
+            # gather, not rows[idx]: its backward is a scatter-add, much faster on CPU than index_put
+            side = item_side(tower, rows.gather(1, gather))
+            per_example = bce(theta, side, tower)
+            grads = torch.autograd.grad((weights * per_example).sum(), leaves)
+            return grads, tuple(x.detach() for x in side), per_example.detach()
 
-        def step(theta, rows, tower, idx, labels, weights):
-            grads, (side, bce_sum) = grad(loss, argnums=(0, 1, 2), has_aux=True)(theta, rows, tower, idx, labels, weights)
-            g_theta, g_rows, g_tower = grads
-            if rho_sh > 0:
-                norm = torch.sqrt(g_rows.square().sum() + sum(g.square().sum() for g in g_tower.values()))
-                scale = rho_sh / (norm + SAM_EPS)
-                rows_p = rows + scale * g_rows
-                tower_p = {n: p + scale * g_tower[n] for n, p in tower.items()}
-                (g_rows, g_tower), _ = grad(loss, argnums=(1, 2), has_aux=True)(theta, rows_p, tower_p, idx, labels, weights)
-            if rho_ns > 0:
-                theta_p = theta + rho_ns * g_theta / (g_theta.norm() + SAM_EPS)
-                g_theta, _ = grad(from_side, argnums=0, has_aux=True)(theta_p, side, tower, labels, weights)
-            return g_theta, g_rows, g_tower, bce_sum
+        tower1 = {k: p.expand(n, *p.shape).clone() for k, p in tower.items()}
+        grads, side, per_example = shared_grads(theta.clone(), rows.clone(), tower1, want_theta=True)
+        g_rows, *g_tower, g_theta = grads
+        bce_sum = (per_example * (weights > 0)).sum()
+        if rho_sh > 0:
+            sq = g_rows.square().sum((1, 2)) + sum(g.square().flatten(1).sum(1) for g in g_tower)
+            scale = rho_sh / (sq.sqrt() + SAM_EPS)
 
-        return step
+            def moved(p, g):
+                return (p + scale.view(n, *([1] * (p.dim() - 1))) * g).detach()
+
+            tower_p = {k: moved(tower1[k].detach(), g) for k, g in zip(tower, g_tower)}
+            (g_rows, *g_tower), _, _ = shared_grads(theta, moved(rows, g_rows), tower_p, want_theta=False)
+        if rho_ns > 0:
+            theta_p = (theta + rho_ns * g_theta / (g_theta.norm(dim=1, keepdim=True) + SAM_EPS)).requires_grad_(True)
+            (g_theta,) = torch.autograd.grad((weights * bce(theta_p, side, tower)).sum(), [theta_p])
+        return g_theta, g_rows, dict(zip(tower, g_tower)), bce_sum
 
     @torch.no_grad()
     def train_round(self, model: NeuMF, states: ClientStates, local: LocalSets) -> RoundUpdate:
         dtype = model.item_embeddings.dtype
         table = model.item_embeddings.detach()
         tower = {n: p.detach() for n, p in model.tower().items()}
-        step = vmap(self._client_step(), in_dims=(0, 0, None, 0, 0, 0))
         clients = torch.from_numpy(local.clients)
         n = local.clients.size
 
@@ -166,7 +174,7 @@ class BatchedEngine:
             rows = torch.zeros(b.members.size, b.n_rows, table.shape[1], dtype=dtype)
             rows[b.row_slot, b.row_pos] = table[b.row_item]
             with torch.enable_grad():
-                gt, gr, gw, bce = step(states.theta[clients[members]], rows, tower, b.idx, b.labels, b.weights)
+                gt, gr, gw, bce = self._bucket_step(states.theta[clients[members]], rows, tower, b.idx, b.labels, b.weights)
             g_theta[members] = gt
             rest[members] = torch.cat([g.reshape(b.members.size, -1) for g in gw.values()], dim=1)
             rows_out.append(gr[b.row_slot, b.row_pos])

@@ -54,9 +54,11 @@ stays below 1.7 · N · √n / Δ; :meth:`CKKSParams.typical_error` states
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +68,7 @@ import tenseal as ts
 from fedrecgel_secure.errors import BadInputError
 
 from .errors import Reason, RejectedPayload, RoundSkipped
-from .identity import ClientIdentity, ContributionProof, IdentityDirectory, Kind, check_round, open_envelope
+from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, authenticate, check_round
 from .keys import read_private_file, write_private_file, write_public_file
 from .vectors import check_dim, check_upload, clip
 
@@ -344,8 +346,12 @@ class KeyHolder:
 class CKKSClient:
     """Encrypts and signs one client's upload with the public context."""
 
-    def __init__(self, identity: ClientIdentity, public_context: bytes, dim: int, *, clip_range: float, session_tag: bytes = b"") -> None:
-        ctx = _load_context(public_context, "client context")
+    def __init__(
+        self, identity: ClientIdentity, public_context: bytes | ts.Context, dim: int, *, clip_range: float, session_tag: bytes = b""
+    ) -> None:
+        # A loaded context is accepted so that simulated clients can share one
+        # (loading costs ~25 ms each); it must still be public.
+        ctx = public_context if isinstance(public_context, ts.Context) else _load_context(public_context, "client context")
         if ctx.is_private():
             raise BadInputError("a client must get the public context, not one with the secret key")
         self._ctx = ctx
@@ -445,6 +451,7 @@ class CKKSAggregator:
         self._round: int | None = None
         self._proofs: dict[int, ContributionProof] = {}
         self._sum: list | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_public_context_file(cls, path: str | Path, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes = b"") -> CKKSAggregator:
@@ -461,6 +468,11 @@ class CKKSAggregator:
     def context(self) -> ts.Context:
         return self._ctx
 
+    def _hasher(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="secagg-hash")
+        return self._pool
+
     @property
     def contributors(self) -> list[int]:
         return sorted(self._proofs)
@@ -476,13 +488,24 @@ class CKKSAggregator:
         if self._round is None:
             raise BadInputError("begin_round() must be called before receiving uploads")
         try:
-            env = open_envelope(
-                payload, directory=self.directory, kind=Kind.CKKS_UPLOAD, round_idx=self._round,
-                completed_round=self.last_completed_round, context=self.session_tag,
+            env = Envelope.parse(payload)
+            # Hashing releases the GIL while TenSEAL's loader does not, so the body
+            # is hashed in a thread while the ciphertexts load; nothing is added
+            # to the sum before the signature has been checked.
+            hashing = self._hasher().submit(hashlib.sha256, env.body)
+            try:
+                vectors, problem = decode_upload(env.body, self._ctx, self.params, self.dim, env.client_id), None
+            except RejectedPayload as exc:
+                vectors, problem = None, exc
+            digest = hashing.result().digest()
+            authenticate(
+                env, directory=self.directory, kind=Kind.CKKS_UPLOAD, round_idx=self._round,
+                completed_round=self.last_completed_round, context=self.session_tag, digest=digest,
             )
             if env.client_id in self._proofs:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, "already contributed this round", env.client_id)
-            vectors = decode_upload(env.body, self._ctx, self.params, self.dim, env.client_id)
+            if problem is not None:
+                raise problem
         except RejectedPayload as exc:
             log.warning("round %s: rejected CKKS upload from %s: %s", self._round, exc.client_id, exc)
             raise

@@ -34,6 +34,7 @@ import hashlib
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from enum import IntEnum
 from pathlib import Path
 
@@ -92,7 +93,7 @@ class Envelope:
     body: bytes
     signature: bytes
 
-    @property
+    @cached_property
     def digest(self) -> bytes:
         return hashlib.sha256(self.body).digest()
 
@@ -243,8 +244,12 @@ def authenticate(
     round_idx: int,
     completed_round: int,
     context: bytes,
+    digest: bytes | None = None,
 ) -> Envelope:
-    """Check a parsed envelope's kind, sender, round and signature, in that order."""
+    """Check a parsed envelope's kind, sender, round and signature, in that order.
+
+    ``digest`` may be passed if SHA-256(body) was computed elsewhere (e.g. in a thread).
+    """
     if env.kind != kind:
         reason = Reason.WRONG_KIND if env.kind in Kind._value2member_map_ else Reason.GARBAGE
         raise RejectedPayload(reason, f"expected message kind {kind.name}, got {env.kind}", env.client_id)
@@ -255,5 +260,7 @@ def authenticate(
         )
     if env.round_idx != round_idx:
         raise RejectedPayload(Reason.WRONG_ROUND, f"round {env.round_idx}, expected {round_idx}", env.client_id)
+    if digest is not None:
+        env.__dict__["digest"] = digest  # fill the cached_property
     directory.verify(context, env.kind, env.round_idx, env.client_id, env.digest, env.signature)
     return env

@@ -1,0 +1,283 @@
+"""One-process simulation of a secure-aggregation deployment, for the trainer.
+
+:class:`SecAggSession` owns every role (clients, aggregator, and for CKKS the
+key holder) but moves only bytes between them, exactly the messages a
+multi-process deployment would send, so its costs and failure behaviour are
+those of the protocol. A round returns the aggregate alone, or raises
+:class:`RoundSkipped` when fewer than ``min_clients`` valid contributions
+remain; a skipped round changes no persistent state (replay watermarks, the key
+holder's decrypted-round record), so the same round index can be retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tenseal as ts
+
+from fedrecgel_secure.errors import BadInputError
+
+from .ckks import CKKSAggregator, CKKSClient, CKKSParams, KeyHolder
+from .errors import RejectedPayload, RoundSkipped
+from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
+from .masking import MaskingAggregator, MaskingClient, MaskingParams, decode_survivors
+from .vectors import check_dim
+
+Intercept = Callable[[int, bytes], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round releases: the sum over ``contributors`` and diagnostics."""
+
+    round_idx: int
+    total: np.ndarray
+    contributors: list[int]
+    rejected: dict[int, str] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+    clipped: int = 0
+    noise_std: float = 0.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.client = 0.0
+        self.server = 0.0
+        self.sent = 0
+
+    def client_call(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+        finally:
+            self.client += time.perf_counter() - t0
+        if isinstance(out, (bytes, bytearray)):
+            self.sent += len(out)
+        return out
+
+    def server_call(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.server += time.perf_counter() - t0
+
+
+class SecAggSession:
+    """All roles of one scheme, wired together with byte messages."""
+
+    def __init__(
+        self,
+        scheme: str,
+        dim: int,
+        client_ids: Sequence[int],
+        *,
+        min_clients: int,
+        params: CKKSParams | MaskingParams,
+        seed: int = 0,
+    ) -> None:
+        ids = [check_client_id(c) for c in client_ids]
+        if not ids or len(set(ids)) != len(ids):
+            raise BadInputError("client_ids must be a non-empty sequence of distinct ids")
+        if isinstance(min_clients, bool) or not isinstance(min_clients, int) or not 1 <= min_clients <= len(ids):
+            raise BadInputError(f"min_clients must be an integer in [1, {len(ids)}], got {min_clients!r}")
+        self.scheme = scheme
+        self.dim = check_dim(dim)
+        self.client_ids = sorted(ids)
+        self.min_clients = min_clients
+        self.params = params
+        self.seed = seed
+        self.session_tag = secrets.token_bytes(16)
+        self.identities = {c: ClientIdentity.generate(c) for c in self.client_ids}
+        self.directory = IdentityDirectory.of(self.identities)
+        tag = self.session_tag
+        if scheme == "ckks":
+            assert isinstance(params, CKKSParams)
+            self.key_holder: KeyHolder | None = KeyHolder.create(params, self.directory, min_clients=min_clients, session_tag=tag)
+            public = self.key_holder.public_context()
+            self.aggregator: CKKSAggregator | MaskingAggregator = CKKSAggregator(
+                public, self.directory, dim, min_clients=min_clients, session_tag=tag
+            )
+            shared = ts.context_from(public, n_threads=1)
+            clip_range = params.client_clip(len(ids))
+            self.clients: dict[int, CKKSClient | MaskingClient] = {
+                c: CKKSClient(self.identities[c], shared, dim, clip_range=clip_range, session_tag=tag) for c in self.client_ids
+            }
+        elif scheme == "masking":
+            assert isinstance(params, MaskingParams)
+            self.key_holder = None
+            self.aggregator = MaskingAggregator(self.directory, dim, params, min_clients=min_clients, session_tag=tag)
+            self.clients = {
+                c: MaskingClient(self.identities[c], self.directory, dim, params, min_clients=min_clients, session_tag=tag)
+                for c in self.client_ids
+            }
+        else:
+            raise BadInputError(f"scheme must be 'ckks' or 'masking', got {scheme!r}")
+
+    def run_round(
+        self,
+        round_idx: int,
+        uploads: Mapping[int, np.ndarray],
+        *,
+        drop_after_masking: set[int] | frozenset[int] = frozenset(),
+        central_noise_std: float = 0.0,
+        rng: np.random.Generator | None = None,
+        intercept: Intercept | None = None,
+    ) -> RoundResult:
+        """Aggregate ``uploads`` (client id -> vector of length ``dim``).
+
+        ``drop_after_masking``: clients that prepare their upload (and, for
+        masking, take part in key sharing, so others mask with them) but whose
+        upload never arrives and who then go silent.
+        ``central_noise_std``: Gaussian noise added to the sum before release;
+        under CKKS it is added under encryption, so the key holder never sees
+        the noiseless sum. ``rng`` defaults to one seeded by (seed, round).
+        ``intercept(client_id, payload)`` sees each main upload (CKKS
+        ciphertexts, masked input) on its way to the aggregator and returns the
+        bytes to deliver, or None to drop them; tests use it to tamper.
+        """
+        check_round(round_idx)
+        unknown = sorted(set(uploads) - set(self.clients))
+        if unknown:
+            raise BadInputError(f"uploads for clients not in this session: {unknown[:10]}")
+        stray = sorted(set(drop_after_masking) - set(uploads))
+        if stray:
+            raise BadInputError(f"drop_after_masking names clients without an upload: {stray[:10]}")
+        if not (math.isfinite(central_noise_std) and central_noise_std >= 0):
+            raise BadInputError(f"central_noise_std must be finite and >= 0, got {central_noise_std!r}")
+        if rng is None:
+            rng = np.random.default_rng([self.seed, round_idx])
+        run = self._run_ckks if self.scheme == "ckks" else self._run_masking
+        return run(round_idx, uploads, set(drop_after_masking), central_noise_std, rng, intercept)
+
+    @staticmethod
+    def _deliver(clock: _Clock, receive, client: int, payload: bytes | None, rejected: dict[int, str]) -> None:
+        if payload is None:
+            return
+        try:
+            clock.server_call(receive, payload)
+        except RejectedPayload as exc:
+            rejected[client] = exc.reason.value
+
+    def _cost(self, clock: _Clock, n: int, finalize: float) -> dict[str, float]:
+        return {
+            "client_seconds": clock.client / max(n, 1),
+            "upload_bytes": clock.sent / max(n, 1),
+            "aggregate_seconds": clock.server,
+            "finalize_seconds": finalize,
+        }
+
+    def _run_ckks(self, round_idx, uploads, dropped, noise_std, rng, intercept) -> RoundResult:
+        agg = self.aggregator
+        assert isinstance(agg, CKKSAggregator) and self.key_holder is not None
+        clock, rejected, clipped = _Clock(), {}, 0
+        agg.begin_round(round_idx)
+        cohort = sorted(uploads)
+        for c in cohort:
+            client = self.clients[c]
+            payload = clock.client_call(client.upload, round_idx, uploads[c])
+            clipped += client.last_clipped
+            if c in dropped:
+                continue
+            if intercept is not None:
+                payload = intercept(c, payload)
+            self._deliver(clock, agg.receive, c, payload, rejected)
+        try:
+            aggregate = clock.server_call(agg.finish)
+        except RoundSkipped as exc:
+            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
+        if noise_std > 0:
+            clock.server_call(aggregate.add_noise, noise_std, rng)
+        blob = clock.server_call(aggregate.serialize)
+        t0 = time.perf_counter()
+        total = self.key_holder.decrypt(blob)
+        finalize = time.perf_counter() - t0
+        return RoundResult(
+            round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize),
+            clipped, aggregate.noise_std,
+        )
+
+    def _run_masking(self, round_idx, uploads, dropped, noise_std, rng, intercept) -> RoundResult:
+        agg = self.aggregator
+        assert isinstance(agg, MaskingAggregator)
+        clock, rejected, clipped = _Clock(), {}, 0
+        cohort = sorted(uploads)
+
+        def client_step(c, fn, *args):
+            try:
+                return clock.client_call(fn, *args)
+            except RejectedPayload as exc:
+                # The client refused a message from the aggregator and drops out.
+                rejected[c] = exc.reason.value
+                return None
+
+        try:
+            announcement = clock.server_call(agg.begin_round, round_idx)
+            for c in cohort:
+                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].advertise, announcement), rejected)
+            broadcast = clock.server_call(agg.close_adverts)
+            shared = [c for c in cohort if c not in rejected]
+            for c in shared:
+                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].share_keys, broadcast), rejected)
+            inboxes = clock.server_call(agg.close_shares)
+            for c in sorted(inboxes):
+                payload = client_step(c, self.clients[c].masked_input, inboxes[c], uploads[c])
+                clipped += self.clients[c].last_clipped
+                if c in dropped or payload is None:
+                    continue
+                if intercept is not None:
+                    payload = intercept(c, payload)
+                self._deliver(clock, agg.receive, c, payload, rejected)
+            request = clock.server_call(agg.close_masked)
+            for c in decode_survivors(request, round_idx):
+                if c in dropped:
+                    continue
+                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].unmask, request), rejected)
+            t0 = time.perf_counter()
+            out = agg.finish()
+        except RoundSkipped as exc:
+            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
+        total = out.values
+        if noise_std > 0:
+            total = total + rng.normal(0.0, noise_std, self.dim)
+        finalize = time.perf_counter() - t0
+        return RoundResult(
+            round_idx, total, out.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped, noise_std
+        )
+
+
+def make_session(
+    scheme: str,
+    dim: int,
+    client_ids: Sequence[int],
+    *,
+    min_clients: int,
+    seed: int = 0,
+    params: CKKSParams | MaskingParams | None = None,
+    **overrides: object,
+) -> SecAggSession:
+    """Build a session; keyword ``overrides`` set fields of the scheme's params.
+
+    >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, frac_bits=20)
+    """
+    kinds = {"ckks": CKKSParams, "masking": MaskingParams}
+    if scheme not in kinds:
+        raise BadInputError(f"scheme must be 'ckks' or 'masking', got {scheme!r}")
+    cls = kinds[scheme]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(overrides) - fields)
+    if bad:
+        raise BadInputError(f"unknown {scheme} parameter(s) {bad}; known: {sorted(fields)}")
+    if params is None:
+        params = cls(**overrides)
+    elif not isinstance(params, cls):
+        raise BadInputError(f"params for scheme {scheme!r} must be {cls.__name__}")
+    elif overrides:
+        params = dataclasses.replace(params, **overrides)
+    return SecAggSession(scheme, dim, client_ids, min_clients=min_clients, params=params, seed=seed)
