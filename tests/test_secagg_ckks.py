@@ -1,0 +1,308 @@
+"""CKKS secure aggregation: roles exchange bytes, the key holder decrypts only authenticated aggregates."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+import tenseal as ts
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg import (
+    CKKSAggregator,
+    CKKSClient,
+    CKKSParams,
+    ClientIdentity,
+    IdentityDirectory,
+    KeyFileError,
+    KeyHolder,
+    Kind,
+    RejectedPayload,
+    RoundSkipped,
+)
+from fedrecgel_secure.privacy.secagg.identity import Envelope
+
+DIM = 5000
+N_CLIENTS = 8
+TAG = b"test-session"
+
+
+@pytest.fixture(scope="module")
+def world():
+    identities = {c: ClientIdentity.generate(c) for c in range(N_CLIENTS)}
+    directory = IdentityDirectory.of(identities)
+    params = CKKSParams()
+    holder = KeyHolder.create(params, directory, min_clients=3, session_tag=TAG)
+    public = holder.public_context()
+    shared = ts.context_from(public)
+    clients = {
+        c: CKKSClient(identities[c], shared, DIM, clip_range=params.client_clip(N_CLIENTS), session_tag=TAG)
+        for c in identities
+    }
+    return {"ids": identities, "dir": directory, "params": params, "holder": holder, "public": public, "clients": clients}
+
+
+def _uploads(seed, n=N_CLIENTS, dim=DIM):
+    rng = np.random.default_rng(seed)
+    return {c: rng.normal(0.0, 0.05, dim) for c in range(n)}
+
+
+def _holder(world, min_clients=3):
+    """A fresh key holder (own decrypted-round record) over the session's secret key."""
+    return KeyHolder(world["holder"]._ctx, world["dir"], min_clients=min_clients, session_tag=TAG)
+
+
+def _aggregator(world, min_clients=3):
+    return CKKSAggregator(world["public"], world["dir"], DIM, min_clients=min_clients, session_tag=TAG)
+
+
+def test_default_parameters_are_addition_only_at_128_bit_security(world):
+    params = world["params"]
+    assert params.poly_modulus_degree == 8192 and sum(params.coeff_mod_bit_sizes) <= 218
+    ctx = ts.context_from(world["public"])
+    assert not ctx.is_private() and ctx.has_public_key()
+    assert not ctx.has_galois_keys() and not ctx.has_relin_keys()
+
+
+def test_parameters_beyond_128_bit_security_are_refused():
+    with pytest.raises(BadInputError, match="128-bit"):
+        CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(60, 50))
+    with pytest.raises(BadInputError, match="poly_modulus_degree"):
+        CKKSParams(poly_modulus_degree=5000)
+    with pytest.raises(BadInputError, match="global_scale"):
+        CKKSParams(global_scale=2.0**60)
+
+
+def test_aggregate_matches_plaintext_sum_within_the_stated_bound(world):
+    agg = _aggregator(world)
+    xs = _uploads(1)
+    agg.begin_round(0)
+    for c, x in xs.items():
+        agg.receive(world["clients"][c].upload(0, x))
+    total = _holder(world).decrypt(agg.finish().serialize())
+    err = np.abs(total - sum(xs.values())).max()
+    params = world["params"]
+    assert total.shape == (DIM,)
+    assert err <= params.typical_error(N_CLIENTS) <= params.error_bound(N_CLIENTS)
+    assert err > 0  # CKKS is approximate: an exact match would mean nothing was encrypted
+
+
+def test_upload_is_at_most_30_bytes_per_value(world):
+    payload = world["clients"][0].upload(0, _uploads(2)[0])
+    slots_sent = 2 * world["params"].slots  # DIM=5000 is packed into 2 full ciphertexts
+    assert len(payload) / slots_sent <= 30
+
+
+def test_filmtrust_sized_vector_round_trips():
+    dim = 372_000
+    ids = {c: ClientIdentity.generate(c) for c in range(2)}
+    directory = IdentityDirectory.of(ids)
+    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2)
+    agg = CKKSAggregator(holder.public_context(), directory, dim, min_clients=2)
+    xs = _uploads(3, n=2, dim=dim)
+    agg.begin_round(0)
+    sizes = []
+    for c in ids:
+        payload = CKKSClient(ids[c], holder.public_context(), dim, clip_range=1.0).upload(0, xs[c])
+        sizes.append(len(payload))
+        agg.receive(payload)
+    total = holder.decrypt(agg.finish().serialize())
+    assert max(sizes) / dim <= 30.0
+    assert np.abs(total - xs[0] - xs[1]).max() <= CKKSParams().typical_error(2)
+
+
+def test_central_noise_is_added_under_encryption(world):
+    agg = _aggregator(world)
+    xs = _uploads(4)
+    agg.begin_round(0)
+    for c, x in xs.items():
+        agg.receive(world["clients"][c].upload(0, x))
+    aggregate = agg.finish()
+    aggregate.add_noise(0.5, np.random.default_rng(0))
+    assert aggregate.noise_std == 0.5
+    total = _holder(world).decrypt(aggregate.serialize())
+    residual = total - sum(xs.values())
+    assert 0.45 < residual.std() < 0.55 and abs(residual.mean()) < 0.05
+
+
+def test_values_outside_the_clip_range_are_clipped_and_counted(world):
+    client = world["clients"][0]
+    x = np.zeros(DIM)
+    x[:3] = [1e6, -1e6, client.clip_range / 2]
+    client.upload(0, x)
+    assert client.last_clipped == 2
+
+
+def test_bad_uploads_from_the_caller_are_bad_input(world):
+    client = world["clients"][0]
+    with pytest.raises(BadInputError, match="shape"):
+        client.upload(0, np.zeros(DIM + 1))
+    with pytest.raises(BadInputError, match="NaN"):
+        client.upload(0, np.full(DIM, np.nan))
+
+
+class TestTampering:
+    """Every forged or malformed upload is rejected with its reason; the round goes on without it."""
+
+    def _round(self, world, round_idx, agg, senders=range(N_CLIENTS)):
+        xs = _uploads(10 + round_idx)
+        agg.begin_round(round_idx)
+        return xs, {c: world["clients"][c].upload(round_idx, xs[c]) for c in senders}
+
+    def _expect(self, agg, payload, reason):
+        with pytest.raises(RejectedPayload) as err:
+            agg.receive(payload)
+        assert err.value.reason == reason
+        return err.value
+
+    def test_each_tampering_case_has_its_reason_and_valid_uploads_still_sum(self, world, caplog):
+        agg, holder = _aggregator(world), _holder(world)
+        xs0, ups0 = self._round(world, 0, agg)
+        for p in ups0.values():
+            agg.receive(p)
+        holder.decrypt(agg.finish().serialize())
+
+        xs, ups = self._round(world, 1, agg)
+        good = [0, 1, 2, 3]
+        for c in good:
+            agg.receive(ups[c])
+        flipped = bytearray(ups[4])
+        flipped[len(flipped) // 2] ^= 1
+        stranger = ClientIdentity.generate(99)
+        body = Envelope.parse(ups[5]).body
+        other_dim = CKKSClient(world["ids"][6], world["public"], DIM + 5000, clip_range=1.0, session_tag=TAG)
+        cases = [
+            (ups[4][:-64] + bytes(64), "bad_signature"),
+            (bytes(flipped), "bad_signature"),
+            (world["clients"][5].upload(2, xs[5]), "wrong_round"),
+            (ups[0], "duplicate_client"),
+            (ups0[5], "replay"),
+            (other_dim.upload(1, np.zeros(DIM + 5000)), "wrong_shape"),
+            (ups[7][: len(ups[7]) // 3], "truncated"),
+            (os.urandom(2000), "garbage"),
+            (stranger.seal(Kind.CKKS_UPLOAD, 1, body, TAG), "unknown_client"),
+        ]
+        with caplog.at_level("WARNING", logger="fedrecgel_secure.secagg"):
+            for payload, reason in cases:
+                self._expect(agg, payload, reason)
+        assert len([r for r in caplog.records if r.name == "fedrecgel_secure.secagg"]) == len(cases)
+        aggregate = agg.finish()
+        assert aggregate.contributors == good
+        total = holder.decrypt(aggregate.serialize())
+        assert np.abs(total - sum(xs[c] for c in good)).max() <= world["params"].typical_error(len(good))
+
+    def test_ciphertexts_with_other_parameters_are_rejected(self, world):
+        agg = _aggregator(world)
+        agg.begin_round(0)
+        other = KeyHolder.create(CKKSParams(global_scale=2.0**30), world["dir"], min_clients=1)
+        client = CKKSClient(world["ids"][0], other.public_context(), DIM, clip_range=1.0, session_tag=TAG)
+        self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_params")
+        small = KeyHolder.create(CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(52, 57)), world["dir"], min_clients=1)
+        client = CKKSClient(world["ids"][1], small.public_context(), DIM, clip_range=1.0, session_tag=TAG)
+        self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
+
+    def test_a_skipped_round_changes_no_state(self, world):
+        agg, holder = _aggregator(world, min_clients=5), _holder(world)
+        xs0, ups0 = self._round(world, 0, agg)
+        for p in ups0.values():
+            agg.receive(p)
+        holder.decrypt(agg.finish().serialize())
+        assert agg.last_completed_round == 0
+
+        xs1, ups1 = self._round(world, 1, agg, senders=[0, 1])
+        for p in ups1.values():
+            agg.receive(p)
+        with pytest.raises(RoundSkipped) as err:
+            agg.finish()
+        assert err.value.reason == "too_few_clients"
+        assert agg.last_completed_round == 0
+
+        # Round 1 can be retried; round 0 payloads are still replays.
+        xs1, ups1 = self._round(world, 1, agg)
+        self._expect(agg, ups0[3], "replay")
+        for p in ups1.values():
+            agg.receive(p)
+        total = holder.decrypt(agg.finish().serialize())
+        assert np.abs(total - sum(xs1.values())).max() <= world["params"].typical_error(N_CLIENTS)
+
+
+class TestKeyHolder:
+    def _aggregate(self, world, round_idx, senders):
+        agg = _aggregator(world, min_clients=1)
+        agg.begin_round(round_idx)
+        for c in senders:
+            agg.receive(world["clients"][c].upload(round_idx, np.ones(DIM)))
+        return agg.finish()
+
+    def test_refuses_aggregates_with_too_few_contributions(self, world):
+        holder = _holder(world)
+        with pytest.raises(RejectedPayload) as err:
+            holder.decrypt(self._aggregate(world, 0, [0, 1]).serialize())
+        assert err.value.reason == "too_few_contributors"
+        assert holder.last_decrypted_round == -1  # a refusal does not use up the round
+
+    def test_refuses_forged_or_repeated_proofs(self, world):
+        holder = _holder(world)
+        blob = bytearray(self._aggregate(world, 0, [0, 1, 2]).serialize())
+        head = 28  # magic, round, dim, noise, count
+        forged = bytearray(blob)
+        forged[head + 40] ^= 1  # inside the first proof's signature
+        with pytest.raises(RejectedPayload, match="bad_signature"):
+            holder.decrypt(bytes(forged))
+        repeated = blob[:head] + blob[head : head + 100] * 3 + blob[head + 300 :]
+        with pytest.raises(RejectedPayload, match="duplicate_client"):
+            holder.decrypt(bytes(repeated))
+
+    def test_decrypts_at_most_one_aggregate_per_round(self, world):
+        # Two overlapping subsets of one round would reveal a single upload by difference.
+        holder = _holder(world)
+        holder.decrypt(self._aggregate(world, 5, [0, 1, 2, 3]).serialize())
+        with pytest.raises(RejectedPayload, match="replay"):
+            holder.decrypt(self._aggregate(world, 5, [0, 1, 2]).serialize())
+
+
+class TestKeyMaterial:
+    def test_aggregator_holds_only_a_public_context(self, world):
+        agg = _aggregator(world)
+        assert agg.context.is_private() is False
+
+    def test_aggregator_and_clients_refuse_a_secret_context(self, world, tmp_path):
+        secret = world["holder"]._ctx.serialize(save_secret_key=True)
+        with pytest.raises(BadInputError, match="secret key"):
+            CKKSAggregator(secret, world["dir"], DIM, min_clients=1)
+        with pytest.raises(BadInputError, match="secret key"):
+            CKKSClient(world["ids"][0], secret, DIM, clip_range=1.0)
+        path = tmp_path / "secret.ctx"
+        world["holder"].save(path)
+        with pytest.raises(BadInputError, match="secret key"):
+            CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1)
+
+    def test_aggregator_builds_from_a_public_context_file(self, world, tmp_path):
+        path = tmp_path / "public.ctx"
+        world["holder"].write_public_context(path)
+        agg = CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
+        agg.begin_round(0)
+        agg.receive(world["clients"][0].upload(0, np.ones(DIM)))
+        assert agg.finish().contributors == [0]
+
+    def test_secret_context_file_is_0600_and_looser_files_are_refused(self, world, tmp_path):
+        path = tmp_path / "holder.ctx"
+        world["holder"].save(path)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        loaded = KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)
+        agg = _aggregator(world)
+        agg.begin_round(0)
+        for c in range(3):
+            agg.receive(world["clients"][c].upload(0, np.ones(DIM)))
+        assert np.allclose(loaded.decrypt(agg.finish().serialize()), 3.0, atol=1e-5)
+        os.chmod(path, 0o640)
+        with pytest.raises(KeyFileError, match="0600"):
+            KeyHolder.load(path, world["dir"], min_clients=3)
+
+    def test_key_holder_refuses_a_public_context_file(self, world, tmp_path):
+        from fedrecgel_secure.privacy.secagg.keys import write_private_file
+
+        path = tmp_path / "public-as-secret.ctx"
+        write_private_file(path, world["public"])
+        with pytest.raises(BadInputError, match="public context"):
+            KeyHolder.load(path, world["dir"], min_clients=3)
