@@ -71,8 +71,53 @@ class CheckpointPolicy(Section):
     every: int = Field(10, ge=1, description="Write a checkpoint every this many rounds (and after the last).")
 
 
+class CkksPolicy(Section):
+    """TenSEAL CKKS for addition only (no Galois or relinearisation keys), 128-bit security."""
+
+    poly_modulus_degree: int = Field(8192, description="Ring degree N; a ciphertext packs N/2 values.")
+    coeff_mod_bit_sizes: list[int] = Field([52, 57], description="Prime chain; its sum is capped by N at 128-bit security.")
+    global_scale_bits: int = Field(38, ge=2, le=60, description="Fixed-point scale 2^bits of encoded values.")
+    clip_range: float | None = Field(None, gt=0, description="Clients clip values to [-R, R]; None derives R from the parameters.")
+
+    def params(self):
+        from fedrecgel_secure.privacy.secagg import CKKSParams
+
+        return CKKSParams(
+            poly_modulus_degree=self.poly_modulus_degree,
+            coeff_mod_bit_sizes=tuple(self.coeff_mod_bit_sizes),
+            global_scale=2.0**self.global_scale_bits,
+            clip_range=self.clip_range,
+        )
+
+
+class MaskingPolicy(Section):
+    """Pairwise masking (Bonawitz et al. 2017) on a SecAgg+ neighbour graph (Bell et al. 2020)."""
+
+    clip_range: float = Field(32.0, gt=0, description="Values are clipped to [-R, R] before fixed-point encoding.")
+    frac_bits: int = Field(40, ge=0, le=62, description="Fixed-point precision: values are rounded to multiples of 2^-bits.")
+    degree: int | Literal["all", "secagg+", "auto"] = Field(
+        "auto", description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts)."
+    )
+    threshold: int | float | None = Field(None, description="Shamir threshold t: a count, or a fraction of the neighbours.")
+
+    def params(self):
+        from fedrecgel_secure.privacy.secagg import MaskingParams
+
+        return MaskingParams(clip_range=self.clip_range, frac_bits=self.frac_bits, degree=self.degree, threshold=self.threshold)
+
+
+class SecureAggregationPolicy(Section):
+    scheme: Literal["none", "ckks", "masking"] = Field("none", description="How uploads are summed; none: in the clear.")
+    min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
+    cover: Literal["shared", "item_embeddings"] = Field("shared", description="What goes through the protocol: the whole shared vector, or the item table alone.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
+    ckks: CkksPolicy = CkksPolicy()
+    masking: MaskingPolicy = MaskingPolicy()
+
+
 class PrivacyPolicy(Section):
     dp: DPSettings = Field(default_factory=DPSettings, description="Client-level DP-FedAvg on the shared uploads.")
+    secure_aggregation: SecureAggregationPolicy = SecureAggregationPolicy()
 
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]

@@ -72,7 +72,7 @@ def test_the_aggregate_carries_noise_of_std_z_c_over_m(tiny_split, mode):
     local = build_local_sets(trainer.rng, tiny_split, trainer.seen, clients, 4)
     uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
     dim = sum(p.numel() for p in trainer.model.parameters())
-    aggregate, _ = agg.aggregate(uploads, dim, torch.float64)
+    aggregate = agg.aggregate(1, clients, uploads, dim, torch.float64).gradient
     clipped, _ = agg.clip(uploads)
     noise = (aggregate.double() - clipped.total().double() / agg.dp.expected_clients) * agg.dp.expected_clients
     expected = 2.0 * 0.5  # z * C on the sum

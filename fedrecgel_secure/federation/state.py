@@ -50,6 +50,10 @@ class PrivateUpdate:
     exp_avg_sq: torch.Tensor
     steps: torch.Tensor
 
+    def select(self, positions: torch.Tensor) -> PrivateUpdate:
+        """The updates of the clients at ``positions`` only."""
+        return PrivateUpdate(*(t[positions] for t in (self.clients, self.theta, self.exp_avg, self.exp_avg_sq, self.steps)))
+
 
 @dataclass
 class RoundUpdate:

@@ -20,7 +20,7 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.aggregation import DPFedAvg, MeanAggregation
+from fedrecgel_secure.federation.aggregation import DPFedAvg, MeanAggregation, make_summer
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.federation.server import Server
@@ -36,12 +36,14 @@ SUMMARY = "summary.json"
 RESOLVED = "policy.resolved.toml"
 
 
-def make_aggregation(policy: Policy, split: Split):
+def make_aggregation(policy: Policy, split: Split, model: NeuMF):
+    dim = sum(p.numel() for p in model.parameters())
+    summer = make_summer(policy.privacy.secure_aggregation, split.n_users, dim, model.item_embeddings.numel(), policy.seed)
     settings = policy.privacy.dp
     if not settings.enabled:
-        return MeanAggregation(policy.federation.fraction)
+        return MeanAggregation(policy.federation.fraction, summer, policy.seed)
     resolved = validate_against_population(settings, split.n_users, policy.federation.rounds, policy.federation.fraction)
-    return DPFedAvg(resolved, policy.seed)
+    return DPFedAvg(resolved, summer, policy.seed)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class Trainer:
         self.states = ClientStates.fresh(self.model.init_private(split.n_users, init))
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
-        self.aggregation = make_aggregation(policy, split)
+        self.aggregation = make_aggregation(policy, split, self.model)
         self.stopped: str | None = None  # why training ended before federation.rounds
         self.rng = np.random.default_rng(policy.seed)
         self.round = 0
@@ -83,20 +85,26 @@ class Trainer:
 
     # -- one round --------------------------------------------------------
     def train_round(self) -> tuple[float | None, dict]:
-        """One round; returns the clients' mean BCE and what the aggregation reports (epsilon, ...)."""
+        """One round; returns the clients' mean BCE and what the aggregation reports (epsilon, costs, ...).
+
+        A round that secure aggregation skips (too few valid uploads) changes
+        neither the model nor any client's state.
+        """
         clients = self.aggregation.sample(self.rng, self.split.n_users)
         update = None
         if clients.size:
             local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
             update = self.engine.train_round(self.model, self.states, local)
         dim = sum(p.numel() for p in self.model.parameters())
-        aggregate, info = self.aggregation.aggregate(None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
-        self.server.step(aggregate)
-        if update is not None:
-            self.states.commit(update.private)
-        info.update(self.aggregation.commit())
+        result = self.aggregation.aggregate(self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
+        if result.gradient is not None:
+            self.server.step(result.gradient)
+            if update is not None:
+                # a client whose upload did not make it into the aggregate keeps its old state
+                self.states.commit(update.private.select(torch.from_numpy(result.contributors)))
+        result.info.update(self.aggregation.commit())
         self.round += 1
-        return (None if update is None else update.loss), info
+        return (None if update is None else update.loss), result.info
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
