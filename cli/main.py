@@ -124,6 +124,29 @@ def evaluate(
     out.print(_metrics_table(f"{run_dir}", rows))
 
 
+@app.command()
+@user_errors
+def audit(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `fedrecgel train`.")],
+    rounds: Annotated[int, typer.Option(help="Fresh rounds to attack.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+):
+    """Attack the run's uploads as an honest-but-curious server: can it tell which items a client trained on?"""
+    from fedrecgel_secure.privacy.audit import audit_run
+
+    report = audit_run(run_dir, rounds)
+    if as_json:
+        print(json.dumps(report))
+        return
+    table = Table(title=f"interaction-inference audit of {run_dir} (server sees: {report['view']} uploads)")
+    for col in ("", "attack", "chance"):
+        table.add_column(col, justify="right")
+    table.add_row("AUC", f"{report['attack_auc']:.4f}", f"{report['chance_auc']:.4f}")
+    table.add_row("precision@k", f"{report['attack_precision_at_k']:.4f}", f"{report['chance_precision_at_k']:.4f}")
+    out.print(table)
+    out.print(f"{report['clients']} client uploads attacked, model of round {report['round']}")
+
+
 @policy_app.command("validate")
 @user_errors
 def policy_validate(file: Annotated[Path, typer.Argument(help="Policy file (TOML).")]):
