@@ -90,7 +90,7 @@ class Envelope:
     kind: int
     round_idx: int
     client_id: int
-    body: bytes
+    body: bytes | memoryview
     signature: bytes
 
     @cached_property
@@ -99,11 +99,15 @@ class Envelope:
 
     def to_bytes(self) -> bytes:
         header = HEADER.pack(MAGIC, VERSION, self.kind, 0, self.round_idx, self.client_id, len(self.body))
-        return header + self.body + self.signature
+        return b"".join((header, self.body, self.signature))
 
     @classmethod
-    def parse(cls, data: bytes) -> Envelope:
-        """Split bytes into an envelope; checks layout only, not the signature."""
+    def parse(cls, data: bytes, *, zero_copy: bool = False) -> Envelope:
+        """Split bytes into an envelope; checks layout only, not the signature.
+
+        With ``zero_copy`` the body is a memoryview into ``data``, which saves a
+        copy of multi-megabyte uploads.
+        """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise RejectedPayload(Reason.GARBAGE, f"payload must be bytes, got {type(data).__name__}")
         data = bytes(data)
@@ -119,7 +123,8 @@ class Envelope:
             raise RejectedPayload(Reason.TRUNCATED, f"{len(data)} bytes, header announces {expected}", client_id)
         if len(data) > expected:
             raise RejectedPayload(Reason.GARBAGE, f"{len(data) - expected} trailing bytes", client_id)
-        body = data[HEADER.size : HEADER.size + length]
+        source = memoryview(data) if zero_copy else data
+        body = source[HEADER.size : HEADER.size + length]
         return cls(kind, round_idx, client_id, body, data[HEADER.size + length :])
 
 
@@ -244,12 +249,15 @@ def authenticate(
     round_idx: int,
     completed_round: int,
     context: bytes,
-    digest: bytes | None = None,
 ) -> Envelope:
-    """Check a parsed envelope's kind, sender, round and signature, in that order.
+    """Check a parsed envelope's kind, sender, round and signature, in that order."""
+    check_header(env, directory=directory, kind=kind, round_idx=round_idx, completed_round=completed_round)
+    verify_signature(env, directory=directory, context=context)
+    return env
 
-    ``digest`` may be passed if SHA-256(body) was computed elsewhere (e.g. in a thread).
-    """
+
+def check_header(env: Envelope, *, directory: IdentityDirectory, kind: Kind, round_idx: int, completed_round: int) -> None:
+    """The cheap checks, which need no hashing of the body."""
     if env.kind != kind:
         reason = Reason.WRONG_KIND if env.kind in Kind._value2member_map_ else Reason.GARBAGE
         raise RejectedPayload(reason, f"expected message kind {kind.name}, got {env.kind}", env.client_id)
@@ -260,7 +268,10 @@ def authenticate(
         )
     if env.round_idx != round_idx:
         raise RejectedPayload(Reason.WRONG_ROUND, f"round {env.round_idx}, expected {round_idx}", env.client_id)
+
+
+def verify_signature(env: Envelope, *, directory: IdentityDirectory, context: bytes, digest: bytes | None = None) -> None:
+    """``digest`` may be given if SHA-256(body) was computed elsewhere (e.g. in a thread)."""
     if digest is not None:
-        env.__dict__["digest"] = digest  # fill the cached_property
+        env.__dict__["digest"] = digest  # fills the cached_property
     directory.verify(context, env.kind, env.round_idx, env.client_id, env.digest, env.signature)
-    return env

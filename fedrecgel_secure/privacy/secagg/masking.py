@@ -92,7 +92,17 @@ _MASK_KINDS = {Kind.MASK_ADVERTISE, Kind.MASK_SHARES, Kind.MASK_INPUT, Kind.MASK
 
 @dataclass(frozen=True)
 class MaskingParams:
-    """Fixed-point encoding and neighbourhood settings of the masking protocol."""
+    """Fixed-point encoding and neighbourhood settings of the masking protocol.
+
+    ``clip_range`` R and ``frac_bits`` f set the encoding q(x) = round(clip(x) · 2^f).
+    ``degree`` is k (see the module docstring); ``threshold`` is t as a count, a
+    fraction of k, or None for ⌊k/2⌋ + 1. A round survives dropouts as long as
+    every client whose secret is needed keeps t responding neighbours: with the
+    SecAgg+ default for 122 clients (k = 14, t = 8) that is at most 6 lost per
+    neighbourhood, so about 10% random dropout is safe but 30% is not; raise k or
+    lower t for flakier cohorts (a lower t tolerates less collusion between the
+    aggregator and clients, which the threat model excludes).
+    """
 
     clip_range: float = 32.0
     frac_bits: int = 40

@@ -12,6 +12,7 @@ holder's decrypted-round record), so the same round index can be retried.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import secrets
 import time
@@ -28,6 +29,8 @@ from .errors import RejectedPayload, RoundSkipped
 from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
 from .masking import MaskingAggregator, MaskingClient, MaskingParams, decode_survivors
 from .vectors import check_dim
+
+log = logging.getLogger("fedrecgel_secure.secagg")
 
 Intercept = Callable[[int, bytes], "bytes | None"]
 
@@ -214,6 +217,7 @@ class SecAggSession:
                 return clock.client_call(fn, *args)
             except RejectedPayload as exc:
                 # The client refused a message from the aggregator and drops out.
+                log.warning("round %s: client %s dropped out: %s", round_idx, c, exc)
                 rejected[c] = exc.reason.value
                 return None
 

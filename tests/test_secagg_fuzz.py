@@ -1,0 +1,185 @@
+"""Every deserialiser, fed random bytes or mutations of valid payloads, raises only our error types."""
+
+import functools
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg import (
+    CKKSAggregator,
+    CKKSClient,
+    CKKSParams,
+    ClientIdentity,
+    Envelope,
+    IdentityDirectory,
+    KeyHolder,
+    MaskingAggregator,
+    MaskingClient,
+    MaskingParams,
+    RejectedPayload,
+)
+from fedrecgel_secure.privacy.secagg import ckks, masking
+
+DIM = 100
+TAG = b"fuzz"
+# SECAGG_FUZZ_EXAMPLES raises the budget for a longer, offline fuzzing run.
+FUZZ = settings(
+    max_examples=int(os.environ.get("SECAGG_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@st.composite
+def mutation_of(draw, valid: bytes):
+    """Bit flips (biased to headers), truncation, insertion, overwrite or a random tail."""
+    data = bytearray(valid)
+    op = draw(st.sampled_from(["flip", "truncate", "insert", "overwrite", "tail"]))
+    pos = draw(st.one_of(st.integers(0, min(len(data), 80) - 1), st.integers(0, len(data) - 1)))
+    if op == "flip":
+        for _ in range(draw(st.integers(1, 4))):
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+            pos = draw(st.integers(0, len(data) - 1))
+    elif op == "truncate":
+        del data[pos:]
+    elif op == "insert":
+        data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
+    elif op == "overwrite":
+        chunk = draw(st.binary(min_size=1, max_size=8))
+        data[pos : pos + len(chunk)] = chunk
+    else:
+        data[pos:] = draw(st.binary(max_size=64))
+    return bytes(data)
+
+
+def bytes_or_mutation(valid: bytes):
+    return st.one_of(st.binary(max_size=512), mutation_of(valid))
+
+
+@functools.cache
+def ckks_world():
+    ids = {c: ClientIdentity.generate(c) for c in range(3)}
+    directory = IdentityDirectory.of(ids)
+    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2, session_tag=TAG)
+    public = holder.public_context()
+    clients = {c: CKKSClient(ids[c], public, DIM, clip_range=1.0, session_tag=TAG) for c in ids}
+    uploads = {c: clients[c].upload(0, np.full(DIM, 0.1 * c)) for c in ids}
+    agg = CKKSAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
+    agg.begin_round(0)
+    for c in (0, 1):
+        agg.receive(uploads[c])
+    aggregate = agg.finish().serialize()
+    agg.begin_round(1)
+    return {"holder": holder, "directory": directory, "public": public, "uploads": uploads, "aggregate": aggregate, "agg": agg}
+
+
+@functools.cache
+def masking_world():
+    n = 4
+    params = MaskingParams()
+    ids = {c: ClientIdentity.generate(c) for c in range(n)}
+    directory = IdentityDirectory.of(ids)
+    clients = {c: MaskingClient(ids[c], directory, DIM, params, min_clients=2, session_tag=TAG) for c in ids}
+    agg = MaskingAggregator(directory, DIM, params, min_clients=2, session_tag=TAG)
+    announcement = agg.begin_round(0)
+    adverts = {c: clients[c].advertise(announcement) for c in ids}
+    for p in adverts.values():
+        agg.receive(p)
+    broadcast = agg.close_adverts()
+    shares = {c: clients[c].share_keys(broadcast) for c in ids}
+    for p in shares.values():
+        agg.receive(p)
+    inboxes = agg.close_shares()
+    masked = {c: clients[c].masked_input(inboxes[c], np.zeros(DIM)) for c in ids}
+    for c in (0, 1, 2):
+        agg.receive(masked[c])
+    # The aggregator stays in the upload step so that receive() is fuzzed there.
+    request = masking._encode_fixed(b"MKU1", 0, [masking._U32.pack(c) for c in (0, 1, 2)])
+    unmask = clients[0].unmask(request)
+    return {
+        "announcement": announcement, "broadcast": broadcast, "inbox": inboxes[3], "request": request,
+        "shares": Envelope.parse(shares[0]).body, "unmask": Envelope.parse(unmask).body,
+        "masked": masked[3], "clients": clients, "agg": agg,
+    }
+
+
+def only_rejections(fn, *args):
+    try:
+        fn(*args)
+    except RejectedPayload:
+        pass
+
+
+def only_bad_input(fn, *args):
+    try:
+        fn(*args)
+    except BadInputError:
+        pass
+
+
+@FUZZ
+@given(st.data())
+def test_envelope_parser(data):
+    only_rejections(Envelope.parse, data.draw(bytes_or_mutation(ckks_world()["uploads"][2])))
+
+
+@FUZZ
+@given(st.data())
+def test_ckks_upload_body_decoder(data):
+    w = ckks_world()
+    body = Envelope.parse(w["uploads"][2]).body
+    agg = w["agg"]
+    only_rejections(ckks.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
+
+
+@FUZZ
+@given(st.data())
+def test_ckks_aggregator_receive(data):
+    w = ckks_world()
+    only_rejections(w["agg"].receive, data.draw(bytes_or_mutation(w["uploads"][2])))
+
+
+@FUZZ
+@given(st.data())
+def test_ckks_key_holder_decrypt(data):
+    w = ckks_world()
+    fresh = KeyHolder(w["holder"]._ctx, w["directory"], min_clients=2, session_tag=TAG)
+    only_rejections(fresh.decrypt, data.draw(bytes_or_mutation(w["aggregate"])))
+
+
+@FUZZ
+@given(st.data())
+def test_masking_aggregator_messages(data):
+    w = masking_world()
+    only_rejections(masking.decode_announcement, data.draw(bytes_or_mutation(w["announcement"])))
+    only_rejections(masking.decode_survivors, data.draw(bytes_or_mutation(w["request"])), 0)
+    only_rejections(masking.decode_inbox, data.draw(bytes_or_mutation(w["inbox"])), 0)
+    seed = w["announcement"][-16:]
+    only_rejections(masking.decode_adverts, data.draw(bytes_or_mutation(w["broadcast"])), 0, seed)
+
+
+@FUZZ
+@given(st.data())
+def test_masking_client_bodies(data):
+    w = masking_world()
+    only_rejections(masking.decode_share_bundle, data.draw(bytes_or_mutation(w["shares"])))
+    only_rejections(masking.decode_unmask, data.draw(bytes_or_mutation(w["unmask"])))
+    only_rejections(masking.decode_masked, data.draw(bytes_or_mutation(w["masked"][24:-64])), DIM)
+
+
+@FUZZ
+@given(st.data())
+def test_masking_aggregator_receive(data):
+    w = masking_world()
+    only_rejections(w["agg"].receive, data.draw(bytes_or_mutation(w["masked"])))
+
+
+@FUZZ
+@given(st.data())
+def test_masking_client_steps_reject_bad_aggregator_messages(data):
+    w = masking_world()
+    client = w["clients"][3]
+    only_bad_input(client.share_keys, data.draw(bytes_or_mutation(w["broadcast"])))
+    only_bad_input(client.masked_input, data.draw(bytes_or_mutation(w["inbox"])), np.zeros(DIM))
+    only_bad_input(client.unmask, data.draw(bytes_or_mutation(w["request"])))

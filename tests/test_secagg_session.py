@@ -1,0 +1,133 @@
+"""The trainer's entry point: make_session(...).run_round(...) for both schemes."""
+
+import numpy as np
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg import CKKSParams, MaskingParams, RoundSkipped, make_session
+
+DIM = 5000
+CLIENTS = list(range(100, 120))
+
+
+def uploads(seed, ids=CLIENTS):
+    rng = np.random.default_rng(seed)
+    return {c: rng.normal(0.0, 0.05, DIM) for c in ids}
+
+
+def tolerance(session, n):
+    if session.scheme == "ckks":
+        return session.params.typical_error(n + 1)
+    return n / 2 ** (session.params.frac_bits + 1)
+
+
+@pytest.fixture(scope="module", params=["ckks", "masking"])
+def session(request):
+    return make_session(request.param, DIM, CLIENTS, min_clients=8, seed=1)
+
+
+def test_round_returns_the_sum_and_its_costs(session):
+    xs = uploads(0)
+    result = session.run_round(0, xs)
+    assert result.contributors == CLIENTS
+    assert result.rejected == {}
+    assert np.abs(result.total - sum(xs.values())).max() <= tolerance(session, len(xs))
+    assert set(result.cost) >= {"client_seconds", "upload_bytes", "aggregate_seconds", "finalize_seconds"}
+    per_value = result.cost["upload_bytes"] / DIM
+    assert (per_value <= 30 * 2 * 4096 / DIM) if session.scheme == "ckks" else (8 <= per_value < 10)
+
+
+def test_thirty_percent_dropouts_give_the_survivor_sum(session):
+    xs = uploads(1)
+    dropped = set(CLIENTS[::3])
+    result = session.run_round(1, xs, drop_after_masking=dropped)
+    survivors = [c for c in CLIENTS if c not in dropped]
+    assert result.contributors == survivors
+    assert np.abs(result.total - sum(xs[c] for c in survivors)).max() <= tolerance(session, len(survivors))
+
+
+def test_a_subset_of_the_population_can_take_part(session):
+    ids = CLIENTS[:10]
+    xs = uploads(2, ids)
+    result = session.run_round(2, xs)
+    assert result.contributors == ids
+
+
+def test_tampered_uploads_are_reported_and_left_out(session):
+    xs = uploads(3)
+
+    def tamper(client, payload):
+        if client == 101:
+            return payload[:-1] + bytes([payload[-1] ^ 1])
+        if client == 102:
+            return b"garbage" * 20
+        return payload
+
+    result = session.run_round(3, xs, intercept=tamper)
+    assert result.rejected == {101: "bad_signature", 102: "garbage"}
+    kept = [c for c in CLIENTS if c not in (101, 102)]
+    assert result.contributors == kept
+    assert np.abs(result.total - sum(xs[c] for c in kept)).max() <= tolerance(session, len(kept))
+
+
+def test_skipped_round_raises_and_leaves_replay_memory_alone(session):
+    xs = uploads(4)
+    earlier = {}
+
+    def remember(client, payload):
+        earlier[client] = payload
+        return payload
+
+    session.run_round(4, xs, intercept=remember)
+    with pytest.raises(RoundSkipped) as err:
+        session.run_round(5, uploads(5, CLIENTS[:7]))
+    assert err.value.reason == "too_few_clients"
+    assert session.aggregator.last_completed_round == 4
+
+    def replay(client, payload):
+        return earlier[client] if client == 100 else payload
+
+    result = session.run_round(5, uploads(6), intercept=replay)
+    assert result.rejected == {100: "replay"}
+    assert 100 not in result.contributors
+
+
+def test_skipped_round_reports_rejections(session):
+    with pytest.raises(RoundSkipped) as err:
+        session.run_round(6, uploads(7, CLIENTS[:8]), intercept=lambda c, p: p if c != 100 else b"x" * 100)
+    assert err.value.rejected == {100: "garbage"}
+
+
+def test_central_noise_is_added_to_the_released_sum(session):
+    xs = uploads(8)
+    result = session.run_round(7, xs, central_noise_std=0.2, rng=np.random.default_rng(3))
+    residual = result.total - sum(xs.values())
+    assert result.noise_std == pytest.approx(0.2)
+    assert 0.18 < residual.std() < 0.22
+
+
+def test_caller_mistakes_are_bad_input(session):
+    with pytest.raises(BadInputError, match="not in this session"):
+        session.run_round(8, {999: np.zeros(DIM)})
+    with pytest.raises(BadInputError, match="drop_after_masking"):
+        session.run_round(8, uploads(9), drop_after_masking={999})
+    with pytest.raises(BadInputError, match="shape"):
+        session.run_round(8, {c: np.zeros(DIM - 1) for c in CLIENTS})
+
+
+def test_make_session_takes_parameter_overrides_and_names_bad_ones():
+    s = make_session("masking", 10, [1, 2, 3], min_clients=2, frac_bits=20, degree="all")
+    assert s.params == MaskingParams(frac_bits=20, degree="all")
+    s = make_session("ckks", 10, [1, 2, 3], min_clients=2, params=CKKSParams(), global_scale=2.0**36)
+    assert s.params.global_scale == 2.0**36
+    with pytest.raises(BadInputError, match="unknown masking parameter"):
+        make_session("masking", 10, [1, 2], min_clients=2, poly_modulus_degree=8192)
+    with pytest.raises(BadInputError, match="scheme"):
+        make_session("paillier", 10, [1, 2], min_clients=2)
+    with pytest.raises(BadInputError, match="min_clients"):
+        make_session("masking", 10, [1, 2], min_clients=3)
+
+
+def test_ckks_aggregator_in_a_session_has_no_secret_key():
+    s = make_session("ckks", 10, [1, 2, 3], min_clients=2)
+    assert s.aggregator.context.is_private() is False
