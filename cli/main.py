@@ -86,8 +86,14 @@ def train(
         def on_round(event):
             if event.metrics is not None:
                 latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
-            if "epsilon" in event.privacy:
-                latest["eps"] = f"  ε {event.privacy['epsilon']:.3f}"
+            info = event.privacy
+            extra = f"  ε {info['epsilon']:.3f}" if "epsilon" in info else ""
+            if "secagg_upload_bytes" in info:
+                server = info["secagg_aggregate_seconds"] + info["secagg_finalize_seconds"]
+                extra += f"  secagg: client {info['secagg_client_seconds']:.2f} s, {info['secagg_upload_bytes'] / 1e6:.1f} MB up, server {server:.2f} s"
+            if "skipped" in info:
+                extra += "  [yellow]round skipped[/]"
+            latest["eps"] = extra
             loss = "-" if event.loss is None else f"{event.loss:.4f}"
             progress.update(task, completed=event.round, loss=loss, **latest)
 
