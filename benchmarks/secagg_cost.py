@@ -28,6 +28,7 @@ SCHEMES = {
 def measure(overrides: list[str], split, rounds: int) -> dict:
     trainer = Trainer(load_policy(None, overrides), split)
     dim = sum(p.numel() for p in trainer.model.parameters())
+    trainer.train_round()  # warm-up: first-call costs of torch and the protocols are not per-round costs
     totals: dict[str, float] = {}
     start = time.perf_counter()
     for _ in range(rounds):
