@@ -24,6 +24,8 @@ class NeuMF(nn.Module):
         for out in tower:
             layers += [nn.Linear(width, out), nn.ReLU()]
             width = out
+        # The Sequential names and initialises the tower's parameters (mlp.0.weight, ...);
+        # the maths is in head() below, which splits the first layer.
         self.mlp = nn.Sequential(*layers)
         self.predict = nn.Linear(gmf_dim + width, 1)
         self.reset_parameters()

@@ -112,7 +112,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------
     def run(self, out_dir: Path | None = None, on_round: Callable[[RoundEvent], None] | None = None, stop_after: int | None = None) -> dict:
         """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``."""
-        fed, rounds = self.policy.federation, self.policy.federation.rounds
+        rounds = self.policy.federation.rounds
         last = rounds if stop_after is None else min(rounds, self.round + stop_after)
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)

@@ -93,12 +93,9 @@ def server_views(trainer, uploads, secure: bool) -> list[torch.Tensor]:
     if secure:
         noisy = agg.noisy_sum(clipped, dim, dtype)
         return [noisy] * n
-    if agg.dp.mode == "central":
-        return [clipped.vector(c) for c in range(n)]
-    std = agg.dp.update_noise_std(agg.clip_norm, participants=n)
-    from fedrecgel_secure.privacy.dp import gaussian_noise
-
-    return [clipped.vector(c) + gaussian_noise((dim,), std, agg.noise, dtype) for c in range(n)]
+    # what each client hands over: clipped (central), or clipped + its noise share (distributed)
+    contributions, _ = agg.contributions(np.arange(n), clipped, dim, dtype)
+    return [contributions.vector(c) for c in range(n)]
 
 
 def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dict:
