@@ -644,7 +644,7 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
     ]
     header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10", "ε"]
     if audited:
-        header.append("attack AUC")
+        header += ["attack AUC", "attack P@k"]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for setting, runs in _groups(records):
         done = [r for r in runs if r.status == "finished"]
@@ -654,7 +654,7 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
             cells.append(_mean_std([r.metric(record, key) for r in done if r.metric(record, key) is not None]))
         cells.append(_epsilon_cell([r.epsilon for r in done]))
         if audited:
-            cells.append(_mean_std([r.audit["attack_auc"] for r in done if r.audit]))
+            cells += [_mean_std([r.audit[k] for r in done if r.audit]) for k in ("attack_auc", "attack_precision_at_k")]
         lines.append("| " + " | ".join(cells) + " |")
     select_by = next((r.summary["select_by"] for r in records if r.status == "finished"), "hr@10")
     deltas = sorted({r.summary["privacy"]["delta"] for r in records if r.status == "finished" and r.summary["privacy"]})
@@ -665,7 +665,12 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
         "ε is the privacy budget each run spent"
         + (f" at δ = {', '.join(f'{d:g}' for d in deltas)}" if deltas else "")
         + "; ∞ means no DP."
-        + (" Attack AUC: the privacy audit's interaction-inference attack (chance 0.5)." if audited else ""),
+        + (
+            " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
+            f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in records if r.audit):.4f})."
+            if audited
+            else ""
+        ),
         "",
     ]
     titles = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε"}

@@ -233,3 +233,35 @@ def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_f
     assert policy.federation.engine == "per-client" and policy.seed == 1 and policy.digest() == on.digest
     assert not load_policy(None, list(off.overrides)).privacy.dp.enabled
     assert math.isinf(off.setting[EPSILON_KEY])
+
+
+def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, data_file):
+    """audit = true over a scheme × ε grid, end to end through the command: real masking and CKKS rounds, audit.json per run."""
+    spec = write_study(tmp_path / "study.toml", data_file, rounds=2, seeds="[1]",
+                       grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "ckks"]\n"{EPSILON_KEY}" = [inf, 8.0]')
+    spec.write_text(spec.read_text().replace("\nseeds", "\naudit = true\nseeds", 1))
+    out = tmp_path / "out"
+    result = fedrecgel("study", spec, "--out", out)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(out / "results.csv", newline="") as f:
+        rows = {(r["privacy.secure_aggregation.scheme"], r[EPSILON_KEY]): r for r in csv.DictReader(f)}
+    assert len(rows) == 6 and all(r["status"] == "finished" for r in rows.values())
+    for (scheme, eps), row in rows.items():
+        audit = json.loads((out / row["dir"] / "audit.json").read_text())
+        summary = json.loads((out / row["dir"] / "summary.json").read_text())
+        assert audit["round"] == summary["rounds_done"] == 2
+        assert audit["view"] == ("individual" if scheme == "none" else "aggregate")
+        assert float(row["attack_auc"]) == audit["attack_auc"] and float(row["attack_precision_at_k"]) == audit["attack_precision_at_k"]
+        assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
+    # the shape the audit exists to show: a plaintext upload leaks its positives, an aggregate does not
+    assert float(rows["none", "inf"]["attack_auc"]) > 0.7
+    for scheme in ("masking", "ckks"):
+        assert abs(float(rows[scheme, "inf"]["attack_auc"]) - 0.5) < 0.15
+        assert float(rows[scheme, "inf"]["attack_precision_at_k"]) < float(rows["none", "inf"]["attack_precision_at_k"])
+    report = (out / "report.md").read_text()
+    assert "| attack AUC | attack P@k |" in report and "](attack_vs_epsilon.png)" in report
+    line = next(line for line in report.splitlines() if line.startswith("| none | inf |"))
+    assert f"| {float(rows['none', 'inf']['attack_auc']):.4f} | {float(rows['none', 'inf']['attack_precision_at_k']):.4f} |" in line
+    for name in (*PLOTS, "attack_vs_epsilon.png"):
+        with Image.open(out / name) as image:
+            image.verify()
