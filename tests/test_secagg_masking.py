@@ -291,3 +291,19 @@ def test_ring_capacity_is_checked_for_the_population():
         make_world(3, params=MaskingParams(clip_range=2.0**22, frac_bits=40))
     with pytest.raises(BadInputError, match="frac_bits"):
         MaskingParams(frac_bits=64)
+
+
+def test_masks_are_the_aes128_ctr_keystream_built_independently_from_the_block_cipher():
+    """prg_into is AES-128 of the counter blocks 0, 1, 2, … (big-endian), read as little-endian uint64."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
+
+    key, dim = os.urandom(MASK_KEY_BYTES), 1001  # an odd length ends mid-block
+    counters = b"".join(i.to_bytes(16, "big") for i in range(math.ceil(dim * 8 / 16)))
+    blocks = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(counters)
+    out = np.full(dim, 7, dtype=np.uint64)
+    assert prg_into(key, out) is out
+    assert out.tobytes() == blocks[: dim * 8]
+    again = prg_into(key, np.empty(dim, dtype=np.uint64))  # a reused or fresh buffer gives the same mask
+    assert np.array_equal(again, out) and not np.array_equal(prg_into(os.urandom(MASK_KEY_BYTES), again), out)

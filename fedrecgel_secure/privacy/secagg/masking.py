@@ -6,7 +6,7 @@ q(x) = round(clip(x, -R, R) · 2^f), and uploads
     y_i = q(x_i) + PRG(b_i) + Σ_{j ∈ N(i), j > i} PRG(s_ij) − Σ_{j ∈ N(i), j < i} PRG(s_ij)   (mod 2^64)
 
 where b_i is a fresh private seed, s_ij = HKDF(X25519(s_i, s_j)) a seed shared
-with neighbour j, and PRG is the ChaCha20 keystream read as little-endian
+with neighbour j, and PRG is the AES-128-CTR keystream read as little-endian
 uint64. Over the survivors the pairwise terms cancel, so once the aggregator
 has removed every PRG(b_i) the sum is exactly Σ q(x_i) mod 2^64; it is read as
 a signed integer and divided by 2^f. Exactness needs n · R · 2^f < 2^63
@@ -51,6 +51,7 @@ to (use CKKS, or noise added by clients, to hide it from the aggregator too).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -63,7 +64,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -177,23 +178,38 @@ def neighbour_graph(client_ids: Iterable[int], params: MaskingParams, round_seed
     return {c: tuple(sorted(ring[(pos[c] + d) % n] for d in range(-half, half + 1) if d)) for c in ids}
 
 
-def _hkdf(secret: bytes, label: bytes, *parts: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KDF_PREFIX + label + b"".join(parts)).derive(secret)
+def _hkdf(secret: bytes, label: bytes, *parts: bytes, length: int = 32) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_KDF_PREFIX + label + b"".join(parts)).derive(secret)
 
 
-def prg(seed: bytes, dim: int) -> np.ndarray:
-    """``dim`` uint64 words of ChaCha20 keystream under a 32-byte key (the key is never reused)."""
-    enc = Cipher(algorithms.ChaCha20(seed, b"\x00" * 16), mode=None).encryptor()
-    return np.frombuffer(enc.update(bytes(8 * dim)), dtype="<u8")
+# AES-128: the masks' keys come from X25519, whose security is about 128 bits anyway,
+# and AES-128-CTR ran 1.6x faster here than ChaCha20 (it is most of a masking round).
+MASK_KEY_BYTES = 16
+
+
+def prg_into(seed: bytes, out: np.ndarray) -> np.ndarray:
+    """Fill ``out`` (uint64) with AES-128-CTR keystream from a zero counter; each key masks one vector only.
+
+    Writing into a buffer the caller reuses matters: a fresh multi-megabyte
+    array per mask cost about six times the cipher itself here (page faults).
+    """
+    enc = Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor()
+    enc.update_into(_zeros(out.nbytes), out.view(np.uint8))
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _zeros(nbytes: int) -> bytes:
+    return bytes(nbytes)
 
 
 def _self_seed(b: bytes, round_seed: bytes, round_idx: int, client: int) -> bytes:
-    return _hkdf(b, b"self-mask", round_seed, struct.pack(">QI", round_idx, client))
+    return _hkdf(b, b"self-mask", round_seed, struct.pack(">QI", round_idx, client), length=MASK_KEY_BYTES)
 
 
 def _pair_seed(shared: bytes, round_seed: bytes, round_idx: int, a: int, b: int) -> bytes:
     lo, hi = min(a, b), max(a, b)
-    return _hkdf(shared, b"pair-mask", round_seed, struct.pack(">QII", round_idx, lo, hi))
+    return _hkdf(shared, b"pair-mask", round_seed, struct.pack(">QII", round_idx, lo, hi), length=MASK_KEY_BYTES)
 
 
 def _share_cipher(shared: bytes, round_seed: bytes, round_idx: int, sender: int, receiver: int) -> tuple[ChaCha20Poly1305, bytes]:
@@ -447,10 +463,11 @@ class MaskingClient:
                 raise RejectedPayload(Reason.BAD_SHARE, f"share from {sender} does not decrypt") from None
         st.held = held
         y = quantize(values, self.params)
-        y += prg(_self_seed(st.b_seed, st.round_seed, st.round_idx, self.client_id), self.dim)
+        mask = np.empty_like(y)
+        y += prg_into(_self_seed(st.b_seed, st.round_seed, st.round_idx, self.client_id), mask)
         for j in sorted(held):
             shared = st.s_key.exchange(X25519PublicKey.from_public_bytes(st.s_pub[j]))
-            mask = prg(_pair_seed(shared, st.round_seed, st.round_idx, self.client_id, j), self.dim)
+            prg_into(_pair_seed(shared, st.round_seed, st.round_idx, self.client_id, j), mask)
             if self.client_id < j:
                 y += mask
             else:
@@ -664,15 +681,16 @@ class MaskingAggregator:
         except BadInputError as exc:
             raise self._skip("bad_shares", str(exc)) from None
         total = st.acc.copy()
+        mask = np.empty_like(total)
         for i in st.survivors:
-            total -= prg(_self_seed(seeds[(i, _SELF)], st.round_seed, st.round_idx, i), self.dim)
+            total -= prg_into(_self_seed(seeds[(i, _SELF)], st.round_seed, st.round_idx, i), mask)
         for i in dropped:
             s_key = X25519PrivateKey.from_private_bytes(seeds[(i, _PAIR)])
             if s_key.public_key().public_bytes_raw() != st.keys[i][1]:
                 raise self._skip("bad_shares", f"recovered key of client {i} does not match its advert")
             for j in sorted(set(st.bundles[i]) & survivors):
                 shared = s_key.exchange(X25519PublicKey.from_public_bytes(st.keys[j][1]))
-                mask = prg(_pair_seed(shared, st.round_seed, st.round_idx, i, j), self.dim)
+                prg_into(_pair_seed(shared, st.round_seed, st.round_idx, i, j), mask)
                 # Survivor j added +mask if j < i, else -mask; take that back out.
                 if j < i:
                     total -= mask
