@@ -146,12 +146,15 @@ def audit(
         print(json.dumps(report))
         return
     table = Table(title=f"interaction-inference audit of {run_dir} (server sees: {report['view']} uploads)")
-    for col in ("", "attack", "chance"):
+    for col in ("", "attack", "popularity prior", "chance"):
         table.add_column(col, justify="right")
-    table.add_row("AUC", f"{report['attack_auc']:.4f}", f"{report['chance_auc']:.4f}")
-    table.add_row("precision@k", f"{report['attack_precision_at_k']:.4f}", f"{report['chance_precision_at_k']:.4f}")
+    for label, key in (("AUC", "auc"), ("precision@k", "precision_at_k")):
+        table.add_row(label, *(f"{report[f'{kind}_{key}']:.4f}" for kind in ("attack", "prior", "chance")))
     out.print(table)
-    out.print(f"{report['clients']} client uploads attacked, model of round {report['round']}")
+    out.print(
+        f"{report['clients']} client uploads attacked, model of round {report['round']}. "
+        "The prior ranks items by other users' interactions: what the attack gains beyond it is learnt about the client."
+    )
 
 
 @policy_app.command("validate")

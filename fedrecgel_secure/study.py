@@ -76,7 +76,8 @@ LOCK = ".study.lock"
 PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
 PLOT_ATTACK = "attack_vs_epsilon.png"
-ATTACK_KEYS = ("attack_auc", "attack_precision_at_k", "chance_auc", "chance_precision_at_k", "view")
+ATTACK_KEYS = ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k", "chance_auc", "chance_precision_at_k", "view")
+AUDIT_COLUMNS = {"attack AUC": "attack_auc", "prior AUC": "prior_auc", "attack P@k": "attack_precision_at_k", "prior P@k": "prior_precision_at_k"}
 
 
 # -- the study file -------------------------------------------------------------
@@ -589,7 +590,7 @@ def collect_results(out_dir: str | Path) -> list[dict]:
             "wall_time_s": s["wall_time_s"] if s else None,
         }
         if audited:
-            row.update({k if k.startswith(("attack", "chance")) else f"attack_{k}": (r.audit or {}).get(k) for k in ATTACK_KEYS})
+            row.update({k if k.startswith(("attack", "chance", "prior")) else f"attack_{k}": (r.audit or {}).get(k) for k in ATTACK_KEYS})
         row["dir"] = str(r.dir.relative_to(out_dir))
         row["error"] = " ".join(r.error.split()) if r.error and r.status == "failed" else None
         rows.append(row)
@@ -644,7 +645,7 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
     ]
     header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10", "ε"]
     if audited:
-        header += ["attack AUC", "attack P@k"]
+        header += list(AUDIT_COLUMNS)
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for setting, runs in _groups(records):
         done = [r for r in runs if r.status == "finished"]
@@ -654,7 +655,7 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
             cells.append(_mean_std([r.metric(record, key) for r in done if r.metric(record, key) is not None]))
         cells.append(_epsilon_cell([r.epsilon for r in done]))
         if audited:
-            cells += [_mean_std([r.audit[k] for r in done if r.audit]) for k in ("attack_auc", "attack_precision_at_k")]
+            cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in AUDIT_COLUMNS.values()]
         lines.append("| " + " | ".join(cells) + " |")
     select_by = next((r.summary["select_by"] for r in records if r.status == "finished"), "hr@10")
     deltas = sorted({r.summary["privacy"]["delta"] for r in records if r.status == "finished" and r.summary["privacy"]})
@@ -667,7 +668,8 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
         + "; ∞ means no DP."
         + (
             " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
-            f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in records if r.audit):.4f})."
+            f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in records if r.audit):.4f});"
+            " prior: the same metrics for items ranked by other users' interactions alone. What the attack gains beyond the prior is learnt about the client."
             if audited
             else ""
         ),
@@ -794,15 +796,19 @@ def _plots(out_dir: Path, plan: dict, records: list[_Record]) -> list[Path]:
     if any(r.audit for r in done):
         fig, axes = _figure(10, 4.2, ncols=2)
         audited = [r for r in done if r.audit]
-        for ax, key, chance in zip(axes, ("attack_auc", "attack_precision_at_k"), ("chance_auc", "chance_precision_at_k")):
+        for ax, metric in zip(axes, ("auc", "precision_at_k")):
+            key = f"attack_{metric}"
             place = _epsilon_axis(ax, [r.epsilon for r in audited])
             _epsilon_curves(ax, groups, other, lambda r, k=key: r.audit[k] if r.audit else None, place)
-            ax.axhline(statistics.fmean(r.audit[chance] for r in audited), color="grey", linestyle="--", label="chance")
+            priors = [r.audit[f"prior_{metric}"] for r in audited if f"prior_{metric}" in r.audit]
+            if priors:  # the prior does not depend on the view: one line for the study
+                ax.axhline(statistics.fmean(priors), color="black", linestyle="-.", label="popularity prior")
+            ax.axhline(statistics.fmean(r.audit[f"chance_{metric}"] for r in audited), color="grey", linestyle="--", label="chance")
             ax.set_xlabel("ε (privacy budget spent)")
             ax.set_ylabel(key.replace("_", " "))
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize="small")
-        fig.suptitle(f"{plan['name']}: interaction-inference attack against ε")
+        fig.suptitle(f"{plan['name']}: attack success against ε (mean ± std over seeds)")
         fig.savefig(out_dir / PLOT_ATTACK, dpi=110)
         written.append(out_dir / PLOT_ATTACK)
     return written

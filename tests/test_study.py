@@ -251,7 +251,8 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         summary = json.loads((out / row["dir"] / "summary.json").read_text())
         assert audit["round"] == summary["rounds_done"] == 2
         assert audit["view"] == ("individual" if scheme == "none" else "aggregate")
-        assert float(row["attack_auc"]) == audit["attack_auc"] and float(row["attack_precision_at_k"]) == audit["attack_precision_at_k"]
+        for key in ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k"):
+            assert float(row[key]) == audit[key]
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
     # the shape the audit exists to show: a plaintext upload leaks its positives, an aggregate does not
     assert float(rows["none", "inf"]["attack_auc"]) > 0.7
@@ -259,9 +260,10 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         assert abs(float(rows[scheme, "inf"]["attack_auc"]) - 0.5) < 0.15
         assert float(rows[scheme, "inf"]["attack_precision_at_k"]) < float(rows["none", "inf"]["attack_precision_at_k"])
     report = (out / "report.md").read_text()
-    assert "| attack AUC | attack P@k |" in report and "](attack_vs_epsilon.png)" in report
+    assert "| attack AUC | prior AUC | attack P@k | prior P@k |" in report and "](attack_vs_epsilon.png)" in report
     line = next(line for line in report.splitlines() if line.startswith("| none | inf |"))
-    assert f"| {float(rows['none', 'inf']['attack_auc']):.4f} | {float(rows['none', 'inf']['attack_precision_at_k']):.4f} |" in line
+    r = {k: float(rows["none", "inf"][k]) for k in ("attack_auc", "prior_auc", "attack_precision_at_k", "prior_precision_at_k")}
+    assert f"| {r['attack_auc']:.4f} | {r['prior_auc']:.4f} | {r['attack_precision_at_k']:.4f} | {r['prior_precision_at_k']:.4f} |" in line
     for name in (*PLOTS, "attack_vs_epsilon.png"):
         with Image.open(out / name) as image:
             image.verify()

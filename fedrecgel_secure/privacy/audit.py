@@ -11,6 +11,14 @@ client by
   non-positive item (ties count half); chance is 0.5;
 * precision@k with k = the client's number of positives; chance is k / items.
 
+Chance is not the bar that matters on real data. Positives concentrate on
+popular items, and an aggregate of many clients ranks items by popularity, so
+ranking by popularity alone already "recovers" a typical client's positives.
+The audit therefore also reports a **popularity prior**: the same metrics for
+items scored by how many *other* users interacted with them in training, which
+a server learns from aggregates over time without any one client's upload.
+What an attack achieves beyond the prior is what it learns about that client.
+
 What the server observes depends on the policy (DESIGN §4):
 
 =====================  ===================  ==================================
@@ -78,6 +86,11 @@ def attack(observed: torch.Tensor, n_items: int, row_dim: int, positives: np.nda
     return auc(scores, mask), precision_at_k(scores, mask)
 
 
+def popularity_prior(train_items: np.ndarray, n_items: int, own: np.ndarray) -> np.ndarray:
+    """Per-item score of the prior: training interactions of all users but the client (``own``: its items)."""
+    return (np.bincount(train_items, minlength=n_items) - np.bincount(own, minlength=n_items)).astype(np.float64)
+
+
 def server_views(trainer, uploads, secure: bool) -> list[torch.Tensor]:
     """What the server observes of each client of a round, as the module docstring's table says."""
     agg = trainer.aggregation
@@ -110,7 +123,7 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
     agg_state = trainer.aggregation.state_dict()
     split = trainer.split
     row_dim = trainer.model.item_embeddings.shape[1]
-    aucs, precisions, chance = [], [], []
+    aucs, precisions, chance, prior_aucs, prior_precisions = [], [], [], [], []
     try:
         for _ in range(rounds):
             clients = trainer.aggregation.sample(trainer.rng, split.n_users)
@@ -119,9 +132,14 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
             local = build_local_sets(trainer.rng, split, trainer.seen, clients, trainer.policy.data.train_negatives)
             uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
             for c, (client, view) in enumerate(zip(clients, server_views(trainer, uploads, secure))):
-                positives = np.unique(split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]])
+                own = split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]]
+                positives = np.unique(own)
+                mask = np.zeros(split.n_items, dtype=bool)
+                mask[positives] = True
                 a, p = attack(view, split.n_items, row_dim, positives)
                 aucs.append(a), precisions.append(p), chance.append(positives.size / split.n_items)
+                prior = popularity_prior(split.train_items, split.n_items, own)
+                prior_aucs.append(auc(prior, mask)), prior_precisions.append(precision_at_k(prior, mask))
     finally:
         trainer.rng.bit_generator.state = rng_state
         trainer.aggregation.load_state_dict(agg_state)
@@ -132,6 +150,8 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
         "attack_precision_at_k": float(np.mean(precisions)),
         "chance_auc": 0.5,
         "chance_precision_at_k": float(np.mean(chance)),
+        "prior_auc": float(np.mean(prior_aucs)),
+        "prior_precision_at_k": float(np.mean(prior_precisions)),
     }
 
 
