@@ -78,12 +78,9 @@ def precision_at_k(scores: np.ndarray, positives: np.ndarray) -> float:
     return float(positives[top].mean())
 
 
-def attack(observed: torch.Tensor, n_items: int, row_dim: int, positives: np.ndarray) -> tuple[float, float]:
-    """(AUC, precision@k) of recovering ``positives`` (item ids) from ``observed``."""
-    mask = np.zeros(n_items, dtype=bool)
-    mask[positives] = True
-    scores = item_scores(observed, n_items, row_dim)
-    return auc(scores, mask), precision_at_k(scores, mask)
+def success(scores: np.ndarray, positives: np.ndarray) -> tuple[float, float]:
+    """(AUC, precision@k) of per-item ``scores`` at recovering ``positives`` (a boolean mask)."""
+    return auc(scores, positives), precision_at_k(scores, positives)
 
 
 def popularity_prior(train_items: np.ndarray, n_items: int, own: np.ndarray) -> np.ndarray:
@@ -133,13 +130,12 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
             uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
             for c, (client, view) in enumerate(zip(clients, server_views(trainer, uploads, secure))):
                 own = split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]]
-                positives = np.unique(own)
-                mask = np.zeros(split.n_items, dtype=bool)
-                mask[positives] = True
-                a, p = attack(view, split.n_items, row_dim, positives)
-                aucs.append(a), precisions.append(p), chance.append(positives.size / split.n_items)
-                prior = popularity_prior(split.train_items, split.n_items, own)
-                prior_aucs.append(auc(prior, mask)), prior_precisions.append(precision_at_k(prior, mask))
+                positives = np.zeros(split.n_items, dtype=bool)
+                positives[own] = True
+                a, p = success(item_scores(view, split.n_items, row_dim), positives)
+                aucs.append(a), precisions.append(p), chance.append(positives.sum() / split.n_items)
+                a, p = success(popularity_prior(split.train_items, split.n_items, own), positives)
+                prior_aucs.append(a), prior_precisions.append(p)
     finally:
         trainer.rng.bit_generator.state = rng_state
         trainer.aggregation.load_state_dict(agg_state)
