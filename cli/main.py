@@ -109,7 +109,10 @@ def train(
     if summary["privacy"]:
         p = summary["privacy"]
         out.print(f"privacy: ({p['epsilon']:.3f}, {p['delta']:g})-DP per user ({p['accountant']}, z = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:g})")
-    out.print(f"wrote {out_dir}/metrics.jsonl, summary.json, policy.resolved.toml, checkpoint.pt")
+    from fedrecgel_secure.plots import plot_run
+
+    curves = plot_run(out_dir)
+    out.print(f"wrote {out_dir}/metrics.jsonl, summary.json, policy.resolved.toml, checkpoint.pt" + (f", {curves.name}" if curves else ""))
 
 
 @app.command()

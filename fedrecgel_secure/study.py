@@ -47,6 +47,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from fedrecgel_secure.checkpoint import atomic_write_bytes
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import METRICS, RESOLVED, SUMMARY
+from fedrecgel_secure.plots import figure
 from fedrecgel_secure.policy import POLICY_DIR, Policy, _describe, apply_overrides, load_policy, read_policy_data
 
 __all__ = [
@@ -700,14 +701,6 @@ def _epsilon_cell(values: list[float]) -> str:
 # -- plots ----------------------------------------------------------------------------
 
 
-def _figure(width: float, height: float, ncols: int = 1):
-    # A bare Figure renders with Agg and leaves pyplot's global backend alone.
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
-
-
 def _line_label(setting: dict[str, str], keys: list[str]) -> str:
     return ", ".join(f"{k}={setting[k]}" for k in keys) or "all runs"
 
@@ -760,7 +753,7 @@ def _plots(out_dir: Path, plan: dict, records: list[_Record]) -> list[Path]:
     groups = _groups(records)
     written = []
 
-    fig, axes = _figure(10, 4.2, ncols=2)
+    fig, axes = figure(10, 4.2, ncols=2)
     for ax, metric in zip(axes, ("hr@10", "ndcg@10")):
         place = _epsilon_axis(ax, [r.epsilon for r in done])
         _epsilon_curves(ax, groups, other, lambda r, m=metric: r.metric("best", m), place)
@@ -772,7 +765,7 @@ def _plots(out_dir: Path, plan: dict, records: list[_Record]) -> list[Path]:
     fig.savefig(out_dir / PLOT_EPSILON, dpi=110)
     written.append(out_dir / PLOT_EPSILON)
 
-    fig, (ax,) = _figure(8, 4.5)
+    fig, (ax,) = figure(8, 4.5)
     for setting, runs in groups:
         by_round: dict[int, list[float]] = {}
         for r in runs:
@@ -794,7 +787,7 @@ def _plots(out_dir: Path, plan: dict, records: list[_Record]) -> list[Path]:
     written.append(out_dir / PLOT_ROUNDS)
 
     if any(r.audit for r in done):
-        fig, axes = _figure(10, 4.2, ncols=2)
+        fig, axes = figure(10, 4.2, ncols=2)
         audited = [r for r in done if r.audit]
         for ax, metric in zip(axes, ("auc", "precision_at_k")):
             key = f"attack_{metric}"

@@ -45,6 +45,25 @@ def test_train_writes_metrics_summary_policy_and_checkpoint(tiny_run):
     assert shown.returncode == 0 and "rounds = 4" in shown.stdout
 
 
+def test_train_plots_its_curves(tiny_run, tmp_path):
+    from PIL import Image
+
+    from fedrecgel_secure.plots import plot_run
+
+    out, _, result = tiny_run
+    assert "curves.png" in result.stdout
+    with Image.open(out / "curves.png") as image:
+        image.verify()
+        assert image.size[0] == 1100  # two panels: metrics and loss; no ε panel without DP
+    # a private run gets a third panel, for ε; a run with no evaluation yet gets no file
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r | {"epsilon": 0.5 * r["round"], "delta": 1e-4}) + "\n" for r in records))
+    with Image.open(plot_run(tmp_path)) as image:
+        assert image.size[0] == 1650
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert plot_run(tmp_path) is None
+
+
 def test_evaluate_recomputes_the_final_metrics(tiny_run):
     out, _, _ = tiny_run
     result = fedrecgel("evaluate", out, "--json")
