@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedrecgel_secure.federation.trainer import METRICS
+from fedrecgel_secure.federation.trainer import METRICS, SUMMARY
 
 RUN_CURVES = "curves.png"
 
@@ -57,7 +57,11 @@ def plot_run(run_dir: str | Path) -> Path | None:
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{run_dir.name}: rounds {rounds[0]}–{rounds[-1]}")
+    title = f"{run_dir.name}: rounds {rounds[0]}–{rounds[-1]}"
+    if (run_dir / SUMMARY).is_file():  # written when a run ends; absent while it trains
+        summary = json.loads((run_dir / SUMMARY).read_text())
+        title += f" of {summary['method']} on {summary['data']['users']:,} users × {summary['data']['items']:,} items"
+    fig.suptitle(title)
     path = run_dir / RUN_CURVES
     fig.savefig(path, dpi=110)
     return path
