@@ -6,9 +6,11 @@ backend alone, so plotting works headless and inside a user's own session.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from fedrecgel_secure.checkpoint import atomic_write_bytes
 from fedrecgel_secure.federation.trainer import METRICS, SUMMARY
 
 RUN_CURVES = "curves.png"
@@ -62,6 +64,7 @@ def plot_run(run_dir: str | Path) -> Path | None:
         summary = json.loads((run_dir / SUMMARY).read_text())
         title += f" of {summary['method']} on {summary['data']['users']:,} users × {summary['data']['items']:,} items"
     fig.suptitle(title)
-    path = run_dir / RUN_CURVES
-    fig.savefig(path, dpi=110)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    atomic_write_bytes(run_dir / RUN_CURVES, buffer.getvalue())  # a crash never leaves half a PNG
+    return run_dir / RUN_CURVES
