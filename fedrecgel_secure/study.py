@@ -99,7 +99,7 @@ class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1, description="Title of the report.")
-    base: str = Field("default", description='Policy file, relative to the study file\'s folder; "default" is the packaged default policy.')
+    base: str = Field("default", description='A packaged policy by name ("default", "dp-eps8", ...) or a .toml file relative to the study file\'s folder.')
     overrides: list[str] = Field([], description="section.key=value overrides applied to every run (e.g. federation.rounds=30).")
     grid: dict[str, Annotated[list[GridValue], Field(min_length=1)]] = Field(
         {}, description=f"Dotted policy key -> values to try; {EPSILON_KEY} = inf means DP off."
@@ -267,10 +267,15 @@ def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[tuple[dict
 
 
 def _base_path(spec: StudySpec, spec_path: Path) -> Path:
-    if spec.base == "default":
-        return POLICY_DIR / "default.toml"
+    """A bare name (no folder, no .toml) is a packaged policy; anything else a file relative to the study."""
+    if "/" not in spec.base and not spec.base.endswith(".toml"):
+        return POLICY_DIR / f"{spec.base}.toml"
     path = Path(spec.base).expanduser()
     return path if path.is_absolute() else spec_path.resolve().parent / path
+
+
+def _packaged_policies() -> str:
+    return ", ".join(sorted(p.stem for p in POLICY_DIR.glob("*.toml")))
 
 
 def _validated(base: dict, overrides: list[str], where: str) -> Policy:
@@ -290,7 +295,8 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
     spec = load_study(spec_path)
     base_path = _base_path(spec, spec_path)
     if not base_path.is_file():
-        raise _study_error(spec_path, [("base", f"no such policy file {str(base_path)!r} (paths are relative to the study file's folder)")])
+        raise _study_error(spec_path, [("base", f"no such policy file {str(base_path)!r} (a path is relative to the study"
+                                                f" file's folder; a bare name is a packaged policy: {_packaged_policies()})")])
     base = read_policy_data(base_path)
     _validated(base, spec.overrides, f"{spec_path}: overrides")
     # Each grid value on its own first: the error then points at the grid entry, not at a whole run.

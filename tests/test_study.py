@@ -204,6 +204,7 @@ def test_a_bad_study_file_is_exit_2_naming_file_and_field(tmp_path, data_file):
     (('"privacy.dp.target_epsilon" = [inf, 8.0]', '"seed" = [1]'), r'grid\.seed: list the training seeds in `seeds`'),
     (("seeds = [1, 2]", "seeds = [1, 1]"), r"seeds: repeated seed"),
     (('base = "default"', 'base = "nowhere.toml"'), r"base: no such policy file"),
+    (('base = "default"', 'base = "dp-eps99"'), r"base: no such policy file .*a bare name is a packaged policy: .*dp-eps8"),
     (('overrides = [', 'overrides = ["federation.rounds", '), r"overrides\[0\]: expected section.key=value"),
     (('overrides = [', 'overrides = ["federation.roundz=3", '), r"overrides: invalid policy\n  federation.roundz: unknown key"),
 ])
@@ -213,6 +214,17 @@ def test_study_file_errors_name_the_field(tmp_path, data_file, change, expected)
     with pytest.raises(BadInputError, match=expected) as e:
         plan_study(spec, tmp_path / "out")
     assert str(spec) in str(e.value)
+
+
+def test_a_bare_base_name_is_a_packaged_policy(tmp_path, data_file):
+    spec = write_study(tmp_path / "study.toml", data_file)
+    spec.write_text(spec.read_text().replace('base = "default"', 'base = "dp-eps8"', 1))
+    (tmp_path / "dp-eps8").write_text("not read: a bare name never means a local file")
+    plan = plan_study(spec, tmp_path / "out")
+    assert plan.base_path.name == "dp-eps8.toml" and plan.base_path.parent.name == "policies"
+    for run in plan.runs:  # each run is dp-eps8 with the study's overrides on top
+        assert load_policy(plan.base_path, list(run.overrides)).digest() == run.digest
+    assert load_policy(plan.base_path).privacy.dp.target_epsilon == 8.0
 
 
 def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_file):
