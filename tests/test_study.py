@@ -281,15 +281,15 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
             image.verify()
 
 
-@pytest.mark.parametrize("name", ["study.toml", "audit_study.toml"])
-def test_the_shipped_example_studies_are_valid(tmp_path, name):
+@pytest.mark.parametrize("name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 16, 30), ("dp_server_lr_study.toml", 24, 100)])
+def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     """Every setting of an example study resolves to a valid policy (planning trains nothing)."""
     spec = Path(__file__).resolve().parents[1] / "examples" / name
     plan = plan_study(spec, tmp_path / "out")
-    assert len(plan.runs) == 16 and not (tmp_path / "out" / "runs").exists()
+    assert len(plan.runs) == runs and not (tmp_path / "out" / "runs").exists()
     for run in plan.runs:
-        policy = load_policy(None, list(run.overrides))
-        assert policy.digest() == run.digest and policy.federation.rounds == 30
+        policy = load_policy(plan.base_path, list(run.overrides))
+        assert policy.digest() == run.digest and policy.federation.rounds == rounds
     if name == "audit_study.toml":
         schemes = {load_policy(None, list(r.overrides)).privacy.secure_aggregation.scheme for r in plan.runs}
         assert plan.spec.audit and schemes == {"none", "masking"}
