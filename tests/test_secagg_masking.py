@@ -45,15 +45,20 @@ def uploads(n, seed, scale=0.1):
     return {c: rng.normal(0.0, scale, DIM) for c in range(n)}
 
 
-def run_round(agg, clients, round_idx, xs, *, drop=(), inject=None, seed=None):
-    """Drive one round through the roles, passing only bytes; ``inject`` runs before the upload step closes."""
+def exchange_keys(agg, clients, round_idx, xs, seed=None):
+    """A round's announce, advertise and share steps, passing only bytes; returns each client's inbox of shares."""
     announcement = agg.begin_round(round_idx, seed)
     for c in xs:
         agg.receive(clients[c].advertise(announcement))
     broadcast = agg.close_adverts()
     for c in xs:
         agg.receive(clients[c].share_keys(broadcast))
-    inboxes = agg.close_shares()
+    return agg.close_shares()
+
+
+def run_round(agg, clients, round_idx, xs, *, drop=(), inject=None, seed=None):
+    """Drive one round through the roles, passing only bytes; ``inject`` runs before the upload step closes."""
+    inboxes = exchange_keys(agg, clients, round_idx, xs, seed)
     masked = {c: clients[c].masked_input(inboxes[c], xs[c]) for c in inboxes}
     for c, payload in masked.items():
         if c not in drop:
@@ -153,13 +158,7 @@ def test_fewer_survivors_than_min_clients_skip_the_round():
 def test_aggregator_only_ever_holds_masked_data():
     _, clients, agg = make_world(5)
     xs = uploads(5, 8)
-    announcement = agg.begin_round(0)
-    for c in xs:
-        agg.receive(clients[c].advertise(announcement))
-    broadcast = agg.close_adverts()
-    for c in xs:
-        agg.receive(clients[c].share_keys(broadcast))
-    inboxes = agg.close_shares()
+    inboxes = exchange_keys(agg, clients, 0, xs)
     agg.receive(clients[0].masked_input(inboxes[0], xs[0]))
     held = agg._round.acc.view(np.int64)
     # A masked vector is uniform in the ring: far from the client's fixed-point values.
@@ -218,17 +217,7 @@ class TestTampering:
         identities, clients, agg = make_world(5)
         seed = b"u" * 16
         xs = uploads(5, 12)
-
-        def inject(masked):
-            pass
-
-        announcement = agg.begin_round(0, seed)
-        for c in xs:
-            agg.receive(clients[c].advertise(announcement))
-        broadcast = agg.close_adverts()
-        for c in xs:
-            agg.receive(clients[c].share_keys(broadcast))
-        inboxes = agg.close_shares()
+        inboxes = exchange_keys(agg, clients, 0, xs, seed)
         for c in xs:
             agg.receive(clients[c].masked_input(inboxes[c], xs[c]))
         agg.close_masked()
@@ -245,15 +234,8 @@ class TestTampering:
         xs = uploads(6, 13)
         with pytest.raises(RoundSkipped):
             run_round(agg, clients, 0, xs, drop={0, 1})
-        first_attempt = {}
         # Capture attempt-1 masked inputs by rerunning up to the upload step.
-        announcement = agg.begin_round(0)
-        for c in xs:
-            agg.receive(clients[c].advertise(announcement))
-        broadcast = agg.close_adverts()
-        for c in xs:
-            agg.receive(clients[c].share_keys(broadcast))
-        inboxes = agg.close_shares()
+        inboxes = exchange_keys(agg, clients, 0, xs)
         first_attempt = {c: clients[c].masked_input(inboxes[c], xs[c]) for c in xs}
 
         def inject(masked):
@@ -268,13 +250,7 @@ class TestTampering:
 def test_clients_refuse_unsafe_unmask_requests():
     _, clients, agg = make_world(5, min_clients=4)
     xs = uploads(5, 14)
-    announcement = agg.begin_round(0)
-    for c in xs:
-        agg.receive(clients[c].advertise(announcement))
-    broadcast = agg.close_adverts()
-    for c in xs:
-        agg.receive(clients[c].share_keys(broadcast))
-    inboxes = agg.close_shares()
+    inboxes = exchange_keys(agg, clients, 0, xs)
     for c in xs:
         agg.receive(clients[c].masked_input(inboxes[c], xs[c]))
     request = agg.close_masked()

@@ -83,9 +83,9 @@ def success(scores: np.ndarray, positives: np.ndarray) -> tuple[float, float]:
     return auc(scores, positives), precision_at_k(scores, positives)
 
 
-def popularity_prior(train_items: np.ndarray, n_items: int, own: np.ndarray) -> np.ndarray:
-    """Per-item score of the prior: training interactions of all users but the client (``own``: its items)."""
-    return (np.bincount(train_items, minlength=n_items) - np.bincount(own, minlength=n_items)).astype(np.float64)
+def popularity_prior(item_counts: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Per-item score of the prior: training interactions of all users (``item_counts``) but the client (``own``: its items)."""
+    return (item_counts - np.bincount(own, minlength=item_counts.size)).astype(np.float64)
 
 
 def server_views(trainer, uploads, secure: bool) -> list[torch.Tensor]:
@@ -120,6 +120,7 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
     agg_state = trainer.aggregation.state_dict()
     split = trainer.split
     row_dim = trainer.model.item_embeddings.shape[1]
+    item_counts = np.bincount(split.train_items, minlength=split.n_items)
     aucs, precisions, chance, prior_aucs, prior_precisions = [], [], [], [], []
     try:
         for _ in range(rounds):
@@ -134,7 +135,7 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
                 positives[own] = True
                 a, p = success(item_scores(view, split.n_items, row_dim), positives)
                 aucs.append(a), precisions.append(p), chance.append(positives.sum() / split.n_items)
-                a, p = success(popularity_prior(split.train_items, split.n_items, own), positives)
+                a, p = success(popularity_prior(item_counts, own), positives)
                 prior_aucs.append(a), prior_precisions.append(p)
     finally:
         trainer.rng.bit_generator.state = rng_state
