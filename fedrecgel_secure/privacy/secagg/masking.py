@@ -191,7 +191,7 @@ def prg_into(seed: bytes, out: np.ndarray) -> np.ndarray:
     """Fill ``out`` (uint64) with AES-128-CTR keystream from a zero counter; each key masks one vector only.
 
     Writing into a buffer the caller reuses matters: a fresh multi-megabyte
-    array per mask cost about six times the cipher itself here (page faults).
+    array per mask cost about seven times the cipher itself here (page faults).
     """
     enc = Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor()
     enc.update_into(_zeros(out.nbytes), out.view(np.uint8))
