@@ -93,8 +93,6 @@ class CkksPolicy(Section):
 class MaskingPolicy(Section):
     """Pairwise masking (Bonawitz et al. 2017) on a SecAgg+ neighbour graph (Bell et al. 2020)."""
 
-    clip_range: float = Field(32.0, gt=0, description="Values are clipped to [-R, R] before fixed-point encoding.")
-    frac_bits: int = Field(40, ge=0, le=62, description="Fixed-point precision: values are rounded to multiples of 2^-bits.")
     degree: int | Literal["all", "secagg+", "auto"] = Field(
         "auto", description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts)."
     )
@@ -103,7 +101,7 @@ class MaskingPolicy(Section):
     def params(self):
         from fedrecgel_secure.privacy.secagg import MaskingParams
 
-        return MaskingParams(clip_range=self.clip_range, frac_bits=self.frac_bits, degree=self.degree, threshold=self.threshold)
+        return MaskingParams(degree=self.degree, threshold=self.threshold)
 
 
 class SecureAggregationPolicy(Section):
@@ -111,8 +109,16 @@ class SecureAggregationPolicy(Section):
     min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
     cover: Literal["shared", "item_embeddings"] = Field("shared", description="What goes through the protocol: the whole shared vector, or the item table alone.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
+    clip_range: float = Field(32.0, gt=0, description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).")
+    frac_bits: int = Field(36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits.")
     ckks: CkksPolicy = CkksPolicy()
     masking: MaskingPolicy = MaskingPolicy()
+
+
+    def encoding(self):
+        from fedrecgel_secure.privacy.secagg import FixedPoint
+
+        return FixedPoint(clip_range=self.clip_range, frac_bits=self.frac_bits)
 
 
 class PrivacyPolicy(Section):

@@ -24,7 +24,7 @@ from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 5000
 N_CLIENTS = 8
-TAG = b"test-session"
+TAG = b"ckks-test-session-tag"
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +97,13 @@ def test_filmtrust_sized_vector_round_trips():
     dim = 372_000
     ids = {c: ClientIdentity.generate(c) for c in range(2)}
     directory = IdentityDirectory.of(ids)
-    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2)
-    agg = CKKSAggregator(holder.public_context(), directory, dim, min_clients=2)
+    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2, session_tag=TAG)
+    agg = CKKSAggregator(holder.public_context(), directory, dim, min_clients=2, session_tag=TAG)
     xs = _uploads(3, n=2, dim=dim)
     agg.begin_round(0)
     sizes = []
     for c in ids:
-        payload = CKKSClient(ids[c], holder.public_context(), dim, clip_range=1.0).upload(0, xs[c])
+        payload = CKKSClient(ids[c], holder.public_context(), dim, clip_range=1.0, session_tag=TAG).upload(0, xs[c])
         sizes.append(len(payload))
         agg.receive(payload)
     total = holder.decrypt(agg.finish().serialize())
@@ -118,8 +118,8 @@ def test_central_noise_is_added_under_encryption(world):
     for c, x in xs.items():
         agg.receive(world["clients"][c].upload(0, x))
     aggregate = agg.finish()
-    aggregate.add_noise(0.5, np.random.default_rng(0))
-    assert aggregate.noise_std == 0.5
+    aggregate.add_noise(np.random.default_rng(0).normal(0.0, 0.5, DIM))
+    assert aggregate.noise_std == pytest.approx(0.5, rel=0.05)
     total = _holder(world).decrypt(aggregate.serialize())
     residual = total - sum(xs.values())
     assert 0.45 < residual.std() < 0.55 and abs(residual.mean()) < 0.05
@@ -194,10 +194,10 @@ class TestTampering:
     def test_ciphertexts_with_other_parameters_are_rejected(self, world):
         agg = _aggregator(world)
         agg.begin_round(0)
-        other = KeyHolder.create(CKKSParams(global_scale=2.0**30), world["dir"], min_clients=1)
+        other = KeyHolder.create(CKKSParams(global_scale=2.0**30), world["dir"], min_clients=1, session_tag=TAG)
         client = CKKSClient(world["ids"][0], other.public_context(), DIM, clip_range=1.0, session_tag=TAG)
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_params")
-        small = KeyHolder.create(CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(52, 57)), world["dir"], min_clients=1)
+        small = KeyHolder.create(CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(52, 57)), world["dir"], min_clients=1, session_tag=TAG)
         client = CKKSClient(world["ids"][1], small.public_context(), DIM, clip_range=1.0, session_tag=TAG)
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
 
@@ -269,13 +269,13 @@ class TestKeyMaterial:
     def test_aggregator_and_clients_refuse_a_secret_context(self, world, tmp_path):
         secret = world["holder"]._ctx.serialize(save_secret_key=True)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSAggregator(secret, world["dir"], DIM, min_clients=1)
+            CKKSAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSClient(world["ids"][0], secret, DIM, clip_range=1.0)
+            CKKSClient(world["ids"][0], secret, DIM, clip_range=1.0, session_tag=TAG)
         path = tmp_path / "secret.ctx"
         world["holder"].save(path)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1)
+            CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
 
     def test_aggregator_builds_from_a_public_context_file(self, world, tmp_path):
         path = tmp_path / "public.ctx"
@@ -297,7 +297,7 @@ class TestKeyMaterial:
         assert np.allclose(loaded.decrypt(agg.finish().serialize()), 3.0, atol=1e-5)
         os.chmod(path, 0o640)
         with pytest.raises(KeyFileError, match="0600"):
-            KeyHolder.load(path, world["dir"], min_clients=3)
+            KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)
 
     def test_key_holder_refuses_a_public_context_file(self, world, tmp_path):
         from fedrecgel_secure.privacy.secagg.keys import write_private_file
@@ -305,4 +305,4 @@ class TestKeyMaterial:
         path = tmp_path / "public-as-secret.ctx"
         write_private_file(path, world["public"])
         with pytest.raises(BadInputError, match="public context"):
-            KeyHolder.load(path, world["dir"], min_clients=3)
+            KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)

@@ -14,6 +14,7 @@ from fedrecgel_secure.privacy.secagg import (
     CKKSParams,
     ClientIdentity,
     Envelope,
+    FixedPoint,
     IdentityDirectory,
     KeyHolder,
     MaskingAggregator,
@@ -24,7 +25,7 @@ from fedrecgel_secure.privacy.secagg import (
 from fedrecgel_secure.privacy.secagg import ckks, masking
 
 DIM = 100
-TAG = b"fuzz"
+TAG = b"fuzz-session-tag-0123"
 # SECAGG_FUZZ_EXAMPLES raises the budget for a longer, offline fuzzing run.
 FUZZ = settings(
     max_examples=int(os.environ.get("SECAGG_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -80,8 +81,11 @@ def masking_world():
     params = MaskingParams()
     ids = {c: ClientIdentity.generate(c) for c in range(n)}
     directory = IdentityDirectory.of(ids)
-    clients = {c: MaskingClient(ids[c], directory, DIM, params, min_clients=2, session_tag=TAG) for c in ids}
-    agg = MaskingAggregator(directory, DIM, params, min_clients=2, session_tag=TAG)
+    grid = FixedPoint()
+    clients = {
+        c: MaskingClient(ids[c], directory, DIM, params, encoding=grid, min_clients=2, session_tag=TAG) for c in ids
+    }
+    agg = MaskingAggregator(directory, DIM, params, encoding=grid, min_clients=2, session_tag=TAG)
     announcement = agg.begin_round(0)
     adverts = {c: clients[c].advertise(announcement) for c in ids}
     for p in adverts.values():

@@ -10,6 +10,7 @@ import pytest
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
     ClientIdentity,
+    FixedPoint,
     IdentityDirectory,
     Kind,
     MaskingAggregator,
@@ -17,26 +18,26 @@ from fedrecgel_secure.privacy.secagg import (
     MaskingParams,
     RejectedPayload,
     RoundSkipped,
-    dequantize,
     neighbour_graph,
-    quantize,
 )
 from fedrecgel_secure.privacy.secagg.masking import _context, decode_survivors
-from fedrecgel_secure.privacy.secagg.vectors import clip
 
 DIM = 5000
-TAG = b"masking-tests"
+TAG = b"masking-tests-session-tag"
+GRID = FixedPoint()
 
 
-def make_world(n, *, params=None, min_clients=3, extra_ids=()):
+def make_world(n, *, params=None, encoding=GRID, min_clients=3, extra_ids=()):
     params = params or MaskingParams()
     identities = {c: ClientIdentity.generate(c) for c in [*range(n), *extra_ids]}
     directory = IdentityDirectory.of(identities)
     clients = {
-        c: MaskingClient(identities[c], directory, DIM, params, min_clients=min_clients, session_tag=TAG)
+        c: MaskingClient(
+            identities[c], directory, DIM, params, encoding=encoding, min_clients=min_clients, session_tag=TAG
+        )
         for c in identities
     }
-    agg = MaskingAggregator(directory, DIM, params, min_clients=min_clients, session_tag=TAG)
+    agg = MaskingAggregator(directory, DIM, params, encoding=encoding, min_clients=min_clients, session_tag=TAG)
     return identities, clients, agg
 
 
@@ -71,41 +72,56 @@ def run_round(agg, clients, round_idx, xs, *, drop=(), inject=None, seed=None):
     return agg.finish(), masked
 
 
-def ring_sum(xs, params, ids):
-    return np.sum(np.stack([quantize(clip(xs[c], params.clip_range)[0], params) for c in ids]), axis=0, dtype=np.uint64)
+def ring_sum(xs, ids, encoding=GRID):
+    return np.sum(np.stack([encoding.encode(xs[c])[0] for c in ids]), axis=0, dtype=np.int64).view(np.uint64)
 
 
 def test_sum_is_exact_in_the_ring_and_within_quantisation_error_of_the_float_sum():
-    params = MaskingParams()
     _, clients, agg = make_world(10)
     xs = uploads(10, 0)
     out, _ = run_round(agg, clients, 0, xs)
     assert out.contributors == list(range(10))
-    assert np.array_equal(out.ring, ring_sum(xs, params, range(10)))
-    assert np.array_equal(out.values, dequantize(out.ring, params))
-    assert np.abs(out.values - sum(xs.values())).max() <= 10 / 2 ** (params.frac_bits + 1)
+    assert np.array_equal(out.ring, ring_sum(xs, range(10)))
+    assert np.array_equal(out.values, GRID.decode(out.ring.view(np.int64)))
+    assert np.abs(out.values - sum(xs.values())).max() <= GRID.error_bound(10)
 
 
 def test_out_of_range_values_are_clipped_and_counted():
-    params = MaskingParams(clip_range=1.0)
-    _, clients, agg = make_world(4, params=params)
+    grid = FixedPoint(clip_range=1.0)
+    _, clients, agg = make_world(4, encoding=grid)
     xs = uploads(4, 1)
     xs[0][:5] = [3.0, -7.0, 0.5, 1e9, -1.0]
     out, _ = run_round(agg, clients, 0, xs)
     assert clients[0].last_clipped == 3
     expected = sum(np.clip(x, -1.0, 1.0) for x in xs.values())
-    assert np.abs(out.values - expected).max() <= 4 / 2 ** (params.frac_bits + 1)
+    assert np.abs(out.values - expected).max() <= grid.error_bound(4)
+
+
+def test_noise_shares_and_central_noise_land_on_the_grid_exactly():
+    _, clients, agg = make_world(5)
+    xs = uploads(5, 15)
+    rng = np.random.default_rng(16)
+    shares = {c: rng.normal(0.0, 0.3, DIM) for c in xs}
+    central = rng.normal(0.0, 1.0, DIM)
+    inboxes = exchange_keys(agg, clients, 0, xs)
+    for c in xs:
+        agg.receive(clients[c].masked_input(inboxes[c], xs[c], shares[c]))
+    request = agg.close_masked()
+    for c in decode_survivors(request, 0):
+        agg.receive(clients[c].unmask(request))
+    out = agg.finish(central)
+    grid = sum(GRID.encode(xs[c], shares[c])[0] for c in xs) + GRID.encode_noise(central).astype(np.int64)
+    assert np.array_equal(out.ring.view(np.int64), grid)
 
 
 def test_thirty_percent_dropouts_after_masking_still_give_the_exact_survivor_sum():
-    params = MaskingParams()
     _, clients, agg = make_world(20)
     xs = uploads(20, 2)
     drop = {1, 4, 7, 11, 15, 18}
     out, _ = run_round(agg, clients, 0, xs, drop=drop)
     survivors = [c for c in range(20) if c not in drop]
     assert out.contributors == survivors
-    assert np.array_equal(out.ring, ring_sum(xs, params, survivors))
+    assert np.array_equal(out.ring, ring_sum(xs, survivors))
 
 
 def test_secagg_plus_graph_recovers_dropouts_too():
@@ -119,7 +135,7 @@ def test_secagg_plus_graph_recovers_dropouts_too():
     drop = {3, 17, 29}
     out, _ = run_round(agg, clients, 0, uploads(n, 3), drop=drop, seed=seed)
     survivors = [c for c in range(n) if c not in drop]
-    assert np.array_equal(out.ring, ring_sum(uploads(n, 3), params, survivors))
+    assert np.array_equal(out.ring, ring_sum(uploads(n, 3), survivors))
 
 
 def test_neighbour_graph_is_regular_symmetric_and_agreed_from_the_seed():
@@ -135,7 +151,7 @@ def test_neighbour_graph_is_regular_symmetric_and_agreed_from_the_seed():
 
 
 def test_too_many_dropouts_for_the_threshold_skip_the_round_without_changing_state():
-    params = MaskingParams()  # all pairs for 20 clients, threshold 10
+    # all pairs for 20 clients, threshold 10
     _, clients, agg = make_world(20, min_clients=5)
     run_round(agg, clients, 0, uploads(20, 4))
     assert agg.last_completed_round == 0
@@ -144,7 +160,7 @@ def test_too_many_dropouts_for_the_threshold_skip_the_round_without_changing_sta
     assert err.value.reason == "below_threshold"
     assert agg.last_completed_round == 0
     out, _ = run_round(agg, clients, 1, uploads(20, 6))
-    assert np.array_equal(out.ring, ring_sum(uploads(20, 6), params, range(20)))
+    assert np.array_equal(out.ring, ring_sum(uploads(20, 6), range(20)))
 
 
 def test_fewer_survivors_than_min_clients_skip_the_round():
@@ -163,12 +179,12 @@ def test_aggregator_only_ever_holds_masked_data():
     held = agg._round.acc.view(np.int64)
     # A masked vector is uniform in the ring: far from the client's fixed-point values.
     assert np.median(np.abs(held.astype(np.float64))) > 2.0**60
-    assert not np.any(held == quantize(xs[0], MaskingParams()).view(np.int64))
+    assert not np.any(held == GRID.encode(xs[0])[0])
 
 
 class TestTampering:
     def test_each_case_is_rejected_with_its_reason_and_the_round_completes(self, caplog):
-        params = MaskingParams()
+
         identities, clients, agg = make_world(12, extra_ids=[50])
         round0, _ = run_round(agg, clients, 0, uploads(12, 9))
         replayed = {}
@@ -210,7 +226,7 @@ class TestTampering:
         out, _ = run_round(agg, clients, 2, xs, drop=tampered, inject=inject, seed=seed)
         survivors = [c for c in range(12) if c not in tampered]
         assert out.contributors == survivors
-        assert np.array_equal(out.ring, ring_sum(xs, params, survivors))
+        assert np.array_equal(out.ring, ring_sum(xs, survivors))
         assert round0.round_idx == 0 and agg.last_completed_round == 2
 
     def test_unmask_responses_revealing_the_wrong_share_are_rejected(self):
@@ -229,7 +245,7 @@ class TestTampering:
         assert err.value.reason == "bad_share"
 
     def test_a_retried_round_uses_fresh_masks_and_old_attempts_do_not_replay(self):
-        params = MaskingParams()
+
         _, clients, agg = make_world(6, min_clients=5)
         xs = uploads(6, 13)
         with pytest.raises(RoundSkipped):
@@ -244,7 +260,7 @@ class TestTampering:
                 agg.receive(first_attempt[3])
 
         out, _ = run_round(agg, clients, 0, xs, drop={3}, inject=inject)
-        assert np.array_equal(out.ring, ring_sum(xs, params, [0, 1, 2, 4, 5]))
+        assert np.array_equal(out.ring, ring_sum(xs, [0, 1, 2, 4, 5]))
 
 
 def test_clients_refuse_unsafe_unmask_requests():
@@ -263,10 +279,10 @@ def test_clients_refuse_unsafe_unmask_requests():
 
 
 def test_ring_capacity_is_checked_for_the_population():
-    with pytest.raises(BadInputError, match="overflows"):
-        make_world(3, params=MaskingParams(clip_range=2.0**22, frac_bits=40))
+    with pytest.raises(BadInputError, match="64-bit modulus"):
+        make_world(5, encoding=FixedPoint(clip_range=2.0**21, frac_bits=40))
     with pytest.raises(BadInputError, match="frac_bits"):
-        MaskingParams(frac_bits=64)
+        FixedPoint(frac_bits=64)
 
 
 def test_masks_are_the_aes128_ctr_keystream_built_independently_from_the_block_cipher():

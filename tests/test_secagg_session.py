@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.privacy.secagg import CKKSParams, MaskingParams, RoundSkipped, make_session
+from fedrecgel_secure.privacy.secagg import CKKSParams, FixedPoint, MaskingParams, RoundSkipped, make_session
 
 DIM = 5000
 CLIENTS = list(range(100, 120))
@@ -18,12 +18,12 @@ def uploads(seed, ids=CLIENTS):
 def tolerance(session, n):
     if session.scheme == "ckks":
         return session.params.typical_error(n + 1)
-    return n / 2 ** (session.params.frac_bits + 1)
+    return session.encoding.error_bound(n)
 
 
 @pytest.fixture(scope="module", params=["ckks", "masking"])
 def session(request):
-    return make_session(request.param, DIM, CLIENTS, min_clients=8, seed=1)
+    return make_session(request.param, DIM, CLIENTS, min_clients=8)
 
 
 def test_round_returns_the_sum_and_its_costs(session):
@@ -98,26 +98,44 @@ def test_skipped_round_reports_rejections(session):
     assert err.value.rejected == {100: "garbage"}
 
 
-def test_central_noise_is_added_to_the_released_sum(session):
+def test_noise_shares_and_central_noise_reach_the_released_sum(session):
     xs = uploads(8)
-    result = session.run_round(7, xs, central_noise_std=0.2, rng=np.random.default_rng(3))
-    residual = result.total - sum(xs.values())
-    assert result.noise_std == pytest.approx(0.2)
-    assert 0.18 < residual.std() < 0.22
+    rng = np.random.default_rng(3)
+    shares = {c: rng.normal(0.0, 0.05, DIM) for c in xs}
+    central = rng.normal(0.0, 0.2, DIM)
+    result = session.run_round(7, xs, noise_shares=shares, central_noise=central)
+    expected = sum(xs.values()) + sum(shares.values()) + central
+    assert np.abs(result.total - expected).max() <= tolerance(session, 2 * len(xs) + 1)
+
+
+def test_admit_can_refuse_the_contributors_before_anything_is_released(session):
+    seen = []
+
+    def refuse(contributors):
+        seen.append(contributors)
+        return "too little noise"
+
+    with pytest.raises(RoundSkipped) as err:
+        session.run_round(8, uploads(10), admit=refuse)
+    assert err.value.reason == "not_admitted" and seen == [CLIENTS]
 
 
 def test_caller_mistakes_are_bad_input(session):
     with pytest.raises(BadInputError, match="not in this session"):
-        session.run_round(8, {999: np.zeros(DIM)})
+        session.run_round(9, {999: np.zeros(DIM)})
     with pytest.raises(BadInputError, match="drop_after_masking"):
-        session.run_round(8, uploads(9), drop_after_masking={999})
+        session.run_round(9, uploads(9), drop_after_masking={999})
     with pytest.raises(BadInputError, match="shape"):
-        session.run_round(8, {c: np.zeros(DIM - 1) for c in CLIENTS})
+        session.run_round(9, {c: np.zeros(DIM - 1) for c in CLIENTS})
+    with pytest.raises(BadInputError, match="noise_shares"):
+        session.run_round(9, uploads(9), noise_shares={100: np.zeros(DIM)})
+    with pytest.raises(BadInputError, match="central noise"):
+        session.run_round(9, uploads(9), central_noise=np.zeros(3))
 
 
 def test_make_session_takes_parameter_overrides_and_names_bad_ones():
-    s = make_session("masking", 10, [1, 2, 3], min_clients=2, frac_bits=20, degree="all")
-    assert s.params == MaskingParams(frac_bits=20, degree="all")
+    s = make_session("masking", 10, [1, 2, 3], min_clients=2, degree="all", encoding=FixedPoint(frac_bits=20))
+    assert s.params == MaskingParams(degree="all") and s.encoding.frac_bits == 20
     s = make_session("ckks", 10, [1, 2, 3], min_clients=2, params=CKKSParams(), global_scale=2.0**36)
     assert s.params.global_scale == 2.0**36
     with pytest.raises(BadInputError, match="unknown masking parameter"):

@@ -96,7 +96,10 @@ class SecureSum:
 
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         params = settings.ckks.params() if settings.scheme == "ckks" else settings.masking.params()
-        self.session = make_session(settings.scheme, covered, range(n_clients), min_clients=settings.min_clients, seed=seed, params=params)
+        self.session = make_session(
+            settings.scheme, covered, range(n_clients), min_clients=settings.min_clients, params=params,
+            encoding=settings.encoding(),
+        )
 
     def __call__(self, round_idx: int, contributions: Contributions, noise_std: float, noise: torch.Generator, dim: int, dtype):
         from fedrecgel_secure.privacy.secagg import RoundSkipped
@@ -107,10 +110,10 @@ class SecureSum:
         if self.settings.dropout > 0 and clients.size:
             dropped = {int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)}
         noise_seed = int(torch.randint(0, 2**62, (1,), generator=noise).item())
+        central = np.random.default_rng(noise_seed).normal(0.0, noise_std, self.covered) if noise_std > 0 else None
         try:
             result = self.session.run_round(
-                round_idx, _LazyVectors(contributions, self.covered), drop_after_masking=dropped,
-                central_noise_std=noise_std, rng=np.random.default_rng(noise_seed),
+                round_idx, _LazyVectors(contributions, self.covered), drop_after_masking=dropped, central_noise=central,
             )
         except RoundSkipped as skipped:
             for cid, reason in skipped.rejected.items():

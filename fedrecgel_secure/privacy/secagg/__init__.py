@@ -24,7 +24,8 @@ Example::
 from .ckks import CKKSAggregator, CKKSClient, CKKSParams, EncryptedAggregate, KeyHolder
 from .errors import KeyFileError, Reason, RejectedPayload, RoundSkipped
 from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind
-from .masking import MaskedSum, MaskingAggregator, MaskingClient, MaskingParams, dequantize, neighbour_graph, quantize
+from .fixedpoint import FixedPoint
+from .masking import MaskedSum, MaskingAggregator, MaskingClient, MaskingParams, neighbour_graph
 from .session import RoundResult, SecAggSession, make_session
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "ClientIdentity",
     "ContributionProof",
     "EncryptedAggregate",
+    "FixedPoint",
     "Envelope",
     "IdentityDirectory",
     "KeyFileError",
@@ -48,8 +50,6 @@ __all__ = [
     "RoundResult",
     "RoundSkipped",
     "SecAggSession",
-    "dequantize",
     "make_session",
     "neighbour_graph",
-    "quantize",
 ]

@@ -79,6 +79,7 @@ from .identity import (
     Kind,
     check_header,
     check_round,
+    check_session_tag,
     verify_signature,
 )
 from .keys import read_private_file, write_private_file, write_public_file
@@ -282,7 +283,7 @@ class KeyHolder:
     """Holds the CKKS secret key and decrypts authenticated aggregates only."""
 
     def __init__(
-        self, context: ts.Context, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes = b""
+        self, context: ts.Context, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes
     ) -> None:
         if not context.is_private():
             raise BadInputError("a key holder needs a context with the secret key")
@@ -292,12 +293,12 @@ class KeyHolder:
         self.params = _params_of(context)
         self.directory = directory
         self.min_clients = min_clients
-        self.session_tag = bytes(session_tag)
+        self.session_tag = check_session_tag(session_tag)
         self.last_decrypted_round = -1
 
     @classmethod
     def create(
-        cls, params: CKKSParams, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes = b""
+        cls, params: CKKSParams, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes
     ) -> KeyHolder:
         ctx = ts.context(
             ts.SCHEME_TYPE.CKKS,
@@ -310,7 +311,7 @@ class KeyHolder:
 
     @classmethod
     def load(
-        cls, path: str | Path, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes = b""
+        cls, path: str | Path, directory: IdentityDirectory, *, min_clients: int, session_tag: bytes
     ) -> KeyHolder:
         ctx = _load_context(read_private_file(path), f"key file {path}")
         if not ctx.is_private():
@@ -375,7 +376,7 @@ class CKKSClient:
     """Encrypts and signs one client's upload with the public context."""
 
     def __init__(
-        self, identity: ClientIdentity, public_context: bytes | ts.Context, dim: int, *, clip_range: float, session_tag: bytes = b""
+        self, identity: ClientIdentity, public_context: bytes | ts.Context, dim: int, *, clip_range: float, session_tag: bytes
     ) -> None:
         # A loaded context is accepted so that simulated clients can share one
         # (loading costs ~25 ms each); it must still be public.
@@ -389,7 +390,7 @@ class CKKSClient:
         if not (0 < clip_range <= self.params.value_bound):
             raise BadInputError(f"clip_range must be in (0, {self.params.value_bound}], got {clip_range!r}")
         self.clip_range = float(clip_range)
-        self.session_tag = bytes(session_tag)
+        self.session_tag = check_session_tag(session_tag)
         self.last_clipped = 0
 
     def upload(self, round_idx: int, x: np.ndarray) -> bytes:
@@ -433,28 +434,25 @@ class EncryptedAggregate:
     def contributors(self) -> list[int]:
         return sorted(p.client_id for p in self.proofs)
 
-    def add_noise(self, std: float, rng: np.random.Generator) -> None:
-        """Add N(0, std^2) to every coordinate under encryption.
+    def add_noise(self, noise: np.ndarray) -> None:
+        """Add the (dim,) ``noise`` vector to the sum under encryption; its plaintext is the caller's to discard.
 
-        The noise is encrypted as soon as it is drawn and the plaintext dropped, so
-        the key holder only ever decrypts the noisy sum. The party running this
-        step did draw the noise, so it must not also be the one that receives the
-        decrypted result if the noiseless sum is to stay hidden from everyone.
+        The key holder then only ever decrypts the noisy sum. The party running
+        this step drew the noise, so it must not also be the one that receives
+        the decrypted result if the noiseless sum is to stay hidden from everyone.
         """
-        if not (math.isfinite(std) and std >= 0):
-            raise BadInputError(f"noise std must be finite and >= 0, got {std!r}")
-        if 8 * std > self.params.value_bound / 2:
-            raise BadInputError(f"noise std {std} does not fit the decodable range {self.params.value_bound}")
-        if std == 0:
-            return
+        noise = np.asarray(noise, dtype=np.float64)
+        if noise.shape != (self.dim,) or not np.isfinite(noise).all():
+            raise BadInputError(f"noise must be a finite vector of length {self.dim}")
+        if 2 * np.abs(noise).max(initial=0.0) > self.params.value_bound:
+            raise BadInputError(f"noise does not fit the decodable range {self.params.value_bound}")
         s = self.params.slots
         for k, vec in enumerate(self._vectors):
+            chunk = np.zeros(s)
             width = min(s, self.dim - k * s)
-            noise = np.zeros(s)
-            noise[:width] = rng.normal(0.0, std, width)
-            vec.add_(ts.ckks_vector(self._ctx, noise))
-        del noise
-        self.noise_std = math.hypot(self.noise_std, std)
+            chunk[:width] = noise[k * s : k * s + width]
+            vec.add_(ts.ckks_vector(self._ctx, chunk))
+        self.noise_std = float(np.std(noise))
 
     def serialize(self) -> bytes:
         head = _AGG_HEAD.pack(b"CKA1", self.round_idx, self.dim, self.noise_std, len(self.proofs))
@@ -466,7 +464,7 @@ class CKKSAggregator:
     """Adds encrypted uploads; holds only the public context and never a plaintext upload."""
 
     def __init__(
-        self, public_context: bytes, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes = b""
+        self, public_context: bytes, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes
     ) -> None:
         ctx = _load_context(public_context, "aggregator context")
         if ctx.is_private():
@@ -478,7 +476,7 @@ class CKKSAggregator:
         self.directory = directory
         self.dim = check_dim(dim)
         self.min_clients = min_clients
-        self.session_tag = bytes(session_tag)
+        self.session_tag = check_session_tag(session_tag)
         self.last_completed_round = -1
         self._round: int | None = None
         self._proofs: dict[int, ContributionProof] = {}
@@ -487,7 +485,7 @@ class CKKSAggregator:
 
     @classmethod
     def from_public_context_file(
-        cls, path: str | Path, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes = b""
+        cls, path: str | Path, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes
     ) -> CKKSAggregator:
         try:
             data = Path(path).read_bytes()

@@ -79,6 +79,18 @@ def check_round(round_idx: int) -> int:
     return round_idx
 
 
+SESSION_TAG_MIN_BYTES = 16
+
+
+def check_session_tag(tag: bytes) -> bytes:
+    """A deployment's session tag: at least 16 random bytes, so that no message of one deployment verifies in another."""
+    if not isinstance(tag, (bytes, bytearray)) or not SESSION_TAG_MIN_BYTES <= len(tag) <= 1024:
+        raise BadInputError(
+            f"session_tag must be {SESSION_TAG_MIN_BYTES} to 1024 bytes (draw it with secrets.token_bytes), got {tag!r:.40}"
+        )
+    return bytes(tag)
+
+
 def signed_message(context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes) -> bytes:
     return b"".join(
         (DOMAIN, struct.pack(">H", len(context)), context, struct.pack(">BQI", kind, round_idx, client_id), digest)

@@ -1,20 +1,19 @@
 """Secure aggregation by pairwise masking (Bonawitz et al., CCS 2017; SecAgg+, Bell et al., CCS 2020).
 
-Each client i quantises its clipped vector into the ring Z_{2^64},
-q(x) = round(clip(x, -R, R) · 2^f), and uploads
+Each client i encodes its vector on the shared fixed-point grid
+(:mod:`.fixedpoint`: g_i = rint(x_i · 2^f) plus its DP noise share, if any,
+clipped to ±R·2^f), reads the integers in the ring Z_{2^64}, and uploads
 
-    y_i = q(x_i) + PRG(b_i) + Σ_{j ∈ N(i), j > i} PRG(s_ij) − Σ_{j ∈ N(i), j < i} PRG(s_ij)   (mod 2^64)
+    y_i = g_i + PRG(b_i) + Σ_{j ∈ N(i), j > i} PRG(s_ij) − Σ_{j ∈ N(i), j < i} PRG(s_ij)   (mod 2^64)
 
 where b_i is a fresh private seed, s_ij = HKDF(X25519(s_i, s_j)) a seed shared
 with neighbour j, and PRG is the AES-128-CTR keystream read as little-endian
 uint64. Over the survivors the pairwise terms cancel, so once the aggregator
-has removed every PRG(b_i) the sum is exactly Σ q(x_i) mod 2^64; it is read as
-a signed integer and divided by 2^f. Exactness needs n · R · 2^f < 2^63
-(checked by :meth:`MaskingParams.check_capacity`); the result then satisfies
-
-    result == Σ_i q(x_i) / 2^f   exactly,   |result − Σ_i clip(x_i)|∞ ≤ n / 2^(f+1).
-
-Values outside [-R, R] are clipped and counted (``last_clipped``).
+has removed every PRG(b_i) the sum is exactly Σ g_i mod 2^64 (plus central
+noise on the grid, if asked); it is read as a signed integer and decoded.
+Exactness needs the sum to stay inside the signed 64-bit range
+(:meth:`FixedPoint.check_capacity`); the result is then bit-identical to any
+other exact scheme on the same grid.
 
 Neighbours. N(i) comes from a k-regular graph that every party derives from the
 set of clients that advertised keys and a public per-attempt round seed: the
@@ -72,8 +71,9 @@ from fedrecgel_secure.errors import BadInputError
 
 from . import shamir
 from .errors import Reason, RejectedPayload, RoundSkipped
-from .identity import ClientIdentity, Envelope, IdentityDirectory, Kind, authenticate, check_round
-from .vectors import check_dim, check_upload, clip
+from .identity import ClientIdentity, Envelope, IdentityDirectory, Kind, authenticate, check_round, check_session_tag
+from .fixedpoint import FixedPoint
+from .vectors import check_dim, check_upload, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -93,9 +93,8 @@ _MASK_KINDS = {Kind.MASK_ADVERTISE, Kind.MASK_SHARES, Kind.MASK_INPUT, Kind.MASK
 
 @dataclass(frozen=True)
 class MaskingParams:
-    """Fixed-point encoding and neighbourhood settings of the masking protocol.
+    """Neighbourhood settings of the masking protocol (the value encoding is the shared :class:`FixedPoint`).
 
-    ``clip_range`` R and ``frac_bits`` f set the encoding q(x) = round(clip(x) · 2^f).
     ``degree`` is k (see the module docstring); ``threshold`` is t as a count, a
     fraction of k, or None for ⌊k/2⌋ + 1. A round survives dropouts as long as
     every client whose secret is needed keeps t responding neighbours: with the
@@ -105,17 +104,10 @@ class MaskingParams:
     aggregator and clients, which the threat model excludes).
     """
 
-    clip_range: float = 32.0
-    frac_bits: int = 40
     degree: int | str = "auto"
     threshold: int | float | None = None
 
     def __post_init__(self) -> None:
-        r = self.clip_range
-        if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
-            raise BadInputError(f"masking.clip_range must be a finite number > 0, got {r!r}")
-        if isinstance(self.frac_bits, bool) or not isinstance(self.frac_bits, int) or not 0 <= self.frac_bits <= 62:
-            raise BadInputError(f"masking.frac_bits must be an integer in [0, 62], got {self.frac_bits!r}")
         d = self.degree
         if not (d in ("all", "secagg+", "auto") or (isinstance(d, int) and not isinstance(d, bool) and d >= 1)):
             raise BadInputError(f"masking.degree must be 'all', 'secagg+', 'auto' or an integer >= 1, got {d!r}")
@@ -124,18 +116,6 @@ class MaskingParams:
             (isinstance(t, int) and not isinstance(t, bool) and t >= 1) or (isinstance(t, float) and 0 < t <= 1)
         ):
             raise BadInputError(f"masking.threshold must be None, an integer >= 1 or a fraction in (0, 1], got {t!r}")
-
-    @property
-    def scale(self) -> float:
-        return float(2**self.frac_bits)
-
-    def check_capacity(self, max_clients: int) -> None:
-        """Fail early if the sum of max_clients clipped values could wrap around 2^63."""
-        if max_clients * round(self.clip_range * self.scale) >= 2**63:
-            raise BadInputError(
-                f"masking.clip_range {self.clip_range} at frac_bits {self.frac_bits} overflows the 64-bit ring "
-                f"for {max_clients} clients; lower one of them"
-            )
 
     def neighbour_count(self, n: int) -> int:
         if n <= 1:
@@ -156,13 +136,7 @@ class MaskingParams:
         return max(1, min(t, k))
 
 
-def quantize(x: np.ndarray, params: MaskingParams) -> np.ndarray:
-    """Fixed-point ring elements of an already clipped vector."""
-    return np.rint(x * params.scale).astype(np.int64).view(np.uint64)
-
-
-def dequantize(ring: np.ndarray, params: MaskingParams) -> np.ndarray:
-    return ring.view(np.int64).astype(np.float64) / params.scale
+RING_BITS = 64
 
 
 def neighbour_graph(client_ids: Iterable[int], params: MaskingParams, round_seed: bytes) -> dict[int, tuple[int, ...]]:
@@ -383,16 +357,17 @@ class MaskingClient:
 
     def __init__(
         self, identity: ClientIdentity, directory: IdentityDirectory, dim: int, params: MaskingParams,
-        *, min_clients: int, session_tag: bytes = b"",
+        *, encoding: FixedPoint, min_clients: int, session_tag: bytes,
     ) -> None:
-        params.check_capacity(max(len(directory), 1))
+        encoding.check_capacity(max(len(directory), 1), RING_BITS, "privacy.secure_aggregation")
+        self.encoding = encoding
         self.identity = identity
         self.client_id = identity.client_id
         self.directory = directory
         self.dim = check_dim(dim)
         self.params = params
         self.min_clients = min_clients
-        self.session_tag = bytes(session_tag)
+        self.session_tag = check_session_tag(session_tag)
         self.last_clipped = 0
         self._round: _ClientRound | None = None
 
@@ -443,9 +418,12 @@ class MaskingClient:
         body = _U32.pack(len(entries)) + b"".join(entries)
         return self.identity.seal(Kind.MASK_SHARES, st.round_idx, body, ctx)
 
-    def masked_input(self, inbox: bytes, x: np.ndarray) -> bytes:
+    def masked_input(self, inbox: bytes, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
+        """Mask ``x`` (plus this client's DP ``noise`` share, both on the fixed-point grid) and sign it."""
         st = self._state()
-        values, self.last_clipped = clip(check_upload(x, self.dim, self.client_id), self.params.clip_range)
+        x = check_upload(x, self.dim, self.client_id)
+        if noise is not None:
+            noise = check_vector(noise, self.dim, f"noise share of client {self.client_id}")
         incoming = decode_inbox(inbox, st.round_idx)
         held: dict[int, tuple[int, int]] = {}
         for sender, ct in incoming.items():
@@ -462,7 +440,8 @@ class MaskingClient:
             except (InvalidTag, BadInputError):
                 raise RejectedPayload(Reason.BAD_SHARE, f"share from {sender} does not decrypt") from None
         st.held = held
-        y = quantize(values, self.params)
+        grid, self.last_clipped = self.encoding.encode(x, noise)
+        y = grid.view(np.uint64)
         mask = np.empty_like(y)
         y += prg_into(_self_seed(st.b_seed, st.round_seed, st.round_idx, self.client_id), mask)
         for j in sorted(held):
@@ -529,16 +508,18 @@ class MaskingAggregator:
     """Routes shares and sums masked inputs; never sees an unmasked upload."""
 
     def __init__(
-        self, directory: IdentityDirectory, dim: int, params: MaskingParams, *, min_clients: int, session_tag: bytes = b""
+        self, directory: IdentityDirectory, dim: int, params: MaskingParams, *, encoding: FixedPoint, min_clients: int,
+        session_tag: bytes,
     ) -> None:
         if min_clients < 1:
             raise BadInputError(f"min_clients must be >= 1, got {min_clients}")
-        params.check_capacity(max(len(directory), 1))
+        encoding.check_capacity(max(len(directory), 1), RING_BITS, "privacy.secure_aggregation")
+        self.encoding = encoding
         self.directory = directory
         self.dim = check_dim(dim)
         self.params = params
         self.min_clients = min_clients
-        self.session_tag = bytes(session_tag)
+        self.session_tag = check_session_tag(session_tag)
         self.last_completed_round = -1
         self._round: _AggRound | None = None
 
@@ -664,8 +645,8 @@ class MaskingAggregator:
             st.shares.setdefault((owner, kind), {})[c + 1] = y
         st.responders.add(c)
 
-    def finish(self) -> MaskedSum:
-        """Recover the seeds, strip the masks and return the survivors' sum."""
+    def finish(self, central_noise: np.ndarray | None = None) -> MaskedSum:
+        """Recover the seeds, strip the masks and return the survivors' sum, plus ``central_noise`` on the grid."""
         st = self._phase(Kind.MASK_UNMASK)
         survivors = set(st.survivors)
         dropped = sorted(st.u1 - survivors)
@@ -696,7 +677,9 @@ class MaskingAggregator:
                     total -= mask
                 else:
                     total += mask
-        result = MaskedSum(st.round_idx, total, dequantize(total, self.params), list(st.survivors))
+        if central_noise is not None:
+            total += self.encoding.encode_noise(check_vector(central_noise, self.dim, "central noise")).astype(np.int64).view(np.uint64)
+        result = MaskedSum(st.round_idx, total, self.encoding.decode(total.view(np.int64)), list(st.survivors))
         self.last_completed_round = st.round_idx
         self._round = None
         return result

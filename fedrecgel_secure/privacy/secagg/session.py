@@ -5,8 +5,10 @@ key holder) but moves only bytes between them, exactly the messages a
 multi-process deployment would send, so its costs and failure behaviour are
 those of the protocol. A round returns the aggregate alone, or raises
 :class:`RoundSkipped` when fewer than ``min_clients`` valid contributions
-remain; a skipped round changes no persistent state (replay watermarks, the key
-holder's decrypted-round record), so the same round index can be retried.
+remain, or when the caller's ``admit`` check refuses the contributors before
+anything is released; a skipped round changes no persistent state (replay
+watermarks, the key holder's decrypted-round record), so the same round index
+can be retried.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from fedrecgel_secure.errors import BadInputError
 from .ckks import CKKSAggregator, CKKSClient, CKKSParams, KeyHolder
 from .errors import RejectedPayload, RoundSkipped
 from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
+from .fixedpoint import FixedPoint
 from .masking import MaskingAggregator, MaskingClient, MaskingParams, decode_survivors
-from .vectors import check_dim
+from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 Intercept = Callable[[int, bytes], "bytes | None"]
+Admit = Callable[[list[int]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,6 @@ class RoundResult:
     rejected: dict[int, str] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     clipped: int = 0
-    noise_std: float = 0.0
 
 
 class _Clock:
@@ -83,7 +86,7 @@ class SecAggSession:
         *,
         min_clients: int,
         params: CKKSParams | MaskingParams,
-        seed: int = 0,
+        encoding: FixedPoint = FixedPoint(),
     ) -> None:
         ids = [check_client_id(c) for c in client_ids]
         if not ids or len(set(ids)) != len(ids):
@@ -95,7 +98,7 @@ class SecAggSession:
         self.client_ids = sorted(ids)
         self.min_clients = min_clients
         self.params = params
-        self.seed = seed
+        self.encoding = encoding
         self.session_tag = secrets.token_bytes(16)
         self.identities = {c: ClientIdentity.generate(c) for c in self.client_ids}
         self.directory = IdentityDirectory.of(self.identities)
@@ -115,9 +118,14 @@ class SecAggSession:
         elif scheme == "masking":
             assert isinstance(params, MaskingParams)
             self.key_holder = None
-            self.aggregator = MaskingAggregator(self.directory, dim, params, min_clients=min_clients, session_tag=tag)
+            self.aggregator = MaskingAggregator(
+                self.directory, dim, params, encoding=encoding, min_clients=min_clients, session_tag=tag
+            )
             self.clients = {
-                c: MaskingClient(self.identities[c], self.directory, dim, params, min_clients=min_clients, session_tag=tag)
+                c: MaskingClient(
+                    self.identities[c], self.directory, dim, params, encoding=encoding, min_clients=min_clients,
+                    session_tag=tag,
+                )
                 for c in self.client_ids
             }
         else:
@@ -128,22 +136,29 @@ class SecAggSession:
         round_idx: int,
         uploads: Mapping[int, np.ndarray],
         *,
+        noise_shares: Mapping[int, np.ndarray] | None = None,
+        central_noise: np.ndarray | None = None,
         drop_after_masking: set[int] | frozenset[int] = frozenset(),
-        central_noise_std: float = 0.0,
-        rng: np.random.Generator | None = None,
+        admit: Admit | None = None,
         intercept: Intercept | None = None,
     ) -> RoundResult:
         """Aggregate ``uploads`` (client id -> vector of length ``dim``).
 
+        ``noise_shares``: client id -> that client's DP noise share, which the
+        client adds on the fixed-point grid before its upload leaves it.
+        ``central_noise``: noise the aggregator adds to the sum on the grid
+        before release (under encryption for HE, so the key holder never sees
+        the noiseless sum); the caller draws it.
         ``drop_after_masking``: clients that prepare their upload (and, for
         masking, take part in key sharing, so others mask with them) but whose
         upload never arrives and who then go silent.
-        ``central_noise_std``: Gaussian noise added to the sum before release;
-        under CKKS it is added under encryption, so the key holder never sees
-        the noiseless sum. ``rng`` defaults to one seeded by (seed, round).
-        ``intercept(client_id, payload)`` sees each main upload (CKKS
-        ciphertexts, masked input) on its way to the aggregator and returns the
-        bytes to deliver, or None to drop them; tests use it to tamper.
+        ``admit(contributors)`` is asked once the contributors are known and
+        before anything is unmasked or decrypted; a reason it returns skips the
+        round (the DP layer uses it to keep a round whose noise fell short of
+        the budget from being released).
+        ``intercept(client_id, payload)`` sees each main upload (ciphertexts,
+        masked input) on its way to the aggregator and returns the bytes to
+        deliver, or None to drop them; tests use it to tamper.
         """
         check_round(round_idx)
         unknown = sorted(set(uploads) - set(self.clients))
@@ -152,12 +167,12 @@ class SecAggSession:
         stray = sorted(set(drop_after_masking) - set(uploads))
         if stray:
             raise BadInputError(f"drop_after_masking names clients without an upload: {stray[:10]}")
-        if not (math.isfinite(central_noise_std) and central_noise_std >= 0):
-            raise BadInputError(f"central_noise_std must be finite and >= 0, got {central_noise_std!r}")
-        if rng is None:
-            rng = np.random.default_rng([self.seed, round_idx])
+        if noise_shares is not None and set(noise_shares) != set(uploads):
+            raise BadInputError("noise_shares must name exactly the clients that upload")
+        if central_noise is not None:
+            central_noise = check_vector(central_noise, self.dim, "central noise")
         run = self._run_ckks if self.scheme == "ckks" else self._run_masking
-        return run(round_idx, uploads, set(drop_after_masking), central_noise_std, rng, intercept)
+        return run(round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
 
     @staticmethod
     def _deliver(clock: _Clock, receive, client: int, payload: bytes | None, rejected: dict[int, str]) -> None:
@@ -176,7 +191,13 @@ class SecAggSession:
             "finalize_seconds": finalize,
         }
 
-    def _run_ckks(self, round_idx, uploads, dropped, noise_std, rng, intercept) -> RoundResult:
+    @staticmethod
+    def _admit(admit: Admit | None, contributors: list[int], rejected: dict[int, str], round_idx: int) -> None:
+        reason = None if admit is None else admit(sorted(contributors))
+        if reason is not None:
+            raise RoundSkipped("not_admitted", f"round {round_idx}: {reason}", rejected)
+
+    def _run_ckks(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, CKKSAggregator) and self.key_holder is not None
         clock, rejected, clipped = _Clock(), {}, 0
@@ -184,7 +205,8 @@ class SecAggSession:
         cohort = sorted(uploads)
         for c in cohort:
             client = self.clients[c]
-            payload = clock.client_call(client.upload, round_idx, uploads[c])
+            x = uploads[c] if c not in shares else uploads[c] + shares[c]
+            payload = clock.client_call(client.upload, round_idx, x)
             clipped += client.last_clipped
             if c in dropped:
                 continue
@@ -195,18 +217,18 @@ class SecAggSession:
             aggregate = clock.server_call(agg.finish)
         except RoundSkipped as exc:
             raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        if noise_std > 0:
-            clock.server_call(aggregate.add_noise, noise_std, rng)
+        self._admit(admit, aggregate.contributors, rejected, round_idx)
+        if central is not None:
+            clock.server_call(aggregate.add_noise, central)
         blob = clock.server_call(aggregate.serialize)
         t0 = time.perf_counter()
         total = self.key_holder.decrypt(blob)
         finalize = time.perf_counter() - t0
         return RoundResult(
-            round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize),
-            clipped, aggregate.noise_std,
+            round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
         )
 
-    def _run_masking(self, round_idx, uploads, dropped, noise_std, rng, intercept) -> RoundResult:
+    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, MaskingAggregator)
         clock, rejected, clipped = _Clock(), {}, 0
@@ -231,7 +253,7 @@ class SecAggSession:
                 self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].share_keys, broadcast), rejected)
             inboxes = clock.server_call(agg.close_shares)
             for c in sorted(inboxes):
-                payload = client_step(c, self.clients[c].masked_input, inboxes[c], uploads[c])
+                payload = client_step(c, self.clients[c].masked_input, inboxes[c], uploads[c], shares.get(c))
                 clipped += self.clients[c].last_clipped
                 if c in dropped or payload is None:
                     continue
@@ -239,20 +261,18 @@ class SecAggSession:
                     payload = intercept(c, payload)
                 self._deliver(clock, agg.receive, c, payload, rejected)
             request = clock.server_call(agg.close_masked)
+            self._admit(admit, decode_survivors(request, round_idx), rejected, round_idx)
             for c in decode_survivors(request, round_idx):
                 if c in dropped:
                     continue
                 self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].unmask, request), rejected)
             t0 = time.perf_counter()
-            out = agg.finish()
+            out = agg.finish(central)
         except RoundSkipped as exc:
             raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        total = out.values
-        if noise_std > 0:
-            total = total + rng.normal(0.0, noise_std, self.dim)
         finalize = time.perf_counter() - t0
         return RoundResult(
-            round_idx, total, out.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped, noise_std
+            round_idx, out.values, out.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
         )
 
 
@@ -262,13 +282,13 @@ def make_session(
     client_ids: Sequence[int],
     *,
     min_clients: int,
-    seed: int = 0,
     params: CKKSParams | MaskingParams | None = None,
+    encoding: FixedPoint = FixedPoint(),
     **overrides: object,
 ) -> SecAggSession:
     """Build a session; keyword ``overrides`` set fields of the scheme's params.
 
-    >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, frac_bits=20)
+    >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, degree="all")
     """
     kinds = {"ckks": CKKSParams, "masking": MaskingParams}
     if scheme not in kinds:
@@ -284,4 +304,4 @@ def make_session(
         raise BadInputError(f"params for scheme {scheme!r} must be {cls.__name__}")
     elif overrides:
         params = dataclasses.replace(params, **overrides)
-    return SecAggSession(scheme, dim, client_ids, min_clients=min_clients, params=params, seed=seed)
+    return SecAggSession(scheme, dim, client_ids, min_clients=min_clients, params=params, encoding=encoding)

@@ -1,4 +1,4 @@
-"""Checks and clipping shared by both schemes' clients."""
+"""Checks shared by both schemes' roles on the vectors they are handed."""
 
 from __future__ import annotations
 
@@ -7,16 +7,21 @@ import numpy as np
 from fedrecgel_secure.errors import BadInputError
 
 
-def check_upload(x: object, dim: int, client_id: int) -> np.ndarray:
+def check_vector(x: object, dim: int, what: str) -> np.ndarray:
+    """``x`` as a finite float64 vector of length ``dim``; ``what`` names it in errors ("upload of client 3")."""
     arr = np.asarray(x)
     if arr.ndim != 1 or arr.shape[0] != dim:
-        raise BadInputError(f"upload of client {client_id} has shape {arr.shape}, expected ({dim},)")
+        raise BadInputError(f"{what} has shape {arr.shape}, expected ({dim},)")
     if not np.issubdtype(arr.dtype, np.floating):
-        raise BadInputError(f"upload of client {client_id} has dtype {arr.dtype}, expected float")
+        raise BadInputError(f"{what} has dtype {arr.dtype}, expected float")
     arr = arr.astype(np.float64, copy=False)
     if not np.isfinite(arr).all():
-        raise BadInputError(f"upload of client {client_id} contains NaN or infinity")
+        raise BadInputError(f"{what} contains NaN or infinity")
     return arr
+
+
+def check_upload(x: object, dim: int, client_id: int) -> np.ndarray:
+    return check_vector(x, dim, f"upload of client {client_id}")
 
 
 def clip(x: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
