@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,8 +27,8 @@ from fedrecgel_secure.errors import BadInputError
 
 from .ckks import CKKSAggregator, CKKSClient, CKKSParams, KeyHolder
 from .errors import RejectedPayload, RoundSkipped
-from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
 from .fixedpoint import FixedPoint
+from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
 from .masking import MaskingAggregator, MaskingClient, MaskingParams, decode_survivors
 from .vectors import check_dim, check_vector
 
