@@ -72,6 +72,13 @@ def train(
     rounds = trainer.policy.federation.rounds
     if trainer.round:
         out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
+    dp = trainer.policy.privacy.dp
+    if dp.enabled and dp.noise == "seeded":
+        err.print(
+            "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
+            " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
+            " against them (research mode, for reproducible studies)", highlight=False, soft_wrap=True,
+        )
     latest = {"hr": "-", "ndcg": "-", "eps": ""}
     columns = [
         TextColumn("[bold]round"),
@@ -92,6 +99,8 @@ def train(
             if "secagg_upload_bytes" in info:
                 server = info["secagg_aggregate_seconds"] + info["secagg_finalize_seconds"]
                 extra += f"  secagg: client {info['secagg_client_seconds']:.2f} s, {info['secagg_upload_bytes'] / 1e6:.1f} MB up, server {server:.2f} s"
+            if info.get("clipped_values"):
+                extra += f"  [yellow]{info['clipped_values']} values clipped to the fixed-point range[/]"
             if "skipped" in info:
                 extra += "  [yellow]round skipped[/]"
             latest["eps"] = extra
@@ -108,7 +117,9 @@ def train(
         out.print(f"[bold yellow]stopped after round {summary['rounds_done']}:[/] {summary['stopped_early']}")
     if summary["privacy"]:
         p = summary["privacy"]
-        out.print(f"privacy: ({p['epsilon']:.3f}, {p['delta']:g})-DP per user ({p['accountant']}, z = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:g})")
+        out.print(f"privacy: ({p['epsilon']:.3f}, {p['delta']:g})-DP per user ({p['accountant']}, z = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:g}, {p['noise']} noise)")
+        if p["noise"] == "seeded":
+            out.print(f"[bold yellow]guarantee:[/] {p['guarantee']}", highlight=False, soft_wrap=True)
     from fedrecgel_secure.plots import plot_run
 
     curves = plot_run(out_dir)

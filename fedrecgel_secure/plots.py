@@ -54,7 +54,10 @@ def plot_run(run_dir: str | Path) -> Path | None:
     if private:
         series(axes[2], "epsilon", "ε spent", color="tab:red")
         delta = next(r["delta"] for r in records if "delta" in r)
-        axes[2].set_ylabel(f"ε (δ = {delta:g})")
+        seeded = any(r.get("dp_noise") == "seeded" for r in records)
+        axes[2].set_ylabel(f"ε (δ = {delta:g})" + (" — seeded noise: no guarantee" if seeded else ""))
+        if seeded:
+            axes[2].set_title("seeded noise: predictable from the policy", color="tab:red", fontsize="small")
     for ax in axes:
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

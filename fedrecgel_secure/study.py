@@ -591,6 +591,7 @@ def collect_results(out_dir: str | Path) -> list[dict]:
             "final_ndcg@10": r.metric("final", "ndcg@10"),
             "epsilon": r.epsilon,
             "delta": privacy["delta"] if privacy else None,
+            "dp_noise": privacy["noise"] if privacy else None,
             "rounds_done": s["rounds_done"] if s else None,
             "rounds_planned": s["rounds_planned"] if s else None,
             "stopped_early": s["stopped_early"] if s else None,
@@ -682,6 +683,14 @@ def _markdown(plan: dict, records: list[_Record], plots: list[Path]) -> str:
         ),
         "",
     ]
+    seeded = [r for r in records if r.status == "finished" and r.summary["privacy"] and r.summary["privacy"]["noise"] == "seeded"]
+    if seeded:
+        lines += [
+            f"**Seeded DP noise in {len(seeded)} of {len(records)} runs** (`privacy.dp.noise = \"seeded\"`): reproducible,"
+            " but the client sample and the noise follow from the policy's seed, so these runs give no privacy guarantee"
+            " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
+            "",
+        ]
     titles = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε"}
     for plot in plots:
         lines += [f"![{titles[plot.name]}]({plot.name})", ""]

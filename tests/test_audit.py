@@ -47,9 +47,9 @@ def test_plaintext_uploads_leak_and_an_aggregate_of_many_does_not(uniform_split)
 
 def test_dp_noise_on_individual_uploads_pulls_the_attack_toward_chance(uniform_split):
     base = {"federation": {"fraction": 0.5}, "privacy": {"dp": {"enabled": True, "mode": "distributed", "clip_norm": 0.5, "delta": 1e-3}}}
-    weak = audit_rounds(Trainer(Policy.model_validate(base | {"privacy": {"dp": base["privacy"]["dp"] | {"noise_multiplier": 0.1}}}), uniform_split), 1)
+    weak = audit_rounds(Trainer(Policy.model_validate(base | {"privacy": {"dp": base["privacy"]["dp"] | {"noise_multiplier": 0.01}}}), uniform_split), 1)
     strong = audit_rounds(Trainer(Policy.model_validate(base | {"privacy": {"dp": base["privacy"]["dp"] | {"noise_multiplier": 5.0}}}), uniform_split), 1)
-    assert strong["attack_auc"] < weak["attack_auc"]
+    assert weak["attack_auc"] > 0.8 and strong["attack_auc"] < weak["attack_auc"]
     assert abs(strong["attack_auc"] - 0.5) < 0.1
 
 

@@ -15,24 +15,20 @@ from pydantic import ValidationError
 from scipy import stats
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.privacy.dp import (
-    AdaptiveClipping,
-    AdaptiveClippingSettings,
-    BudgetExhausted,
-    DPSettings,
-    GroupFractions,
-    PrivacyAccountant,
-    calibrate_noise_multiplier,
+from fedrecgel_secure.policy import AdaptiveClippingSettings, DPSettings, GroupFractions
+from fedrecgel_secure.privacy.dp.accounting import BudgetExhausted, PrivacyAccountant, calibrate_noise_multiplier
+from fedrecgel_secure.privacy.dp.adaptive import AdaptiveClipping, effective_update_noise
+from fedrecgel_secure.privacy.dp.mechanism import (
     clip_factors,
-    effective_update_noise,
     fixed_denominator_mean,
-    gaussian_noise,
     group_clip_factors,
     noise_std,
     poisson_sample,
+    reached_noise_multiplier,
     split_clip_norms,
-    validate_against_population,
 )
+from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
 # The figure of DESIGN.md section 4: ML-1M's 6,040 clients, 100 per round.
 Q = 100 / 6040
@@ -105,50 +101,80 @@ def _std_is(samples: torch.Tensor, sigma: float, alpha: float = 1e-6) -> bool:
     return bool(low <= statistic <= high)
 
 
+def _normal(std, n, name="noise", party=0, randomness=None):
+    return (randomness or DPRandomness.fresh()).normal(name, 1, party, n, std)
+
+
 def test_central_noise_has_std_z_times_c():
-    std = noise_std("central", 1.1, 0.5, expected_clients=100)
+    std = noise_std("central", 1.1, 0.5, 1)
     assert std == pytest.approx(0.55)
-    noise = gaussian_noise((200_000,), std, torch.Generator().manual_seed(0))
-    assert abs(noise.double().mean().item()) < 5 * std / math.sqrt(noise.numel())
+    noise = _normal(std, 200_000)
+    assert noise.dtype == torch.float64
+    assert abs(noise.mean().item()) < 5 * std / math.sqrt(noise.numel())
     assert _std_is(noise, std)
     # The check is not vacuous: a 2 % error in the std fails it.
     assert not _std_is(noise, 1.02 * std) and not _std_is(noise, std / 1.02)
 
 
-def test_secure_mode_noise_has_the_same_std():
-    noise = gaussian_noise((200_000,), 0.7, torch.Generator().manual_seed(1), secure_mode=True)
-    assert noise.dtype == torch.float32 and _std_is(noise, 0.7)
+def test_noise_draws_are_gaussian_in_the_tails_too():
+    noise = _normal(1.0, 400_000).numpy()
+    assert stats.kstest(noise, "norm").pvalue > 1e-3
+    # 53-bit uniforms: the sampler reaches past 5 sigma as often as a Gaussian should (2.3 expected here).
+    assert np.count_nonzero(np.abs(noise) > 4.5) == pytest.approx(400_000 * 2 * stats.norm.sf(4.5), abs=15)
 
 
-def test_distributed_shares_of_m_clients_sum_to_std_z_times_c():
-    z, c, m = 1.0, 2.0, 100
-    share = noise_std("distributed", z, c, expected_clients=m)
-    assert share == pytest.approx(z * c / math.sqrt(m))
-    shares = gaussian_noise((m, 50_000), share, torch.Generator().manual_seed(2), torch.float64)
-    assert _std_is(shares.sum(dim=0), z * c)
+def test_every_draw_is_named_and_independent_and_only_the_secret_reproduces_it():
+    r = DPRandomness.fresh()
+    a = r.normal("update-share", 3, 7, 1000, 1.0)
+    assert torch.equal(a, r.normal("update-share", 3, 7, 1000, 1.0))  # resume needs only the secret
+    assert torch.equal(a, DPRandomness.from_state_dict(r.state_dict()).normal("update-share", 3, 7, 1000, 1.0))
+    for other in (("update-share", 4, 7), ("update-share", 3, 8), ("update-noise", 3, 7)):
+        assert abs(np.corrcoef(a.numpy(), r.normal(*other, 1000, 1.0).numpy())[0, 1]) < 0.15
+    assert not torch.equal(a, DPRandomness.fresh().normal("update-share", 3, 7, 1000, 1.0))
 
 
-def test_distributed_shares_can_follow_the_actual_participants():
-    # 80 participants adding z*C/sqrt(m) would sum to std z*C*sqrt(0.8); sized by |S| they sum to z*C.
-    share = noise_std("distributed", 1.0, 1.0, expected_clients=100, participants=80)
-    assert share == pytest.approx(1 / math.sqrt(80))
-    shares = gaussian_noise((80, 50_000), share, torch.Generator().manual_seed(3), torch.float64)
-    assert _std_is(shares.sum(dim=0), 1.0)
+def test_seeded_noise_is_a_public_function_of_the_seed_and_secure_noise_is_not():
+    seeded = DPRandomness.from_seed(42)
+    assert seeded.source == "seeded"
+    assert torch.equal(seeded.normal("x", 1, 0, 10, 1.0), DPRandomness.from_seed(42).normal("x", 1, 0, 10, 1.0))
+    assert not torch.equal(seeded.normal("x", 1, 0, 10, 1.0), DPRandomness.from_seed(43).normal("x", 1, 0, 10, 1.0))
+    assert DPRandomness.fresh().source == "secure"
+    assert DPRandomness.fresh().state_dict()["secret"] != DPRandomness.fresh().state_dict()["secret"]
+
+
+def test_distributed_shares_of_the_participants_sum_to_std_z_times_c():
+    z, c, n = 1.0, 2.0, 80
+    share = noise_std("distributed", z, c, n)
+    assert share == pytest.approx(z * c / math.sqrt(n))
+    r = DPRandomness.fresh()
+    total = sum(r.normal("update-share", 1, client, 50_000, share) for client in range(n))
+    assert _std_is(total, z * c)
+
+
+def test_shares_lost_with_dropouts_lower_the_noise_multiplier_that_reached_the_sum():
+    assert reached_noise_multiplier("distributed", 0.9, 100, 70) == pytest.approx(0.9 * math.sqrt(0.7))
+    assert reached_noise_multiplier("distributed", 0.9, 100, 100) == 0.9
+    assert reached_noise_multiplier("central", 0.9, 100, 70) == 0.9  # the server adds z*C to whatever arrived
+    assert reached_noise_multiplier("distributed", 0.9, 0, 0) == 0.9  # nobody sampled: the server adds it all
+    r = DPRandomness.fresh()
+    share = noise_std("distributed", 1.0, 1.0, 100)
+    survivors = sum(r.normal("update-share", 1, client, 50_000, share) for client in range(70))
+    assert _std_is(survivors, reached_noise_multiplier("distributed", 1.0, 100, 70))
 
 
 def test_an_empty_round_releases_pure_noise_over_the_fixed_denominator():
-    assert poisson_sample(np.random.default_rng(0), 100, 1e-9).size == 0
+    assert poisson_sample(np.full(100, 0.5), 1e-9).size == 0
     z, c, m = 1.0, 1.0, 100.0
-    noisy_sum = torch.zeros(100_000) + gaussian_noise((100_000,), noise_std("central", z, c, m), torch.Generator().manual_seed(4))
+    noisy_sum = torch.zeros(100_000, dtype=torch.float64) + _normal(noise_std("central", z, c, 1), 100_000)
     assert _std_is(fixed_denominator_mean(noisy_sum, m), z * c / m)
 
 
 def test_poisson_sampling_includes_each_client_with_probability_q():
-    rng = np.random.default_rng(5)
-    sizes = np.array([poisson_sample(rng, 6040, Q).size for _ in range(2000)])
+    r = DPRandomness.fresh()
+    sizes = np.array([poisson_sample(r.uniform("sample", t, 0, 6040).numpy(), Q).size for t in range(2000)])
     # |S| ~ Binomial(6040, q): mean 100, std about 9.9; the mean of 2,000 rounds is within 1.
     assert abs(sizes.mean() - 100) < 1 and sizes.std() == pytest.approx(math.sqrt(6040 * Q * (1 - Q)), rel=0.1)
-    sample = poisson_sample(rng, 6040, Q)
+    sample = poisson_sample(r.uniform("sample", 1, 0, 6040).numpy(), Q)
     assert sample.dtype == np.int64 and np.all(np.diff(sample) > 0)
 
 
@@ -243,9 +269,10 @@ def test_adaptive_clipping_finds_the_target_quantile(target_quantile, count_nois
     rng = np.random.default_rng(6)
     population = torch.from_numpy(rng.lognormal(mean=0.0, sigma=1.0, size=20_000))
     clipping = AdaptiveClipping(100, target_quantile=target_quantile, count_noise_std=count_noise_std)
-    generator = torch.Generator().manual_seed(7)
-    for _ in range(200):
-        clipping.step(population[rng.integers(0, population.numel(), 100)], generator)
+    r = DPRandomness.fresh()
+    for t in range(200):
+        count = clipping.indicators(population[rng.integers(0, population.numel(), 100)]).sum().item()
+        clipping.update(count + r.normal("count-noise", t, 0, 1, clipping.count_noise_std).item())
     unclipped = (population <= clipping.clip_norm).double().mean().item()
     assert abs(unclipped - target_quantile) < 0.1
 
@@ -262,10 +289,10 @@ def test_adaptive_clipping_state_round_trips():
     norms = [torch.from_numpy(rng.lognormal(size=100)) for _ in range(20)]
     first, second = AdaptiveClipping(100), AdaptiveClipping(100)
     for n in norms[:10]:
-        first.step(n, torch.Generator().manual_seed(9))
+        first.update(first.indicators(n).sum().item())
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     for n in norms[10:]:
-        assert first.step(n, torch.Generator().manual_seed(10)) == second.step(n, torch.Generator().manual_seed(10))
+        assert first.update(first.indicators(n).sum().item()) == second.update(second.indicators(n).sum().item())
     with pytest.raises(BadInputError, match=r"privacy\.dp\.adaptive_clipping"):
         AdaptiveClipping(50).load_state_dict(first.state_dict())
 
@@ -334,7 +361,7 @@ def test_resolution_uses_the_federation_fraction_and_the_fixed_denominator():
     assert resolved.update_noise_multiplier == 1.0 and resolved.clip_norm == 1.0
     assert resolved.group_fractions == {"item_embeddings": 0.5, "mlp": 0.5}
     assert resolved.make_accountant().epsilon() == 0.0
-    assert resolved.update_noise_std(1.0) == pytest.approx(1.0)
+    assert resolved.update_noise_std(1.0, 100) == pytest.approx(1.0)  # central: z*C whatever the participants
 
 
 def test_resolution_calibrates_a_target_epsilon():
@@ -351,6 +378,8 @@ def test_resolution_with_adaptive_clipping_splits_the_noise():
     assert clipping.clip_norm == 0.1 and clipping.count_noise_std == pytest.approx(5.0)
     # The count's own shares in distributed mode add up to sigma_b.
     assert noise_std("distributed", clipping.count_noise_multiplier, AdaptiveClipping.COUNT_SENSITIVITY, 100) == pytest.approx(0.5)
+    distributed = validate_against_population(settings.model_copy(update={"mode": "distributed"}), 6040, 100, Q)
+    assert distributed.count_noise_std(100) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(

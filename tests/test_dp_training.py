@@ -16,7 +16,8 @@ from fedrecgel_secure.federation.aggregation import DPFedAvg
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy
-from fedrecgel_secure.privacy.dp import PrivacyAccountant
+from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.runs import open_run
 
 
@@ -49,16 +50,21 @@ def row_uploads(draw):
 @given(uploads=row_uploads(), clip=st.floats(1e-3, 10.0), per_group=st.booleans())
 def test_every_clipped_upload_has_norm_at_most_c(uploads, clip, per_group, tiny_split):
     agg = DPFedAvg.__new__(DPFedAvg)  # only the clipping rule, no accountant needed
-    agg.clip_norm = clip
+    agg.clip_norm, agg.grid = clip, FixedPoint()
     agg.dp = type("R", (), {"group_fractions": {"item_embeddings": 0.3, "mlp": 0.7} if per_group else None})()
-    clipped, norms = agg.clip(uploads)
-    assert (clipped.norms() <= clip * (1 + 1e-9)).all()
+    dim = uploads.n_items * 3 + 4
+    clipped, norms = agg.clip(uploads, dim)
+    # clipped to C less the grid's rounding slack, so that the rounded integers have norm <= C too
+    assert (clipped.norms() <= agg.grid.dp_clip(clip, dim) * (1 + 1e-9)).all()
+    for c in range(uploads.num_clients):
+        ints, _ = agg.grid.encode(clipped.vector(c).numpy())
+        assert np.linalg.norm(ints.astype(np.float64)) <= clip * agg.grid.scale * (1 + 1e-9)
     # the dense form of the same uploads clips to the same vectors
     dense = DenseUploads(torch.stack([uploads.vector(c) for c in range(uploads.num_clients)]), uploads.n_items * 3)
-    clipped_dense, _ = agg.clip(dense)
+    clipped_dense, _ = agg.clip(dense, dim)
     for c in range(uploads.num_clients):
         assert torch.allclose(clipped.vector(c), clipped_dense.vector(c), rtol=1e-12, atol=1e-12)
-        if norms[c] <= clip:
+        if norms[c] <= agg.grid.dp_clip(clip, dim):
             assert torch.equal(clipped.vector(c), uploads.vector(c))
 
 
@@ -66,14 +72,14 @@ def test_every_clipped_upload_has_norm_at_most_c(uploads, clip, per_group, tiny_
 def test_the_aggregate_carries_noise_of_std_z_c_over_m(tiny_split, mode):
     trainer = Trainer(dp_policy(mode=mode, noise_multiplier=2.0), tiny_split)
     agg = trainer.aggregation
-    clients = agg.sample(trainer.rng, tiny_split.n_users)
+    clients = agg.sample(1, trainer.rng, tiny_split.n_users)
     from fedrecgel_secure.federation.sampling import build_local_sets
 
     local = build_local_sets(trainer.rng, tiny_split, trainer.seen, clients, 4)
     uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
     dim = sum(p.numel() for p in trainer.model.parameters())
     aggregate = agg.aggregate(1, clients, uploads, dim, torch.float64).gradient
-    clipped, _ = agg.clip(uploads)
+    clipped, _ = agg.clip(uploads, dim)
     noise = (aggregate.double() - clipped.total().double() / agg.dp.expected_clients) * agg.dp.expected_clients
     expected = 2.0 * 0.5  # z * C on the sum
     # the sample std of n normals is within 5 standard errors (std / sqrt(2n)) of the truth
@@ -83,7 +89,7 @@ def test_the_aggregate_carries_noise_of_std_z_c_over_m(tiny_split, mode):
 
 def test_clients_are_poisson_sampled_under_dp(tiny_split):
     trainer = Trainer(dp_policy(), tiny_split)
-    sizes = [trainer.aggregation.sample(trainer.rng, tiny_split.n_users).size for _ in range(400)]
+    sizes = [trainer.aggregation.sample(t, trainer.rng, tiny_split.n_users).size for t in range(400)]
     assert len(set(sizes)) > 5  # not a fixed size
     assert np.mean(sizes) == pytest.approx(0.2 * 60, rel=0.05)
 
@@ -114,7 +120,7 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(tiny_split, tmp
 
 def test_an_empty_poisson_round_still_spends_privacy_and_adds_noise(tiny_split):
     trainer = Trainer(dp_policy(), tiny_split)
-    trainer.aggregation.sample = lambda rng, n: np.zeros(0, dtype=np.int64)  # force the empty outcome
+    trainer.aggregation.sample = lambda round_idx, rng, n: np.zeros(0, dtype=np.int64)  # force the empty outcome
     before = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach().clone()
     theta = trainer.states.theta.clone()
     loss, info = trainer.train_round()
@@ -123,28 +129,57 @@ def test_an_empty_poisson_round_still_spends_privacy_and_adds_noise(tiny_split):
     assert torch.equal(theta, trainer.states.theta)
 
 
+def _records(d):
+    return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+DP_OVERRIDES = ["federation.rounds=6", "federation.fraction=0.2", "checkpoint.every=3", "privacy.dp.enabled=true",
+                "privacy.dp.noise_multiplier=1.0", "privacy.dp.delta=1e-3"]
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_resume_restores_the_accountant_and_noise_exactly(tiny_split, tmp_path, adaptive, monkeypatch):
+def test_seeded_noise_makes_a_resumed_run_equal_an_uninterrupted_one(tiny_split, tmp_path, adaptive, monkeypatch):
     import fedrecgel_secure.runs as runs
 
     monkeypatch.setattr(runs, "load_split", lambda data: tiny_split)
     extra = ["privacy.dp.adaptive_clipping={}"] if adaptive else []
-    overrides = ["federation.rounds=6", "federation.fraction=0.2", "checkpoint.every=3", "privacy.dp.enabled=true",
-                 "privacy.dp.noise_multiplier=1.0", "privacy.dp.delta=1e-3", *extra]
+    overrides = [*DP_OVERRIDES, "privacy.dp.noise=seeded", *extra]
     straight, split_run = tmp_path / "a", tmp_path / "b"
     open_run(straight, None, overrides).run(straight)
     open_run(split_run, None, overrides).run(split_run, stop_after=3)
     resumed = open_run(split_run, None, [], resume=True)
     assert resumed.aggregation.accountant.steps == 3
     resumed.run(split_run)
-
-    def records(d):
-        return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (d / "metrics.jsonl").read_text().splitlines()]
-
-    assert records(straight) == records(split_run)
-    assert records(straight)[-1]["epsilon"] > records(straight)[0]["epsilon"]
+    assert _records(straight) == _records(split_run)
+    assert _records(straight)[-1]["epsilon"] > _records(straight)[0]["epsilon"]
+    assert {r["dp_noise"] for r in _records(straight)} == {"seeded"}
     if adaptive:
-        assert len({r["clip_norm"] for r in records(straight)}) > 1
+        assert len({r["clip_norm"] for r in _records(straight)}) > 1
+
+
+def test_secure_noise_resumes_exactly_from_the_secret_in_the_0600_checkpoint(tiny_split, tmp_path, monkeypatch):
+    import os
+    import shutil
+    import stat
+
+    import fedrecgel_secure.runs as runs
+
+    monkeypatch.setattr(runs, "load_split", lambda data: tiny_split)
+    first, twin = tmp_path / "a", tmp_path / "b"
+    trainer = open_run(first, None, DP_OVERRIDES)
+    secret = trainer.aggregation.randomness.state_dict()["secret"]
+    trainer.run(first, stop_after=3)
+    assert stat.S_IMODE(os.stat(first / "checkpoint.pt").st_mode) == 0o600
+    for name in ("policy.resolved.toml", "metrics.jsonl", "summary.json"):
+        assert secret not in (first / name).read_text()
+    shutil.copytree(first, twin)
+    for d in (first, twin):
+        open_run(d, None, [], resume=True).run(d)
+    assert _records(first) == _records(twin)  # the secret, restored from the checkpoint, redraws the same noise
+    assert {r["dp_noise"] for r in _records(first)} == {"secure"}
+    fresh = tmp_path / "c"
+    open_run(fresh, None, DP_OVERRIDES).run(fresh)
+    assert [r["loss"] for r in _records(fresh)] != [r["loss"] for r in _records(first)]  # another run, another secret
 
 
 def test_nonsense_dp_settings_are_rejected_with_the_field(tiny_split):

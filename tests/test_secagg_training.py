@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -29,6 +31,14 @@ def test_masking_gives_the_plaintext_model_after_three_filmtrust_rounds(filmtrus
     theta_diff = (plain.states.theta - masked.states.theta).abs().max().item()
     assert theta_diff < 1e-5, theta_diff  # the private Adam step amplifies the 1e-10-level shared difference
     assert all(i["rejected"] == 0 and i["secagg_upload_bytes"] > 0 for i in infos)
+    assert all(i["clipped_values"] == 0 for i in infos)  # the default range R = 32 holds every FilmTrust upload
+
+
+def test_values_the_fixed_point_range_clips_are_counted_in_the_round_record(filmtrust_split, tmp_path):
+    overrides = ["federation.rounds=1", "privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.clip_range=0.001"]
+    Trainer(load_policy(None, overrides), filmtrust_split).run(tmp_path)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record["clipped_values"] > 0
 
 
 def test_ckks_aggregate_is_the_plaintext_sum_within_its_bound_and_the_model_follows(filmtrust_split):
@@ -39,12 +49,13 @@ def test_ckks_aggregate_is_the_plaintext_sum_within_its_bound_and_the_model_foll
     # the aggregate check in float64, so the plaintext reference has no float32 summation error
     trainer = Trainer(load_policy(None, overrides + ["model.dtype=float64"]), filmtrust_split)
     rng = np.random.default_rng(0)
-    clients = trainer.aggregation.sample(rng, filmtrust_split.n_users)
+    clients = trainer.aggregation.sample(1, rng, filmtrust_split.n_users)
     local = build_local_sets(rng, filmtrust_split, trainer.seen, clients, 4)
     uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
     summer = trainer.aggregation.summer
     dim = shared(trainer).numel()
-    total, contributors, _ = summer(1, Contributions(clients, uploads.vector), 0.0, trainer.aggregation.noise, dim, torch.float64)
+    result = summer(1, Contributions(clients, dim, torch.float64, uploads.vector))
+    total, contributors = result.total, result.contributors
     assert contributors.tolist() == list(range(clients.size))
     bound = summer.session.params.typical_error(clients.size)
     # within the CKKS bound, or within twice it where a value inside the precision decoded to 0
@@ -85,12 +96,13 @@ def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
     assert (trainer.states.steps != steps).sum().item() == 122 - int(0.3 * 122)
 
     rng = np.random.default_rng(1)
-    clients = trainer.aggregation.sample(rng, filmtrust_split.n_users)
+    clients = trainer.aggregation.sample(1, rng, filmtrust_split.n_users)
     local = build_local_sets(rng, filmtrust_split, trainer.seen, clients, 4)
     uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
     dim = shared(trainer).numel()
     # round 2: the protocol refuses to run a completed round again
-    total, contributors, info = trainer.aggregation.summer(2, Contributions(clients, uploads.vector), 0.0, trainer.aggregation.noise, dim, torch.float64)
+    result = trainer.aggregation.summer(2, Contributions(clients, dim, torch.float64, uploads.vector))
+    total, contributors, info = result.total, result.contributors, result.info
     assert info["dropped"] == int(0.3 * clients.size) and contributors.size == clients.size - info["dropped"]
     survivors = sum(uploads.vector(int(c)) for c in contributors)
     assert (total - survivors).abs().max() <= contributors.size * 2.0**-37  # n / 2^(f+1) at frac_bits 36

@@ -38,7 +38,8 @@ def fedrecgel(*args):
 def write_study(path: Path, data: Path, *, rounds: int = ROUNDS, grid: str = f'"{EPSILON_KEY}" = [inf, 8.0]', seeds: str = "[1, 2]", overrides: tuple[str, ...] = ()) -> Path:
     """A study of the tiny dataset; checkpoints every round so a kill always leaves a resumable run."""
     base = [f"data.dataset='{data}'", "data.test_negatives=30", f"federation.rounds={rounds}", "federation.fraction=0.25",
-            "checkpoint.every=1", "privacy.dp.delta=1e-3", "privacy.dp.clip_norm=0.5", *overrides]  # delta < 1/40 clients
+            "checkpoint.every=1", "privacy.dp.delta=1e-3", "privacy.dp.clip_norm=0.5",  # delta < 1/40 clients
+            "privacy.dp.noise=seeded", *overrides]  # seeded: the tests compare runs draw for draw
     path.write_text(f'name = "tiny"\nbase = "default"\noverrides = {json.dumps(base)}\nseeds = {seeds}\n[grid]\n{grid}\n')
     return path
 
@@ -137,6 +138,10 @@ def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
             image.verify()
             assert image.size[0] > 0 and image.size[1] > 0
     assert not (out / "attack_vs_epsilon.png").exists() and "attack" not in report  # no audit in this study
+    # the runs opted into seeded noise: the report says what that costs, and results.csv marks each private run
+    assert "Seeded DP noise in 2 of 4 runs" in report and "no privacy guarantee" in report
+    with open(out / "results.csv") as f:
+        assert {row["dp_noise"] for row in csv.DictReader(f)} == {"", "seeded"}
 
 
 def test_study_report_rebuilds_the_files_without_training(resumed_study, tmp_path):

@@ -28,7 +28,12 @@ from fedrecgel_secure.federation.state import ClientStates
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.privacy.dp import validate_against_population
+
+CHECKPOINT_FORMAT = 2
+GUARANTEE = {
+    "secure": "(epsilon, delta)-DP per user against whoever sees the released aggregates",
+    "seeded": "NONE against anyone who has the policy file: seeded noise is predictable from its seed (research mode)",
+}
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -37,13 +42,20 @@ RESOLVED = "policy.resolved.toml"
 
 
 def make_aggregation(policy: Policy, split: Split, model: NeuMF):
+    """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for seeded noise."""
     dim = sum(p.numel() for p in model.parameters())
-    summer = make_summer(policy.privacy.secure_aggregation, split.n_users, dim, model.item_embeddings.numel(), policy.seed)
-    settings = policy.privacy.dp
+    secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
+    n_items = model.item_embeddings.numel()
     if not settings.enabled:
-        return MeanAggregation(policy.federation.fraction, summer, policy.seed)
+        return MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed))
+    from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+    from fedrecgel_secure.privacy.dp.resolution import validate_against_population
+
     resolved = validate_against_population(settings, split.n_users, policy.federation.rounds, policy.federation.fraction)
-    return DPFedAvg(resolved, summer, policy.seed)
+    randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
+    extra = 0 if resolved.adaptive is None else 1  # the clipped bit travels as one more coordinate
+    summer = make_summer(secagg, split.n_users, dim + extra, n_items, policy.seed)
+    return DPFedAvg(resolved, summer, secagg.encoding(), randomness)
 
 
 @dataclass
@@ -90,7 +102,7 @@ class Trainer:
         A round that secure aggregation skips (too few valid uploads) changes
         neither the model nor any client's state.
         """
-        clients = self.aggregation.sample(self.rng, self.split.n_users)
+        clients = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
         update = None
         if clients.size:
             local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
@@ -103,6 +115,7 @@ class Trainer:
                 # a client whose upload did not make it into the aggregate keeps its old state
                 self.states.commit(update.private.select(torch.from_numpy(result.contributors)))
         result.info.update(self.aggregation.commit())
+        result.info.update(sampled=int(clients.size), contributors=int(result.contributors.size))
         self.round += 1
         return (None if update is None else update.loss), result.info
 
@@ -192,6 +205,8 @@ class Trainer:
         return {
             "epsilon": self.aggregation.accountant.epsilon(),
             "delta": r.delta,
+            "noise": r.noise,
+            "guarantee": GUARANTEE[r.noise],
             "accountant": r.accountant,
             "noise_multiplier": r.noise_multiplier,
             "update_noise_multiplier": r.update_noise_multiplier,
@@ -205,7 +220,7 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "format": 1,
+            "format": CHECKPOINT_FORMAT,
             "policy_digest": self.policy.digest(),
             "round": self.round,
             "elapsed": self.elapsed,
@@ -218,6 +233,11 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise BadInputError(
+                f"{source}: checkpoint format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT}"
+                " (DP noise and sampling now come from a CSPRNG whose secret the checkpoint keeps); start a new run"
+            )
         if state.get("policy_digest") != self.policy.digest():
             raise BadInputError(
                 f"{source}: was written under a different policy; resume with the run's own "

@@ -1,32 +1,33 @@
 """A round's uploads: each client's gradient of the full shared vector.
 
 The shared vector is ``parameters_to_vector(model.parameters())``: the item
-table first (``n_items * row_dim`` values), then the tower and prediction layer
-(``rest``). Two holders give the same answers:
+table first (``n_items * row_dim`` values), then the MLP tower and prediction
+layer (the ``mlp`` group, as the policy's ``group_fractions`` calls it). Two
+holders give the same answers:
 
 * :class:`DenseUploads` stores one dense vector per client (the plain path);
 * :class:`RowUploads` stores, per client, only the item rows its gradient
-  touches plus its dense ``rest``; the untouched rows are exactly zero, so
+  touches plus its dense ``mlp`` part; the untouched rows are exactly zero, so
   norms, clipping and sums never need the dense vectors.
 
 A privacy layer that must treat the full vector (masking, encryption, noise)
 asks for :meth:`Uploads.vector` one client at a time: the protocol covers every
 coordinate, touched or not, so that the server cannot tell which rows a client
-touched (DESIGN §4).
+touched (docs/design.md, threat model).
 """
 
 from __future__ import annotations
 
 import torch
 
-GROUPS = ("item_embeddings", "rest")
+GROUPS = ("item_embeddings", "mlp")
 
 
 class Uploads:
     num_clients: int
 
     def group_sq_norms(self) -> torch.Tensor:
-        """(C, 2) squared L2 norms of each client's item-table and rest parts."""
+        """(C, 2) squared L2 norms of each client's item-table and mlp parts."""
         raise NotImplementedError
 
     def scale_groups(self, factors: torch.Tensor) -> Uploads:
@@ -55,8 +56,8 @@ class DenseUploads(Uploads):
         self.num_clients = vectors.shape[0]
 
     def group_sq_norms(self) -> torch.Tensor:
-        items, rest = self.vectors[:, : self.n_item_values], self.vectors[:, self.n_item_values :]
-        return torch.stack([items.square().sum(1), rest.square().sum(1)], dim=1)
+        items, mlp = self.vectors[:, : self.n_item_values], self.vectors[:, self.n_item_values :]
+        return torch.stack([items.square().sum(1), mlp.square().sum(1)], dim=1)
 
     def scale_groups(self, factors: torch.Tensor) -> DenseUploads:
         n = self.n_item_values
@@ -71,25 +72,25 @@ class DenseUploads(Uploads):
 
 
 class RowUploads(Uploads):
-    def __init__(self, rows: torch.Tensor, row_owner: torch.Tensor, row_item: torch.Tensor, rest: torch.Tensor, n_items: int):
-        self.rows, self.row_owner, self.row_item, self.rest = rows, row_owner, row_item, rest
+    def __init__(self, rows: torch.Tensor, row_owner: torch.Tensor, row_item: torch.Tensor, mlp: torch.Tensor, n_items: int):
+        self.rows, self.row_owner, self.row_item, self.mlp = rows, row_owner, row_item, mlp
         self.n_items = n_items
-        self.num_clients = rest.shape[0]
+        self.num_clients = mlp.shape[0]
 
     def group_sq_norms(self) -> torch.Tensor:
         item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype).index_add_(0, self.row_owner, self.rows.square().sum(1))
-        return torch.stack([item_sq, self.rest.square().sum(1)], dim=1)
+        return torch.stack([item_sq, self.mlp.square().sum(1)], dim=1)
 
     def scale_groups(self, factors: torch.Tensor) -> RowUploads:
         rows = self.rows * factors[self.row_owner, 0:1]
-        return RowUploads(rows, self.row_owner, self.row_item, self.rest * factors[:, 1:2], self.n_items)
+        return RowUploads(rows, self.row_owner, self.row_item, self.mlp * factors[:, 1:2], self.n_items)
 
     def _table(self, rows: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         return torch.zeros(self.n_items, self.rows.shape[1], dtype=rows.dtype).index_add_(0, items, rows)
 
     def total(self) -> torch.Tensor:
-        return torch.cat([self._table(self.rows, self.row_item).reshape(-1), self.rest.sum(dim=0)])
+        return torch.cat([self._table(self.rows, self.row_item).reshape(-1), self.mlp.sum(dim=0)])
 
     def vector(self, c: int) -> torch.Tensor:
         mine = self.row_owner == c
-        return torch.cat([self._table(self.rows[mine], self.row_item[mine]).reshape(-1), self.rest[c]])
+        return torch.cat([self._table(self.rows[mine], self.row_item[mine]).reshape(-1), self.mlp[c]])

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.aggregation import DPFedAvg, grid_sum
 from fedrecgel_secure.federation.sampling import build_local_sets
 
 AUDIT_FILE = "audit.json"
@@ -88,7 +88,7 @@ def popularity_prior(item_counts: np.ndarray, own: np.ndarray) -> np.ndarray:
     return (item_counts - np.bincount(own, minlength=item_counts.size)).astype(np.float64)
 
 
-def server_views(trainer, uploads, secure: bool) -> list[torch.Tensor]:
+def server_views(trainer, round_idx: int, clients: np.ndarray, uploads, secure: bool) -> list[torch.Tensor]:
     """What the server observes of each client of a round, as the module docstring's table says."""
     agg = trainer.aggregation
     n = uploads.num_clients
@@ -99,37 +99,38 @@ def server_views(trainer, uploads, secure: bool) -> list[torch.Tensor]:
             total = uploads.total()
             return [total] * n
         return [uploads.vector(c) for c in range(n)]
-    clipped, _ = agg.clip(uploads)
-    if secure:
-        noisy = agg.noisy_sum(clipped, dim, dtype)
-        return [noisy] * n
-    # what each client hands over: clipped (central), or clipped + its noise share (distributed)
-    contributions, _ = agg.contributions(np.arange(n), clipped, dim, dtype)
-    return [contributions.vector(c) for c in range(n)]
+    contributions = agg.protect(round_idx, clients, uploads, dim, dtype)
+    if secure:  # the protocol releases exactly the grid sum (plus central noise): compute it without cryptography
+        noisy, _ = grid_sum(agg.grid, contributions, range(n), agg.central_noise(round_idx, dim), slice(None))
+        return [noisy[:dim]] * n
+    # what each client hands over: clipped (central), or clipped + its noise share on the grid (distributed)
+    return [grid_sum(agg.grid, contributions, [c], None, slice(None))[0][:dim] for c in range(n)]
 
 
 def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dict:
     """Attack ``rounds`` fresh rounds of a trainer's current model, without training it.
 
-    The rounds draw from a copy of the trainer's RNG and noise generator state,
-    which is restored afterwards, so auditing a run does not change it.
+    The rounds are the trainer's next round indices; they draw from the trainer's
+    RNG and aggregation state, both restored afterwards, so auditing a run does
+    not change it.
     """
     if secure is None:
         secure = trainer.policy.privacy.secure_aggregation.scheme != "none"
     rng_state = trainer.rng.bit_generator.state
     agg_state = trainer.aggregation.state_dict()
+    first = trainer.round + 1
     split = trainer.split
     row_dim = trainer.model.item_embeddings.shape[1]
     item_counts = np.bincount(split.train_items, minlength=split.n_items)
     aucs, precisions, chance, prior_aucs, prior_precisions = [], [], [], [], []
     try:
-        for _ in range(rounds):
-            clients = trainer.aggregation.sample(trainer.rng, split.n_users)
+        for round_idx in range(first, first + rounds):
+            clients = trainer.aggregation.sample(round_idx, trainer.rng, split.n_users)
             if clients.size == 0:
                 continue
             local = build_local_sets(trainer.rng, split, trainer.seen, clients, trainer.policy.data.train_negatives)
             uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
-            for c, (client, view) in enumerate(zip(clients, server_views(trainer, uploads, secure))):
+            for client, view in zip(clients, server_views(trainer, round_idx, clients, uploads, secure)):
                 own = split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]]
                 positives = np.zeros(split.n_items, dtype=bool)
                 positives[own] = True

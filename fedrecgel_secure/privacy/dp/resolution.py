@@ -1,0 +1,139 @@
+r"""A policy's DP settings checked against the federation: what one run actually uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy import AccountantKind, AdaptiveClippingSettings, DPSettings, Mode, NoiseSource
+
+from .adaptive import AdaptiveClipping, effective_update_noise
+from .checks import FIELD, open_unit
+from .mechanism import noise_std
+
+
+@dataclass(frozen=True)
+class ResolvedDP:
+    """DP settings checked against the federation: what one run actually uses."""
+
+    mode: Mode
+    accountant: AccountantKind
+    delta: float
+    sample_rate: float
+    """q."""
+    population: int
+    """N."""
+    expected_clients: float
+    """m = q*N, the fixed denominator."""
+    noise_multiplier: float
+    """z, the noise multiplier the accountant composes (calibrated if target_epsilon was given)."""
+    update_noise_multiplier: float
+    """z_Delta for the updates: z itself, or larger under adaptive clipping."""
+    clip_norm: float
+    """C of the first round."""
+    rounds: int
+    max_epsilon: float | None = None
+    group_fractions: dict[str, float] | None = None
+    """f_g per group when per-group clipping is on."""
+    adaptive: AdaptiveClippingSettings | None = None
+    clipped_count_stddev: float | None = None
+    """sigma_b when adaptive clipping is on."""
+    noise: NoiseSource = "secure"
+    """Where the sample and the noise come from (see :mod:`.randomness`)."""
+
+    def make_accountant(self):
+        from .accounting import PrivacyAccountant  # opacus: only when a run is built
+
+        return PrivacyAccountant(self.accountant, self.sample_rate, self.noise_multiplier, self.delta)
+
+    def make_adaptive_clipping(self) -> AdaptiveClipping | None:
+        if self.adaptive is None:
+            return None
+        return AdaptiveClipping(
+            self.expected_clients,
+            initial=self.adaptive.initial,
+            target_quantile=self.adaptive.target_quantile,
+            learning_rate=self.adaptive.learning_rate,
+            count_noise_std=self.clipped_count_stddev,
+        )
+
+    def update_noise_std(self, clip_norm: float, participants: int) -> float:
+        """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""
+        return noise_std(self.mode, self.update_noise_multiplier, clip_norm, participants)
+
+    def count_noise_std(self, participants: int) -> float:
+        """Std one party adds to the centred clipped count this round (adaptive clipping only)."""
+        z_b = AdaptiveClipping.count_noise_multiplier_for(self.clipped_count_stddev)
+        return noise_std(self.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, participants)
+
+
+def validate_against_population(settings: DPSettings, population: int, rounds: int, fraction: float) -> ResolvedDP:
+    r"""Check enabled DP settings against the federation and fix :math:`z` and :math:`q`.
+
+    - :math:`q` is ``sample_rate``, or the federation's client ``fraction``;
+    - :math:`\delta < 1/N`: at :math:`\delta = 1/N` a mechanism that publishes one
+      random client's data in full is :math:`(0, \delta)`-DP;
+    - :math:`m = qN \ge 1`, or most rounds would be empty and the noise divided
+      by :math:`m < 1` amplified;
+    - :math:`z` is calibrated from ``target_epsilon`` over ``rounds``;
+    - under adaptive clipping :math:`z` is the total, and the updates get
+      :math:`z_\Delta` from :func:`effective_update_noise`.
+    """
+    if not settings.enabled:
+        raise ValueError("validate_against_population is for enabled DP settings")
+    if settings.accountant == "gdp" and settings.mode == "distributed":
+        raise BadInputError(
+            f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
+            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise; use 'rdp' or 'prv'"
+        )
+    if population < 1:
+        raise ValueError(f"population must be at least 1 client, got {population!r}")
+    if rounds < 1:
+        raise ValueError(f"the planned number of rounds must be at least 1, got {rounds!r}")
+    if settings.sample_rate is not None:
+        q = settings.sample_rate
+    else:
+        q = open_unit(fraction, f"{FIELD}.sample_rate (unset, so the federation's client fraction)", closed_right=True)
+    if settings.delta >= 1 / population:
+        raise BadInputError(
+            f"{FIELD}.delta = {settings.delta:g} must be below 1/population = 1/{population}"
+            f" = {1 / population:.3g}: a delta of 1/N allows publishing one client's data outright"
+        )
+    m = q * population
+    if m < 1:
+        raise BadInputError(
+            f"{FIELD}.sample_rate: q = {q:g} over {population} clients expects {m:.3g} clients per round;"
+            " it must be at least 1"
+        )
+    if settings.noise_multiplier is not None:
+        z = settings.noise_multiplier
+    else:
+        assert settings.target_epsilon is not None  # the model guarantees exactly one
+        from .accounting import calibrate_noise_multiplier  # opacus: only when a run is built
+
+        z = calibrate_noise_multiplier(settings.target_epsilon, settings.delta, q, rounds, settings.accountant)
+
+    adaptive = settings.adaptive_clipping
+    sigma_b = None
+    z_update = z
+    if adaptive is not None:
+        sigma_b = adaptive.clipped_count_stddev if adaptive.clipped_count_stddev is not None else m / 20
+        z_update = effective_update_noise(z, sigma_b)
+
+    return ResolvedDP(
+        mode=settings.mode,
+        accountant=settings.accountant,
+        delta=settings.delta,
+        sample_rate=q,
+        population=population,
+        expected_clients=m,
+        noise_multiplier=z,
+        update_noise_multiplier=z_update,
+        clip_norm=adaptive.initial if adaptive is not None else settings.clip_norm,
+        rounds=rounds,
+        max_epsilon=settings.max_epsilon,
+        group_fractions=settings.group_fractions.model_dump() if settings.per_group_clipping else None,
+        adaptive=adaptive,
+        clipped_count_stddev=sigma_b,
+        noise=settings.noise,
+    )

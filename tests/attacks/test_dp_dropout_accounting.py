@@ -1,0 +1,74 @@
+"""Attack on the accounting: distributed noise shares that leave with dropped clients.
+
+Each sampled client adds z·C/√|S| of the noise. Clients that drop out after
+masking (or whose upload is rejected) take their share with them, so the sum
+carries only z·√(|U|/|S|). A reported ε computed from the planned z would
+under-report what the run spent: that was the finding (with 30% dropouts at
+dp-eps8's settings, 11.6 spent where 8.0 was reported). The run must report the
+ε of the noise that actually reached each sum, and never release a round that
+would take ε past ``max_epsilon``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fedrecgel_secure.data.prepare import load_split
+from fedrecgel_secure.federation.trainer import Trainer
+from fedrecgel_secure.policy import DataPolicy, Policy
+from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    from conftest import write_ratings
+
+    path = write_ratings(tmp_path_factory.mktemp("attack-dropout") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12))
+    return load_split(DataPolicy(dataset=str(path), test_negatives=20))
+
+
+def masked_dp_policy(rounds: int, **dp) -> Policy:
+    return Policy.model_validate({
+        "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
+        "federation": {"rounds": rounds, "fraction": 0.25},
+        "privacy": {
+            "dp": {"enabled": True, "mode": "distributed", "clip_norm": 0.5, "noise_multiplier": 0.922, "delta": 1e-3} | dp,
+            # all pairs (cohorts stay below 33), threshold 1/2: 30% dropout keeps every secret recoverable
+            "secure_aggregation": {"scheme": "masking", "min_clients": 5, "dropout": 0.3, "masking": {"threshold": 0.5}},
+        },
+    })
+
+
+def test_reported_epsilon_under_thirty_percent_dropouts_is_the_epsilon_of_the_noise_that_reached_the_sum(split, tmp_path):
+    trainer = Trainer(masked_dp_policy(12), split)
+    summary = trainer.run(tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["rounds_done"] == 12 and not any("skipped" in r for r in records)
+    # the independent calculation: Opacus's RDP accountant fed z * sqrt(|U| / |S|) per round,
+    # with |S| the sampled clients and |U| those whose masked upload arrived
+    independent = PrivacyAccountant("rdp", 0.25, 0.922, 1e-3)
+    planned = PrivacyAccountant("rdp", 0.25, 0.922, 1e-3)
+    for r in records:
+        assert r["dropped"] == int(0.3 * r["sampled"]) and r["dropped"] > 0
+        reached = 0.922 * math.sqrt((r["sampled"] - r["dropped"]) / r["sampled"])
+        assert r["noise_multiplier"] == pytest.approx(reached, rel=1e-12)
+        independent.step(reached)
+        planned.step()
+    assert summary["privacy"]["epsilon"] == pytest.approx(independent.epsilon(), abs=1e-6)
+    # what the old accounting would have said: the planned z on every round, a clear under-report
+    assert planned.epsilon() < 0.8 * independent.epsilon()
+
+
+def test_a_round_whose_surviving_noise_would_overshoot_max_epsilon_is_not_released(split, tmp_path):
+    one_round = PrivacyAccountant("rdp", 0.25, 0.922, 1e-3)
+    one_round.step()
+    cap = one_round.epsilon()  # one round at the planned z fits exactly; one that lost 30% of its shares does not
+    trainer = Trainer(masked_dp_policy(3, max_epsilon=cap), split)
+    summary = trainer.run(tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and "max_epsilon" in records[0]["skipped"]  # refused before anything was unmasked
+    assert trainer.states.steps.sum() == 0  # and nobody's state moved
+    assert summary["privacy"]["epsilon"] <= cap and "budget exhausted" in summary["stopped_early"]
