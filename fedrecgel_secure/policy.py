@@ -276,7 +276,8 @@ class Policy(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _describe(errors: ValidationError, where: str) -> str:
+def describe_errors(errors: ValidationError, where: str) -> str:
+    """A policy's validation errors as one message: ``where``, then one line per dotted field path."""
     lines = [f"{where}: invalid policy"]
     for e in errors.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -339,4 +340,4 @@ def load_policy(path: str | Path | None = None, overrides: list[str] = ()) -> Po
         return Policy.model_validate(data)
     except ValidationError as e:
         where = str(path) + (" with --set " + " ".join(overrides) if overrides else "")
-        raise BadInputError(_describe(e, where)) from None
+        raise BadInputError(describe_errors(e, where)) from None
