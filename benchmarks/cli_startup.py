@@ -51,7 +51,8 @@ def commands(study_dir: Path) -> dict[str, list[str]]:
 
 
 def fedrecgel(args: list[str], env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *flags, "-m", "fedrecgel_secure.cli.main", *args], capture_output=True, text=True, env=env)
+    argv = [sys.executable, *flags, "-m", "fedrecgel_secure.cli.main", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise SystemExit(f"fedrecgel {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
@@ -60,7 +61,8 @@ def fedrecgel(args: list[str], env: dict[str, str], *flags: str) -> subprocess.C
 def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
     """The heavy top-level packages a command imports, from ``-X importtime`` (one line per module, name last)."""
     stderr = fedrecgel(args, env, "-X", "importtime").stderr
-    names = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in stderr.splitlines() if line.startswith("import time:")}
+    lines = [line for line in stderr.splitlines() if line.startswith("import time:")]
+    names = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
     return [h for h in HEAVY if h in names]
 
 
@@ -71,13 +73,17 @@ def measure(args: list[str], env: dict[str, str], repeat: int) -> dict:
         start = time.perf_counter()
         fedrecgel(args, env)
         times.append(time.perf_counter() - start)
-    return {"min_s": round(min(times), 3), "median_s": round(statistics.median(times), 3), "heavy_imports": heavy_imports(args, env)}
+    return {
+        "min_s": round(min(times), 3),
+        "median_s": round(statistics.median(times), 3),
+        "heavy_imports": heavy_imports(args, env),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--study-dir", type=Path, help="an existing study directory for `study report` (default: train a tiny one)")
+    parser.add_argument("--study-dir", type=Path, help="a study directory for `study report` (default: train a tiny one)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +98,8 @@ def main() -> None:
     if args.json:
         print(json.dumps({"target_s": TARGET_S, "repeat": args.repeat, "commands": results}))
         return
-    print(f"{'command':<16} {'min s':>7} {'median s':>9}  heavy imports (target: each under {TARGET_S} s, no torch/opacus/tenseal)")
+    print(f"target: each under {TARGET_S} s, importing neither torch, opacus nor tenseal")
+    print(f"{'command':<16} {'min s':>7} {'median s':>9}  heavy imports")
     for name, r in results.items():
         flag = "" if r["median_s"] < TARGET_S else "  over target"
         print(f"{name:<16} {r['min_s']:>7.3f} {r['median_s']:>9.3f}  {', '.join(r['heavy_imports']) or '-'}{flag}")

@@ -131,7 +131,8 @@ class PrivacySpent(_Record):
 
 
 Evaluation = dict[str, Any]
-"""One line of ``metrics.jsonl``: ``round``, ``loss``, ``hr@5`` ... ``ndcg@20``, and what the round reported (``epsilon`` ...)."""
+"""One line of ``metrics.jsonl``: ``round``, ``loss``, ``hr@5`` ... ``ndcg@20``,
+then what the round reported (``epsilon`` ...)."""
 
 
 class RunSummary(_Record):
