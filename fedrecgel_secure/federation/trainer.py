@@ -28,7 +28,9 @@ from fedrecgel_secure.federation.state import ClientStates
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, DataShape, PrivacySpent, RunSummary, atomic_write_bytes, write_summary
+from fedrecgel_secure.rundir import (
+    CHECKPOINT, METRICS, RESOLVED, DataShape, PrivacySpent, RunSummary, atomic_write_bytes, write_summary,
+)
 
 CHECKPOINT_FORMAT = 2
 GUARANTEE = {
