@@ -65,6 +65,7 @@ def train(
     seed: Annotated[Optional[int], typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
+    from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
     from fedrecgel_secure.runs import open_run
 
     overrides = list(set_) + ([f"seed={seed}"] if seed is not None else [])
@@ -107,23 +108,24 @@ def train(
             loss = "-" if event.loss is None else f"{event.loss:.4f}"
             progress.update(task, completed=event.round, loss=loss, **latest)
 
-        summary = trainer.run(out_dir, on_round)
-    out.print(_metrics_table(f"{summary['method']} on {trainer.policy.data.dataset}: {summary['wall_time_s']:.1f} s", {
-        f"best ({summary['select_by']})": summary["best"],
-        "final": summary["final"],
-        "validation-selected": summary["validation_selected"],
+        trainer.run(out_dir, on_round)
+    summary = read_summary(out_dir)
+    out.print(_metrics_table(f"{summary.method} on {trainer.policy.data.dataset}: {summary.wall_time_s:.1f} s", {
+        f"best ({summary.select_by})": summary.best,
+        "final": summary.final,
+        "validation-selected": summary.validation_selected,
     }))
-    if summary["stopped_early"]:
-        out.print(f"[bold yellow]stopped after round {summary['rounds_done']}:[/] {summary['stopped_early']}")
-    if summary["privacy"]:
-        p = summary["privacy"]
-        out.print(f"privacy: ({p['epsilon']:.3f}, {p['delta']:g})-DP per user ({p['accountant']}, z = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:g}, {p['noise']} noise)")
-        if p["noise"] == "seeded":
-            out.print(f"[bold yellow]guarantee:[/] {p['guarantee']}", highlight=False, soft_wrap=True)
-    from fedrecgel_secure.plots import plot_run
+    if summary.stopped_early:
+        out.print(f"[bold yellow]stopped after round {summary.rounds_done}:[/] {summary.stopped_early}")
+    if summary.privacy:
+        p = summary.privacy
+        out.print(f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user ({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)")
+        if p.noise == "seeded":
+            out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
+    from fedrecgel_secure.study.plots import plot_run
 
     curves = plot_run(out_dir)
-    out.print(f"wrote {out_dir}/metrics.jsonl, summary.json, policy.resolved.toml, checkpoint.pt" + (f", {curves.name}" if curves else ""))
+    out.print(f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else ""))
 
 
 @app.command()

@@ -41,14 +41,14 @@ class DataPolicy(Section):
 
 
 class ModelPolicy(Section):
-    gmf_dim: int = Field(32, ge=1)
-    mlp_dim: int = Field(128, ge=1)
+    gmf_dim: int = Field(32, ge=1, description="Width of the GMF user and item embeddings.")
+    mlp_dim: int = Field(128, ge=1, description="Width of the MLP user and item embeddings.")
     tower: list[int] = Field([128, 64, 32], min_length=1, description="MLP widths after the 2*mlp_dim input.")
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Literal["float32", "float64"] = Field("float32", description="Floating-point type of the model and of the clients' embeddings.")
 
 
 class FederationPolicy(Section):
-    rounds: int = Field(100, ge=1)
+    rounds: int = Field(100, ge=1, description="Training rounds; each samples clients, aggregates their uploads and steps the server.")
     fraction: float = Field(0.1, gt=0, le=1, description="Fraction of clients sampled per round.")
     server_lr: float = Field(0.001, gt=0, description="Server Adam learning rate on the shared parameters.")
     client_lr: float = Field(0.1, gt=0, description="Client Adam learning rate on the private user embedding.")
@@ -64,7 +64,9 @@ class SamPolicy(Section):
 
 class EvaluationPolicy(Section):
     every: int = Field(1, ge=1, description="Evaluate every this many rounds (and after the last).")
-    select_by: Literal["hr@5", "hr@10", "hr@15", "hr@20", "ndcg@5", "ndcg@10", "ndcg@15", "ndcg@20"] = "hr@10"
+    select_by: Literal["hr@5", "hr@10", "hr@15", "hr@20", "ndcg@5", "ndcg@10", "ndcg@15", "ndcg@20"] = Field(
+        "hr@10", description="The metric that picks the summary's best round (on the test items) and validation-selected round."
+    )
 
 
 class CheckpointPolicy(Section):
@@ -215,8 +217,8 @@ class SecureAggregationPolicy(Section):
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
     clip_range: float = Field(32.0, gt=0, description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).")
     frac_bits: int = Field(36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits.")
-    ckks: CkksPolicy = CkksPolicy()
-    masking: MaskingPolicy = MaskingPolicy()
+    ckks: CkksPolicy = Field(CkksPolicy(), description="TenSEAL CKKS parameters, used when scheme = \"ckks\".")
+    masking: MaskingPolicy = Field(MaskingPolicy(), description="Pairwise-masking parameters, used when scheme = \"masking\".")
 
 
     def encoding(self):
@@ -227,7 +229,9 @@ class SecureAggregationPolicy(Section):
 
 class PrivacyPolicy(Section):
     dp: DPSettings = Field(default_factory=DPSettings, description="Client-level DP-FedAvg on the shared uploads.")
-    secure_aggregation: SecureAggregationPolicy = SecureAggregationPolicy()
+    secure_aggregation: SecureAggregationPolicy = Field(
+        SecureAggregationPolicy(), description="How the server sums the uploads without seeing any one of them."
+    )
 
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
@@ -236,13 +240,13 @@ Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 class Policy(Section):
     method: Method = Field("fedrecgel", description="fedncf: no SAM; sam-shared / sam-private: SAM on one group only.")
     seed: int = Field(42, description="Seed of training: model init, client sampling, negatives.")
-    data: DataPolicy = DataPolicy()
-    model: ModelPolicy = ModelPolicy()
-    federation: FederationPolicy = FederationPolicy()
-    sam: SamPolicy = SamPolicy()
-    evaluation: EvaluationPolicy = EvaluationPolicy()
-    checkpoint: CheckpointPolicy = CheckpointPolicy()
-    privacy: PrivacyPolicy = PrivacyPolicy()
+    data: DataPolicy = Field(DataPolicy(), description="The dataset and how it is split into train, validation and test items.")
+    model: ModelPolicy = Field(ModelPolicy(), description="The NeuMF model: embedding widths, MLP tower, dtype.")
+    federation: FederationPolicy = Field(FederationPolicy(), description="Rounds, client sampling, learning rates and the training engine.")
+    sam: SamPolicy = Field(SamPolicy(), description="Sharpness-aware minimisation radii of FedRecGEL.")
+    evaluation: EvaluationPolicy = Field(EvaluationPolicy(), description="When to evaluate, and which metric selects the best round.")
+    checkpoint: CheckpointPolicy = Field(CheckpointPolicy(), description="How often the run is saved to continue after a crash.")
+    privacy: PrivacyPolicy = Field(PrivacyPolicy(), description="Client-level differential privacy and secure aggregation.")
 
     @model_validator(mode="after")
     def _tower_fits(self) -> Policy:
@@ -276,7 +280,8 @@ class Policy(Section):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _describe(errors: ValidationError, where: str) -> str:
+def describe_errors(errors: ValidationError, where: str) -> str:
+    """A policy's validation errors as one message: ``where``, then one line per dotted field path."""
     lines = [f"{where}: invalid policy"]
     for e in errors.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -339,4 +344,4 @@ def load_policy(path: str | Path | None = None, overrides: list[str] = ()) -> Po
         return Policy.model_validate(data)
     except ValidationError as e:
         where = str(path) + (" with --set " + " ".join(overrides) if overrides else "")
-        raise BadInputError(_describe(e, where)) from None
+        raise BadInputError(describe_errors(e, where)) from None

@@ -1,19 +1,20 @@
 """Run directories: start a run, resume it after a crash, evaluate what it saved.
 
-A run directory holds ``policy.resolved.toml``, ``metrics.jsonl``,
-``summary.json`` and ``checkpoint.pt``. The checkpoint records the digest of
-the resolved policy, so a run only ever continues under the policy it started with.
+What a run directory holds is described in :mod:`fedrecgel_secure.rundir`. The
+checkpoint records the digest of the resolved policy, so a run only ever
+continues under the policy it started with.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from fedrecgel_secure.checkpoint import load_checkpoint
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.trainer import CHECKPOINT, RESOLVED, Trainer
-from fedrecgel_secure.checkpoint import load_checkpoint
+from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import Policy, load_policy
+from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED
 
 
 def open_run(out_dir: Path, policy_path: Path | None = None, overrides: list[str] = (), *, resume: bool = False) -> Trainer:
@@ -27,7 +28,7 @@ def open_run(out_dir: Path, policy_path: Path | None = None, overrides: list[str
         policy_path = out_dir / RESOLVED
     policy = load_policy(policy_path, overrides)
     if checkpoint.exists() and not resume:
-        raise BadInputError(f"{out_dir}: already holds a run (checkpoint.pt); pass --resume to continue it or choose another --out")
+        raise BadInputError(f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out")
     trainer = Trainer(policy, load_split(policy.data))
     if resume and checkpoint.exists():
         trainer.resume_from(out_dir)

@@ -48,7 +48,7 @@ def test_train_writes_metrics_summary_policy_and_checkpoint(tiny_run):
 def test_train_plots_its_curves(tiny_run, tmp_path):
     from PIL import Image
 
-    from fedrecgel_secure.plots import plot_run
+    from fedrecgel_secure.study.plots import plot_run
 
     out, _, result = tiny_run
     assert "curves.png" in result.stdout

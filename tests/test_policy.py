@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import typing
 
 import pytest
+from pydantic import BaseModel
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import POLICY_DIR, Policy, load_policy
@@ -103,3 +105,40 @@ def test_the_schema_describes_every_section():
     schema = Policy.model_json_schema()
     json.dumps(schema)
     assert {"data", "model", "federation", "sam", "evaluation", "checkpoint", "privacy"} <= set(schema["properties"])
+
+
+def schema_properties(schema: dict) -> dict[str, dict]:
+    """Every property of a JSON Schema by dotted path, following $ref into $defs, anyOf/allOf/oneOf and items."""
+    defs, found = schema.get("$defs", {}), {}
+
+    def visit(node: dict, prefix: str) -> None:
+        if "$ref" in node:
+            visit(defs[node["$ref"].removeprefix("#/$defs/")], prefix)
+        for sub in node.get("anyOf", []) + node.get("allOf", []) + node.get("oneOf", []):
+            visit(sub, prefix)
+        if isinstance(node.get("items"), dict):
+            visit(node["items"], prefix)
+        for name, prop in node.get("properties", {}).items():
+            found[prefix + name] = prop
+            visit(prop, f"{prefix}{name}.")
+
+    visit(schema, "")
+    return found
+
+
+def model_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """Every field of a pydantic model tree by dotted path, nested sections included."""
+    out = set()
+    for name, info in model.model_fields.items():
+        out.add(prefix + name)
+        for kind in typing.get_args(info.annotation) or (info.annotation,):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                out |= model_fields(kind, f"{prefix}{name}.")
+    return out
+
+
+def test_the_schema_describes_every_field_of_every_section():
+    properties = schema_properties(Policy.model_json_schema())
+    assert set(properties) == model_fields(Policy)  # the walk reached every field, the nested DP sections included
+    assert "privacy.dp.adaptive_clipping.target_quantile" in properties
+    assert [path for path, prop in properties.items() if not prop.get("description", "").strip()] == []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fedrecgel_secure.federation.trainer import CHECKPOINT, METRICS
+from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY, read_summary
 from fedrecgel_secure.runs import open_run
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
@@ -50,8 +50,10 @@ def test_five_plus_five_rounds_equal_ten(straight_run, tmp_path):
     resumed.run(tmp_path)
     assert metrics(tmp_path) == metrics(straight_run)
     without_time = lambda r: {k: v for k, v in r.items() if k != "elapsed_s"}  # noqa: E731
-    straight = json.loads((straight_run / "summary.json").read_text())
-    assert without_time(resumed.summary()["best"]) == without_time(straight["best"])
+    assert without_time(resumed.summary().best) == without_time(read_summary(straight_run).best)
+    # summary.json is the typed summary, as JSON: it reads back equal to what the trainer computed
+    assert read_summary(tmp_path) == resumed.summary()
+    assert (tmp_path / SUMMARY).read_text() == read_summary(tmp_path).to_json()
 
 
 def test_resume_refuses_a_different_policy(straight_run, tmp_path):

@@ -161,6 +161,16 @@ def test_study_report_rebuilds_the_files_without_training(resumed_study, tmp_pat
     assert checkpoints == {d: (d / "checkpoint.pt").stat().st_mtime_ns for d in run_dirs(out)}
 
 
+def test_study_report_imports_neither_torch_opacus_nor_tenseal(resumed_study, tmp_path):
+    from test_light_imports import HEAVY, imported_packages
+
+    out = tmp_path / "copy"
+    shutil.copytree(resumed_study["out"], out)
+    imported = imported_packages("-m", "fedrecgel_secure.cli.main", "study", "report", str(out))
+    assert (out / "report.md").is_file() and "matplotlib" in imported  # it did draw the plots
+    assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
 def test_parallel_jobs_give_the_same_metrics(resumed_study, tmp_path):
     out = tmp_path / "parallel"
     result = fedrecgel("study", resumed_study["spec"], "--out", out, "--jobs", "2")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedrecgel_secure import __version__
-from fedrecgel_secure.checkpoint import atomic_write_bytes, load_checkpoint, save_checkpoint
+from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import DPFedAvg, MeanAggregation, make_summer
@@ -28,17 +28,15 @@ from fedrecgel_secure.federation.state import ClientStates
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.rundir import (
+    CHECKPOINT, METRICS, RESOLVED, DataShape, PrivacySpent, RunSummary, atomic_write_bytes, write_summary,
+)
 
 CHECKPOINT_FORMAT = 2
 GUARANTEE = {
     "secure": "(epsilon, delta)-DP per user against whoever sees the released aggregates",
     "seeded": "NONE against anyone who has the policy file: seeded noise is predictable from its seed (research mode)",
 }
-
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
-RESOLVED = "policy.resolved.toml"
 
 
 def make_aggregation(policy: Policy, split: Split, model: NeuMF):
@@ -124,7 +122,11 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------
     def run(self, out_dir: Path | None = None, on_round: Callable[[RoundEvent], None] | None = None, stop_after: int | None = None) -> dict:
-        """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``."""
+        """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``.
+
+        Returns the summary as written to ``summary.json``, as a plain dict
+        (:meth:`summary` gives it typed).
+        """
         rounds = self.policy.federation.rounds
         last = rounds if stop_after is None else min(rounds, self.round + stop_after)
         if out_dir is not None:
@@ -155,8 +157,8 @@ class Trainer:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
         summary = self.summary()
         if out_dir is not None:
-            atomic_write_bytes(out_dir / SUMMARY, (json.dumps(summary, indent=2) + "\n").encode())
-        return summary
+            write_summary(out_dir, summary)
+        return summary.model_dump()
 
     def _rewrite_metrics(self, out_dir: Path) -> None:
         """metrics.jsonl holds exactly the evaluations of the state we continue from.
@@ -167,55 +169,51 @@ class Trainer:
         atomic_write_bytes(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
 
     # -- results ------------------------------------------------------------
-    def summary(self) -> dict:
+    def summary(self) -> RunSummary:
         key = self.policy.evaluation.select_by
         test_keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in KS]
-        out = {
-            "version": __version__,
-            "policy_digest": self.policy.digest(),
-            "method": self.policy.method,
-            "rounds_done": self.round,
-            "rounds_planned": self.policy.federation.rounds,
-            "wall_time_s": round(self.elapsed, 3),
-            "select_by": key,
-            "data": {
-                "users": self.split.n_users,
-                "items": self.split.n_items,
-                "interactions": self.split.n_interactions,
-            },
-            "best": None,
-            "final": None,
-            "validation_selected": None,
-            "best_each": None,
-            "stopped_early": self.stopped,
-            "privacy": self.privacy_summary(),
-        }
+        best = final = validation_selected = best_each = None
         if self.history:
-            out["best"] = max(self.history, key=lambda r: (r[key], -r["round"]))
-            out["final"] = self.history[-1]
-            out["best_each"] = {k: max(r[k] for r in self.history) for k in test_keys}
-            if "val_" + key in self.history[-1]:
-                out["validation_selected"] = max(self.history, key=lambda r: (r["val_" + key], -r["round"]))
-        return out
+            best = max(self.history, key=lambda r: (r[key], -r["round"]))
+            final = self.history[-1]
+            best_each = {k: max(r[k] for r in self.history) for k in test_keys}
+            if "val_" + key in final:
+                validation_selected = max(self.history, key=lambda r: (r["val_" + key], -r["round"]))
+        return RunSummary(
+            version=__version__,
+            policy_digest=self.policy.digest(),
+            method=self.policy.method,
+            rounds_done=self.round,
+            rounds_planned=self.policy.federation.rounds,
+            wall_time_s=round(self.elapsed, 3),
+            select_by=key,
+            data=DataShape(users=self.split.n_users, items=self.split.n_items, interactions=self.split.n_interactions),
+            best=best,
+            final=final,
+            validation_selected=validation_selected,
+            best_each=best_each,
+            stopped_early=self.stopped,
+            privacy=self.privacy_summary(),
+        )
 
-    def privacy_summary(self) -> dict | None:
+    def privacy_summary(self) -> PrivacySpent | None:
         if not isinstance(self.aggregation, DPFedAvg):
             return None
         r = self.aggregation.dp
-        return {
-            "epsilon": self.aggregation.accountant.epsilon(),
-            "delta": r.delta,
-            "noise": r.noise,
-            "guarantee": GUARANTEE[r.noise],
-            "accountant": r.accountant,
-            "noise_multiplier": r.noise_multiplier,
-            "update_noise_multiplier": r.update_noise_multiplier,
-            "sample_rate": r.sample_rate,
-            "expected_clients": r.expected_clients,
-            "clip_norm": self.aggregation.clip_norm,
-            "mode": r.mode,
-            "max_epsilon": r.max_epsilon,
-        }
+        return PrivacySpent(
+            epsilon=self.aggregation.accountant.epsilon(),
+            delta=r.delta,
+            noise=r.noise,
+            guarantee=GUARANTEE[r.noise],
+            accountant=r.accountant,
+            noise_multiplier=r.noise_multiplier,
+            update_noise_multiplier=r.update_noise_multiplier,
+            sample_rate=r.sample_rate,
+            expected_clients=r.expected_clients,
+            clip_norm=self.aggregation.clip_norm,
+            mode=r.mode,
+            max_epsilon=r.max_epsilon,
+        )
 
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict:

@@ -37,7 +37,6 @@ all the server learns.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +44,7 @@ import torch
 
 from fedrecgel_secure.federation.aggregation import DPFedAvg, grid_sum
 from fedrecgel_secure.federation.sampling import build_local_sets
-
-AUDIT_FILE = "audit.json"
+from fedrecgel_secure.rundir import AUDIT, atomic_write_json
 
 
 def item_scores(observed: torch.Tensor, n_items: int, row_dim: int) -> np.ndarray:
@@ -154,10 +152,14 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
 
 
 def audit_run(run_dir: Path, rounds: int = 3) -> dict:
-    """Audit the model a run directory holds; also written to ``RUN_DIR/audit.json``."""
+    """Audit the model a run directory holds; also written to ``RUN_DIR/audit.json``.
+
+    The file is replaced atomically: it is either absent or complete, so a crash
+    while writing it never leaves a file that a study would take as a finished audit.
+    """
     from fedrecgel_secure.runs import load_run
 
     _, trainer = load_run(run_dir)
     result = {"round": trainer.round, **audit_rounds(trainer, rounds)}
-    (Path(run_dir) / AUDIT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(Path(run_dir) / AUDIT, result)
     return result

@@ -1,0 +1,109 @@
+"""How long each command that does not train takes, as a whole process, as a user runs it.
+
+    python benchmarks/cli_startup.py [--repeat 5] [--study-dir DIR] [--json]
+
+Each command runs ``--repeat`` times in a fresh interpreter (after one untimed
+warm-up run, which also fills the prepared-split cache of ``data info``); the
+table gives the minimum and the median wall time, and which heavy packages the
+command imported (from one extra run under ``python -X importtime``). None of
+these commands trains, so none should import torch, opacus or tenseal; the
+target is under 0.6 s each.
+
+``study report`` needs a study directory: without ``--study-dir`` a tiny one
+(bundled FilmTrust, 2 settings x 1 seed x 2 rounds) is trained first, untimed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedrecgel_secure.policy import POLICY_DIR
+
+TARGET_S = 0.6
+HEAVY = ("torch", "opacus", "tenseal", "matplotlib")
+STUDY = """name = "startup benchmark"
+base = "default"
+overrides = ["federation.rounds=2", "privacy.dp.delta=1e-4", "privacy.dp.clip_norm=0.5"]
+seeds = [1]
+[grid]
+"privacy.dp.target_epsilon" = [8.0, inf]
+"""
+
+
+def commands(study_dir: Path) -> dict[str, list[str]]:
+    return {
+        "--help": ["--help"],
+        "policy validate": ["policy", "validate", str(POLICY_DIR / "default.toml")],
+        "policy show": ["policy", "show"],
+        "policy schema": ["policy", "schema"],
+        "data list": ["data", "list"],
+        "data info": ["data", "info", "filmtrust"],
+        "study report": ["study", "report", str(study_dir)],
+    }
+
+
+def fedrecgel(args: list[str], env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, *flags, "-m", "fedrecgel_secure.cli.main", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"fedrecgel {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+def heavy_imports(args: list[str], env: dict[str, str]) -> list[str]:
+    """The heavy top-level packages a command imports, from ``-X importtime`` (one line per module, name last)."""
+    stderr = fedrecgel(args, env, "-X", "importtime").stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("import time:")]
+    names = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
+    return [h for h in HEAVY if h in names]
+
+
+def measure(args: list[str], env: dict[str, str], repeat: int) -> dict:
+    fedrecgel(args, env)  # warm-up: bytecode, page cache, prepared-split cache
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fedrecgel(args, env)
+        times.append(time.perf_counter() - start)
+    return {
+        "min_s": round(min(times), 3),
+        "median_s": round(statistics.median(times), 3),
+        "heavy_imports": heavy_imports(args, env),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--study-dir", type=Path, help="a study directory for `study report` (default: train a tiny one)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        # A private split cache, and one torch thread for the untimed study (the machine may be shared).
+        env = {**os.environ, "FEDRECGEL_CACHE": str(Path(tmp) / "cache"), "OMP_NUM_THREADS": "1"}
+        study_dir = args.study_dir
+        if study_dir is None:
+            study_dir = Path(tmp) / "study"
+            (Path(tmp) / "study.toml").write_text(STUDY)
+            fedrecgel(["study", str(Path(tmp) / "study.toml"), "--out", str(study_dir)], env)
+        results = {name: measure(argv, env, args.repeat) for name, argv in commands(study_dir).items()}
+    if args.json:
+        print(json.dumps({"target_s": TARGET_S, "repeat": args.repeat, "commands": results}))
+        return
+    print(f"target: each under {TARGET_S} s, importing neither torch, opacus nor tenseal")
+    print(f"{'command':<16} {'min s':>7} {'median s':>9}  heavy imports")
+    for name, r in results.items():
+        flag = "" if r["median_s"] < TARGET_S else "  over target"
+        print(f"{name:<16} {r['min_s']:>7.3f} {r['median_s']:>9.3f}  {', '.join(r['heavy_imports']) or '-'}{flag}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""A run directory: the names of its files, how they are written, and what ``summary.json`` holds.
+
+One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
+
+=========================  =====================================================
+``policy.resolved.toml``   the policy with every default filled in
+``metrics.jsonl``          one evaluation record per line (round, loss, metrics, ...)
+``checkpoint.pt``          everything needed to continue the run exactly (0600)
+``summary.json``           :class:`RunSummary`, written when the run stops
+``curves.png``             the run's curves (``fedrecgel train``)
+``audit.json``             the privacy audit (``fedrecgel audit``, audited studies)
+``study_error.json``       why a study's last attempt at this run failed
+``.study.lock``            held by the study process training this run
+=========================  =====================================================
+
+Every file is replaced atomically (:func:`atomic_write_bytes`): a reader sees
+the previous content or the new one, never a torn file, whatever kills the
+writer. The one exception is ``metrics.jsonl``, appended a line per evaluation;
+the trainer rewrites it atomically from its checkpoint when a run resumes.
+
+This module imports neither torch nor any other heavy package, so the commands
+that only read run directories (``fedrecgel study report``) start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from fedrecgel_secure.errors import BadInputError
+
+RESOLVED = "policy.resolved.toml"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"
+SUMMARY = "summary.json"
+CURVES = "curves.png"
+AUDIT = "audit.json"
+STUDY_ERROR = "study_error.json"  # removed once the run succeeds
+STUDY_LOCK = ".study.lock"
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically; a new file gets ``mode`` (before the umask).
+
+    The bytes go to a temporary file in the same folder, which is fsynced and
+    renamed over ``path``; then the folder is fsynced, so the rename survives a
+    power cut. The temporary file has an unpredictable name and is opened with
+    O_EXCL | O_NOFOLLOW, so a file or symlink planted by another local user can
+    neither capture the bytes nor be reused: the write fails instead. A symlink
+    at ``path`` itself is replaced, never followed.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """``data`` as indented JSON with a final newline, written atomically."""
+    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or None if there is no such file (or it is not JSON: a foreign file, not ours)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The evaluation records of ``metrics.jsonl``, in round order; none if the run has not written any."""
+    path = Path(run_dir) / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+# -- summary.json -------------------------------------------------------------------
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataShape(_Record):
+    """The prepared split the run trained on."""
+
+    users: int
+    items: int
+    interactions: int
+
+
+class PrivacySpent(_Record):
+    """What client-level DP gave a run: the budget spent and how it was reached."""
+
+    epsilon: float
+    delta: float
+    noise: str  # "secure" or "seeded" (privacy.dp.noise)
+    guarantee: str  # what the noise source promises, in words
+    accountant: str
+    noise_multiplier: float
+    update_noise_multiplier: float
+    sample_rate: float
+    expected_clients: float
+    clip_norm: float  # the clip norm of the last round (it moves under adaptive clipping)
+    mode: str  # "central" or "distributed"
+    max_epsilon: float | None
+
+
+Evaluation = dict[str, Any]
+"""One line of ``metrics.jsonl``: ``round``, ``loss``, ``hr@5`` ... ``ndcg@20``,
+then what the round reported (``epsilon`` ...)."""
+
+
+class RunSummary(_Record):
+    """``summary.json``: how a run ended and its headline results, written by the trainer when it stops.
+
+    ``best`` is the evaluation with the best ``select_by`` metric on the test
+    items (the authors' protocol; ties go to the earlier round), ``final`` the
+    last one, ``validation_selected`` the best on the validation items when the
+    policy holds them out. All three are None if no round was evaluated.
+    """
+
+    version: str
+    policy_digest: str
+    method: str
+    rounds_done: int
+    rounds_planned: int
+    wall_time_s: float
+    select_by: str
+    data: DataShape
+    best: Evaluation | None
+    final: Evaluation | None
+    validation_selected: Evaluation | None
+    best_each: dict[str, float] | None  # the best value each test metric reached, in any round
+    stopped_early: str | None  # why training ended before rounds_planned (the privacy budget)
+    privacy: PrivacySpent | None  # None without DP
+
+    @property
+    def finished(self) -> bool:
+        """True once the run will train no more: all planned rounds done, or stopped early."""
+        return self.rounds_done == self.rounds_planned or self.stopped_early is not None
+
+    @property
+    def epsilon(self) -> float:
+        """The privacy budget spent; infinite without DP."""
+        return float("inf") if self.privacy is None else self.privacy.epsilon
+
+    def to_json(self) -> str:
+        # json.dumps rather than pydantic's serializer: the file stays byte-for-byte what it always was.
+        return json.dumps(self.model_dump(), indent=2) + "\n"
+
+
+def write_summary(run_dir: Path, summary: RunSummary) -> None:
+    atomic_write_bytes(Path(run_dir) / SUMMARY, summary.to_json().encode())
+
+
+def read_summary(run_dir: Path) -> RunSummary | None:
+    """The run's summary, or None while it has none (not started, or still training).
+
+    A summary that is JSON but not a summary is bad input, named by file and field.
+    """
+    path = Path(run_dir) / SUMMARY
+    data = read_json(path)
+    if data is None:
+        return None
+    try:
+        return RunSummary.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or '(top level)'}: {err['msg']}" for err in e.errors())
+        raise BadInputError(f"{path}: not a run summary of this version ({problems})") from None

@@ -1,0 +1,196 @@
+"""Figures, drawn off-screen: a run's curves, and a study's comparisons of its runs.
+
+A bare ``matplotlib.figure.Figure`` renders with Agg and leaves pyplot's global
+backend alone, so plotting works headless and inside a user's own session.
+matplotlib is imported when a figure is drawn, not with this module.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from fedrecgel_secure.rundir import CURVES, atomic_write_bytes, read_metrics, read_summary
+from fedrecgel_secure.study.results import RunRecord, groups
+from fedrecgel_secure.study.spec import EPSILON_KEY
+
+PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
+PLOT_ROUNDS = "hr_over_rounds.png"
+PLOT_ATTACK = "attack_vs_epsilon.png"
+TITLES = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε"}
+
+
+def figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def _integer_rounds(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+# -- one run ----------------------------------------------------------------------
+
+
+def plot_run(run_dir: str | Path) -> Path | None:
+    """``RUN_DIR/curves.png`` from its metrics.jsonl: test (and validation) HR@10 and NDCG@10,
+    the training loss, and ε when the run is private. None if no round was evaluated."""
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    if not records:
+        return None
+    private = any("epsilon" in r for r in records)
+    fig, axes = figure(5 * (2 + private), 3.8, ncols=2 + private)
+    rounds = [r["round"] for r in records]
+
+    def series(ax, key, label, **style):
+        points = [(r["round"], r[key]) for r in records if r.get(key) is not None]
+        if points:
+            ax.plot(*zip(*points), label=label, marker="." if len(points) < 30 else None, **style)
+
+    ax = axes[0]
+    for metric, color in (("hr@10", "tab:blue"), ("ndcg@10", "tab:orange")):
+        series(ax, metric, f"test {metric.upper()}", color=color)
+        series(ax, f"val_{metric}", f"validation {metric.upper()}", color=color, linestyle="--")
+    best = max(records, key=lambda r: r["hr@10"])
+    ax.axvline(best["round"], color="grey", linestyle=":", label=f"best test HR@10 (round {best['round']})")
+    ax.set_ylabel("metric")
+    ax.legend(fontsize="small")
+    series(axes[1], "loss", "training loss", color="tab:green")
+    axes[1].set_ylabel("mean BCE over local examples")
+    if private:
+        series(axes[2], "epsilon", "ε spent", color="tab:red")
+        delta = next(r["delta"] for r in records if "delta" in r)
+        seeded = any(r.get("dp_noise") == "seeded" for r in records)
+        axes[2].set_ylabel(f"ε (δ = {delta:g})" + (" — seeded noise: no guarantee" if seeded else ""))
+        if seeded:
+            axes[2].set_title("seeded noise: predictable from the policy", color="tab:red", fontsize="small")
+    for ax in axes:
+        ax.set_xlabel("round")
+        _integer_rounds(ax)
+        ax.grid(alpha=0.3)
+    title = f"{run_dir.name}: rounds {rounds[0]}–{rounds[-1]}"
+    summary = read_summary(run_dir)  # written when a run ends; absent while it trains
+    if summary is not None:
+        title += f" of {summary.method} on {summary.data.users:,} users × {summary.data.items:,} items"
+    fig.suptitle(title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    atomic_write_bytes(run_dir / CURVES, buffer.getvalue())  # a crash never leaves half a PNG
+    return run_dir / CURVES
+
+
+# -- a study ------------------------------------------------------------------------
+
+
+def _line_label(setting: dict[str, str], keys: list[str]) -> str:
+    return ", ".join(f"{k}={setting[k]}" for k in keys) or "all runs"
+
+
+def _epsilon_axis(ax, xs: list[float]) -> Callable[[float], float]:
+    """Log ε axis with ∞ drawn at the right; returns where an ε goes on it."""
+    finite = sorted({x for x in xs if not math.isinf(x)})
+    if not finite:
+        ax.set_xticks([1.0], ["∞\n(no DP)"])
+        ax.set_xlim(0.5, 1.5)
+        return lambda x: 1.0
+    inf_at = max(finite) * 3
+    ax.set_xscale("log")
+    ticks = finite + ([inf_at] if any(math.isinf(x) for x in xs) else [])
+    ax.set_xticks(ticks, [f"{x:.3g}" for x in finite] + (["∞\n(no DP)"] if len(ticks) > len(finite) else []))
+    ax.minorticks_off()
+    ax.set_xlim(min(finite) / 1.6, (inf_at if len(ticks) > len(finite) else max(finite)) * 1.6)
+    return lambda x: inf_at if math.isinf(x) else x
+
+
+def _epsilon_curves(ax, settings, other_keys, value: Callable[[RunRecord], float | None], place) -> None:
+    """One line per combination of the non-ε grid keys: mean over seeds, std as error bars."""
+    lines: dict[str, list[tuple[float, float, float]]] = {}
+    for setting, runs in settings:
+        done = [r for r in runs if r.status == "finished" and value(r) is not None]
+        if not done:
+            continue
+        eps = statistics.fmean(r.epsilon for r in done) if not any(math.isinf(r.epsilon) for r in done) else math.inf
+        ys = [value(r) for r in done]
+        lines.setdefault(_line_label(setting, other_keys), []).append((eps, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0))
+    for label, points in lines.items():
+        points.sort()
+        xs, ys, es = [place(p[0]) for p in points], [p[1] for p in points], [p[2] for p in points]
+        bars = ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label, linestyle="none")
+        color = bars[0].get_color()
+        n_finite = sum(not math.isinf(p[0]) for p in points)
+        ax.plot(xs[:n_finite], ys[:n_finite], color=color)
+        if 0 < n_finite < len(points):  # a dotted link to ∞: not a measured part of the curve
+            ax.plot(xs[n_finite - 1 : n_finite + 1], ys[n_finite - 1 : n_finite + 1], color=color, linestyle=":")
+
+
+def plot_study(out_dir: Path, plan: dict, records: list[RunRecord]) -> list[Path]:
+    """The study's figures from its finished runs: utility against ε, HR@10 per round, and attack success
+    against ε when the runs were audited. Figures of an earlier build that no longer apply are removed."""
+    done = [r for r in records if r.status == "finished"]
+    for name in TITLES:
+        (out_dir / name).unlink(missing_ok=True)  # no stale plot survives a rebuild
+    if not done:
+        return []
+    keys = list(plan["grid"])
+    other = [k for k in keys if k != plan.get("epsilon_key", EPSILON_KEY)]
+    settings = groups(records)
+    written = []
+
+    fig, axes = figure(10, 4.2, ncols=2)
+    for ax, metric in zip(axes, ("hr@10", "ndcg@10")):
+        place = _epsilon_axis(ax, [r.epsilon for r in done])
+        _epsilon_curves(ax, settings, other, lambda r, m=metric: r.metric("best", m), place)
+        ax.set_xlabel("ε (privacy budget spent)")
+        ax.set_ylabel(f"best {metric.upper()}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"{plan['name']}: utility against privacy (mean ± std over seeds)")
+    fig.savefig(out_dir / PLOT_EPSILON, dpi=110)
+    written.append(out_dir / PLOT_EPSILON)
+
+    fig, (ax,) = figure(8, 4.5)
+    for setting, runs in settings:
+        by_round: dict[int, list[float]] = {}
+        for r in runs:
+            if r.status == "finished":
+                for rec in r.history():
+                    by_round.setdefault(rec["round"], []).append(rec["hr@10"])
+        if by_round:
+            xs = sorted(by_round)
+            ax.plot(xs, [statistics.fmean(by_round[x]) for x in xs], label=_line_label(setting, keys), marker="." if len(xs) < 30 else None)
+    _integer_rounds(ax)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test HR@10 (mean over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(f"{plan['name']}: HR@10 per round")
+    fig.savefig(out_dir / PLOT_ROUNDS, dpi=110)
+    written.append(out_dir / PLOT_ROUNDS)
+
+    if any(r.audit for r in done):
+        fig, axes = figure(10, 4.2, ncols=2)
+        audited = [r for r in done if r.audit]
+        for ax, metric in zip(axes, ("auc", "precision_at_k")):
+            key = f"attack_{metric}"
+            place = _epsilon_axis(ax, [r.epsilon for r in audited])
+            _epsilon_curves(ax, settings, other, lambda r, k=key: r.audit[k] if r.audit else None, place)
+            priors = [r.audit[f"prior_{metric}"] for r in audited if f"prior_{metric}" in r.audit]
+            if priors:  # the prior does not depend on the view: one line for the study
+                ax.axhline(statistics.fmean(priors), color="black", linestyle="-.", label="popularity prior")
+            ax.axhline(statistics.fmean(r.audit[f"chance_{metric}"] for r in audited), color="grey", linestyle="--", label="chance")
+            ax.set_xlabel("ε (privacy budget spent)")
+            ax.set_ylabel(key.replace("_", " "))
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize="small")
+        fig.suptitle(f"{plan['name']}: attack success against ε (mean ± std over seeds)")
+        fig.savefig(out_dir / PLOT_ATTACK, dpi=110)
+        written.append(out_dir / PLOT_ATTACK)
+    return written

@@ -1,0 +1,134 @@
+"""The report of a study: ``results.csv``, ``report.md`` and the plots, rebuilt from the study directory alone.
+
+Everything here is derived from ``study.resolved.json`` and the run directories,
+so the report can be rebuilt at any time without training
+(``fedrecgel study report DIR``); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedrecgel_secure.study.plan import read_plan
+from fedrecgel_secure.study.plots import TITLES, plot_study
+from fedrecgel_secure.study.results import STATUSES, RunRecord, groups, records, result_rows
+
+RESULTS = "results.csv"
+REPORT = "report.md"
+AUDIT_COLUMNS = {"attack AUC": "attack_auc", "prior AUC": "prior_auc", "attack P@k": "attack_precision_at_k", "prior P@k": "prior_precision_at_k"}
+
+
+@dataclass
+class ReportFiles:
+    results: Path
+    report: Path
+    plots: list[Path] = field(default_factory=list)
+
+
+def rebuild_report(out_dir: str | Path) -> ReportFiles:
+    """Write results.csv, report.md and the plots from study.resolved.json and the run directories (no training)."""
+    out_dir = Path(out_dir).resolve()
+    plan = read_plan(out_dir)
+    runs = records(out_dir, plan)
+    rows = result_rows(out_dir, runs)
+    results = out_dir / RESULTS
+    with open(results, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["seed", "status"])
+        writer.writeheader()
+        writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in rows)
+    plots = plot_study(out_dir, plan, runs)
+    report = out_dir / REPORT
+    report.write_text(_markdown(plan, runs, plots))
+    return ReportFiles(results, report, plots)
+
+
+def _csv_value(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = statistics.fmean(values)
+    return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} ± {statistics.stdev(values):.4f}"
+
+
+def _epsilon_cell(values: list[float]) -> str:
+    if not values:
+        return "–"
+    if all(math.isinf(v) for v in values):
+        return "∞"
+    finite = [v for v in values if not math.isinf(v)]
+    if len(finite) != len(values):
+        return "mixed"
+    mean = statistics.fmean(finite)
+    spread = statistics.stdev(finite) if len(finite) > 1 else 0.0
+    return f"{mean:.3g}" if spread < 5e-4 else f"{mean:.3g} ± {spread:.2g}"
+
+
+def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
+    keys = list(plan["grid"])
+    audited = any(r.audit for r in runs)
+    finished = [r for r in runs if r.status == "finished"]
+    counts = {s: sum(r.status == s for r in runs) for s in STATUSES}
+    lines = [
+        f"# Study: {plan['name']}",
+        "",
+        f"Study file `{plan['study_file']}`, base policy `{plan['base']}`"
+        + (", with " + ", ".join(f"`{o}`" for o in plan["overrides"]) + " for every run." if plan["overrides"] else "."),
+        f"{len(groups(runs))} settings × {len(plan['seeds'])} seeds ({', '.join(map(str, plan['seeds']))}) = {len(runs)} runs: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + ".",
+        "",
+    ]
+    header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10", "ε"]
+    if audited:
+        header += list(AUDIT_COLUMNS)
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for setting, group in groups(runs):
+        done = [r for r in group if r.status == "finished"]
+        cells = [*(setting[k] for k in keys)] if keys else ["base"]
+        cells.append(f"{len(done)}/{len(group)}")
+        for evaluation, key in (("best", "hr@10"), ("best", "ndcg@10"), ("final", "hr@10"), ("final", "ndcg@10")):
+            cells.append(_mean_std([r.metric(evaluation, key) for r in done if r.metric(evaluation, key) is not None]))
+        cells.append(_epsilon_cell([r.epsilon for r in done]))
+        if audited:
+            cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in AUDIT_COLUMNS.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    select_by = finished[0].summary.select_by if finished else "hr@10"
+    deltas = sorted({r.summary.privacy.delta for r in finished if r.summary.privacy})
+    lines += [
+        "",
+        f"Mean ± sample standard deviation over the finished seeds (`seeds` = finished/planned). "
+        f"*Best* is the evaluation with the best test {select_by.upper()} (the authors' protocol), *final* the last one. "
+        "ε is the privacy budget each run spent"
+        + (f" at δ = {', '.join(f'{d:g}' for d in deltas)}" if deltas else "")
+        + "; ∞ means no DP."
+        + (
+            " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
+            f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in runs if r.audit):.4f});"
+            " prior: the same metrics for items ranked by other users' interactions alone. What the attack gains beyond the prior is learnt about the client."
+            if audited
+            else ""
+        ),
+        "",
+    ]
+    seeded = [r for r in finished if r.summary.privacy and r.summary.privacy.noise == "seeded"]
+    if seeded:
+        lines += [
+            f"**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = \"seeded\"`): reproducible,"
+            " but the client sample and the noise follow from the policy's seed, so these runs give no privacy guarantee"
+            " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
+            "",
+        ]
+    for plot in plots:
+        lines += [f"![{TITLES[plot.name]}]({plot.name})", ""]
+    failed = [r for r in runs if r.status == "failed"]
+    if failed:
+        lines += ["## Failed runs", ""] + [f"- `runs/{r.dir.parent.name}/{r.dir.name}`: {' '.join(r.error.split())}" for r in failed] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The results of a study: each planned run as its directory shows it now, and one table row per run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, Evaluation, RunSummary, read_json, read_metrics, read_summary
+from fedrecgel_secure.study.plan import read_plan
+
+STATUSES = ("finished", "failed", "unfinished", "not started")
+ATTACK_KEYS = ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k", "chance_auc", "chance_precision_at_k", "view")
+
+
+@dataclass
+class RunRecord:
+    """One planned run as its directory shows it now."""
+
+    setting: dict[str, str]
+    seed: int
+    dir: Path
+    status: str  # one of STATUSES
+    summary: RunSummary | None
+    audit: dict | None
+    error: str | None
+
+    @property
+    def epsilon(self) -> float | None:
+        """The budget a finished run spent (infinite without DP); None until it is finished."""
+        return self.summary.epsilon if self.status == "finished" else None
+
+    def metric(self, evaluation: Literal["best", "final"], key: str) -> float | None:
+        """A metric of a finished run's best or final evaluation."""
+        record: Evaluation | None = getattr(self.summary, evaluation) if self.status == "finished" else None
+        return record[key] if record else None
+
+    def history(self) -> list[Evaluation]:
+        return read_metrics(self.dir)
+
+
+def records(out_dir: Path, plan: dict) -> list[RunRecord]:
+    """Every run of a study's plan, in plan order, with what its directory holds."""
+    out = []
+    for entry in plan["runs"]:
+        run_dir = out_dir / entry["dir"]
+        summary, error = read_summary(run_dir), read_json(run_dir / STUDY_ERROR)
+        if summary is not None and summary.finished:
+            status = "finished"
+        elif error is not None:
+            status = "failed"
+        elif (run_dir / CHECKPOINT).is_file():
+            status = "unfinished"
+        else:
+            status = "not started"
+        audit = read_json(run_dir / AUDIT) if status == "finished" else None
+        out.append(RunRecord(entry["setting"], entry["seed"], run_dir, status, summary, audit, error and error["error"]))
+    return out
+
+
+def groups(runs: list[RunRecord]) -> list[tuple[dict[str, str], list[RunRecord]]]:
+    """The runs of each setting, in plan order."""
+    by_setting: dict[tuple, tuple[dict, list]] = {}
+    for r in runs:
+        by_setting.setdefault(tuple(r.setting.items()), (r.setting, []))[1].append(r)
+    return list(by_setting.values())
+
+
+def collect_results(out_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per planned run, as written to results.csv (values as Python objects, None for missing)."""
+    out_dir = Path(out_dir).resolve()
+    return result_rows(out_dir, records(out_dir, read_plan(out_dir)))
+
+
+def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """The results.csv rows of a study's runs: the setting, then the seed, status, metrics, budget and directory."""
+    audited = any(r.audit for r in runs)
+    rows = []
+    for r in runs:
+        s = r.summary if r.status == "finished" else None
+        privacy = s and s.privacy
+        row = {
+            **r.setting,
+            "seed": r.seed,
+            "status": r.status,
+            "best_round": r.metric("best", "round"),
+            "best_hr@10": r.metric("best", "hr@10"),
+            "best_ndcg@10": r.metric("best", "ndcg@10"),
+            "final_round": r.metric("final", "round"),
+            "final_hr@10": r.metric("final", "hr@10"),
+            "final_ndcg@10": r.metric("final", "ndcg@10"),
+            "epsilon": r.epsilon,
+            "delta": privacy.delta if privacy else None,
+            "dp_noise": privacy.noise if privacy else None,
+            "rounds_done": s.rounds_done if s else None,
+            "rounds_planned": s.rounds_planned if s else None,
+            "stopped_early": s.stopped_early if s else None,
+            "wall_time_s": s.wall_time_s if s else None,
+        }
+        if audited:
+            row.update({k if k.startswith(("attack", "chance", "prior")) else f"attack_{k}": (r.audit or {}).get(k) for k in ATTACK_KEYS})
+        row["dir"] = str(r.dir.relative_to(out_dir))
+        row["error"] = " ".join(r.error.split()) if r.error and r.status == "failed" else None
+        rows.append(row)
+    return rows

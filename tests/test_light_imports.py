@@ -1,0 +1,53 @@
+"""Commands that do not train start fast: they import neither torch, opacus nor tenseal.
+
+Each check runs in a fresh interpreter, so the modules this test session has
+already imported cannot hide an import.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import write_ratings
+from fedrecgel_secure.policy import POLICY_DIR
+
+HEAVY = ("torch", "opacus", "tenseal")
+
+
+def imported_packages(*args: str) -> set[str]:
+    """The top-level packages a Python process imports, from ``-X importtime`` (one line per module, its name last)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
+
+
+LIGHT_MODULES = ["fedrecgel_secure.policy", "fedrecgel_secure.rundir", "fedrecgel_secure.study.report", "fedrecgel_secure.cli.main"]
+
+
+@pytest.mark.parametrize("module", LIGHT_MODULES)
+def test_importing_the_policy_run_directory_and_study_report_modules_loads_no_training_stack(module):
+    imported = imported_packages("-c", f"import {module}")
+    assert "fedrecgel_secure" in imported  # the probe sees our own imports
+    assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
+def commands(tmp_path) -> list[list[str]]:
+    ratings = write_ratings(tmp_path / "ratings.txt")
+    return [
+        ["--help"],
+        ["policy", "validate", str(POLICY_DIR / "default.toml")],
+        ["policy", "show", "--set", "privacy.dp.enabled=true", "--set", "privacy.dp.noise_multiplier=1.0"],
+        ["policy", "schema"],
+        ["data", "list"],
+        ["data", "info", str(ratings)],
+    ]
+
+
+def test_the_commands_that_do_not_train_load_no_training_stack(tmp_path):
+    for argv in commands(tmp_path):
+        imported = imported_packages("-m", "fedrecgel_secure.cli.main", *argv)
+        assert imported.isdisjoint(HEAVY), (argv, sorted(imported & set(HEAVY)))
