@@ -95,14 +95,14 @@ def train(
         def on_round(event):
             if event.metrics is not None:
                 latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
-            info = event.privacy
-            extra = f"  ε {info['epsilon']:.3f}" if "epsilon" in info else ""
-            if "secagg_upload_bytes" in info:
-                server = info["secagg_aggregate_seconds"] + info["secagg_finalize_seconds"]
-                extra += f"  secagg: client {info['secagg_client_seconds']:.2f} s, {info['secagg_upload_bytes'] / 1e6:.1f} MB up, server {server:.2f} s"
-            if info.get("clipped_values"):
-                extra += f"  [yellow]{info['clipped_values']} values clipped to the fixed-point range[/]"
-            if "skipped" in info:
+            info = event.info
+            extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f}"
+            if info.cost is not None:
+                cost = info.cost
+                extra += f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, server {cost.server_seconds:.2f} s"
+            if info.clipped_values:
+                extra += f"  [yellow]{info.clipped_values} values clipped to the fixed-point range[/]"
+            if info.skipped is not None:
                 extra += "  [yellow]round skipped[/]"
             latest["eps"] = extra
             loss = "-" if event.loss is None else f"{event.loss:.4f}"

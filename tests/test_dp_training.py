@@ -124,7 +124,7 @@ def test_an_empty_poisson_round_still_spends_privacy_and_adds_noise(tiny_split):
     before = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach().clone()
     theta = trainer.states.theta.clone()
     loss, info = trainer.train_round()
-    assert loss is None and info["epsilon"] > 0 and trainer.aggregation.accountant.steps == 1
+    assert loss is None and info.epsilon > 0 and trainer.aggregation.accountant.steps == 1
     assert not torch.equal(before, torch.nn.utils.parameters_to_vector(trainer.model.parameters()))
     assert torch.equal(theta, trainer.states.theta)
 

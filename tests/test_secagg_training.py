@@ -30,8 +30,8 @@ def test_masking_gives_the_plaintext_model_after_three_filmtrust_rounds(filmtrus
     assert (shared(plain) - shared(masked)).abs().max() < 1e-6
     theta_diff = (plain.states.theta - masked.states.theta).abs().max().item()
     assert theta_diff < 1e-5, theta_diff  # the private Adam step amplifies the 1e-10-level shared difference
-    assert all(i["rejected"] == 0 and i["secagg_upload_bytes"] > 0 for i in infos)
-    assert all(i["clipped_values"] == 0 for i in infos)  # the default range R = 32 holds every FilmTrust upload
+    assert all(i.rejected == 0 and i.cost.upload_bytes > 0 for i in infos)
+    assert all(i.clipped_values == 0 for i in infos)  # the default range R = 32 holds every FilmTrust upload
 
 
 def test_values_the_fixed_point_range_clips_are_counted_in_the_round_record(filmtrust_split, tmp_path):
@@ -42,7 +42,7 @@ def test_values_the_fixed_point_range_clips_are_counted_in_the_round_record(film
 
 
 def test_ckks_aggregate_is_the_plaintext_sum_within_its_bound_and_the_model_follows(filmtrust_split):
-    from fedrecgel_secure.federation.aggregation import Contributions
+    from fedrecgel_secure.federation.summers import Contributions
     from fedrecgel_secure.federation.sampling import build_local_sets
 
     overrides = ["privacy.secure_aggregation.scheme=ckks"]
@@ -78,7 +78,7 @@ def test_a_round_with_too_few_uploads_is_skipped_and_changes_nothing(filmtrust_s
     trainer = Trainer(load_policy(None, ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.min_clients=123"]), filmtrust_split)
     before, theta, steps = shared(trainer).clone(), trainer.states.theta.clone(), trainer.states.steps.clone()
     loss, info = trainer.train_round()  # 122 clients are sampled, 123 are required
-    assert "skipped" in info and "too_few" in info["skipped"]
+    assert "too_few" in info.skipped
     assert torch.equal(before, shared(trainer)) and torch.equal(theta, trainer.states.theta) and torch.equal(steps, trainer.states.steps)
     assert trainer.round == 1
 
@@ -87,7 +87,7 @@ def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
     overrides = ["model.dtype=float64", "privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=all",
                  "privacy.secure_aggregation.dropout=0.3", "privacy.secure_aggregation.min_clients=20"]
     trainer = Trainer(load_policy(None, overrides), filmtrust_split)
-    from fedrecgel_secure.federation.aggregation import Contributions
+    from fedrecgel_secure.federation.summers import Contributions
     from fedrecgel_secure.federation.sampling import build_local_sets
 
     # in training, only the survivors' private state moves
@@ -102,7 +102,7 @@ def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
     dim = shared(trainer).numel()
     # round 2: the protocol refuses to run a completed round again
     result = trainer.aggregation.summer(2, Contributions(clients, dim, torch.float64, uploads.vector))
-    total, contributors, info = result.total, result.contributors, result.info
-    assert info["dropped"] == int(0.3 * clients.size) and contributors.size == clients.size - info["dropped"]
+    total, contributors = result.total, result.contributors
+    assert result.dropped == int(0.3 * clients.size) and contributors.size == clients.size - result.dropped
     survivors = sum(uploads.vector(int(c)) for c in contributors)
     assert (total - survivors).abs().max() <= contributors.size * 2.0**-37  # n / 2^(f+1) at frac_bits 36

@@ -20,11 +20,12 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.aggregation import DPFedAvg, MeanAggregation, make_summer
+from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, MeanAggregation, RoundInfo
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates
+from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
@@ -39,7 +40,7 @@ GUARANTEE = {
 }
 
 
-def make_aggregation(policy: Policy, split: Split, model: NeuMF):
+def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationRule:
     """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for seeded noise."""
     dim = sum(p.numel() for p in model.parameters())
     secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
@@ -62,7 +63,7 @@ class RoundEvent:
     rounds: int
     loss: float | None  # None when no client was sampled (possible under Poisson sampling)
     metrics: dict | None  # the evaluation record of this round, if it was evaluated
-    privacy: dict  # epsilon, delta, clip norm ... when DP is on
+    info: RoundInfo  # participants, secure-aggregation costs, privacy spent
 
 
 def make_engine(policy: Policy):
@@ -94,8 +95,8 @@ class Trainer:
         self.elapsed = 0.0  # training wall time, carried across resumes
 
     # -- one round --------------------------------------------------------
-    def train_round(self) -> tuple[float | None, dict]:
-        """One round; returns the clients' mean BCE and what the aggregation reports (epsilon, costs, ...).
+    def train_round(self) -> tuple[float | None, RoundInfo]:
+        """One round; returns the clients' mean BCE and what the round reports (participants, costs, epsilon).
 
         A round that secure aggregation skips (too few valid uploads) changes
         neither the model nor any client's state.
@@ -112,8 +113,7 @@ class Trainer:
             if update is not None:
                 # a client whose upload did not make it into the aggregate keeps its old state
                 self.states.commit(update.private.select(torch.from_numpy(result.contributors)))
-        result.info.update(self.aggregation.commit())
-        result.info.update(sampled=int(clients.size), contributors=int(result.contributors.size))
+        self.aggregation.commit(result.info)
         self.round += 1
         return (None if update is None else update.loss), result.info
 
@@ -138,10 +138,10 @@ class Trainer:
             if self.stopped:
                 break
             start = time.perf_counter()
-            loss, privacy = self.train_round()
+            loss, info = self.train_round()
             record = None
             if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
-                record = {"round": self.round, "loss": loss, **self.evaluate(), **privacy}
+                record = {"round": self.round, "loss": loss, **self.evaluate(), **info.record()}
             self.elapsed += time.perf_counter() - start
             if record is not None:
                 record["elapsed_s"] = round(self.elapsed, 3)
@@ -152,7 +152,7 @@ class Trainer:
             if out_dir is not None and (self.round % self.policy.checkpoint.every == 0 or self.round in (last, rounds)):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
             if on_round is not None:
-                on_round(RoundEvent(self.round, rounds, loss, record, privacy))
+                on_round(RoundEvent(self.round, rounds, loss, record, info))
         if self.stopped and out_dir is not None:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
         summary = self.summary()

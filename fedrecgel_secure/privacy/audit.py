@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.federation.aggregation import DPFedAvg, grid_sum
+from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.summers import grid_sum
 from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.rundir import AUDIT, atomic_write_json
 

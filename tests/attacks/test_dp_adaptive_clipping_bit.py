@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from fedrecgel_secure.federation.aggregation import DPFedAvg, make_summer
+from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.policy import DPSettings, SecureAggregationPolicy
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
@@ -67,7 +68,7 @@ def test_the_server_cannot_tell_whether_a_clients_upload_was_clipped():
         assert abs(grid.decode(np.array([last]))[0]) > 100
         # the best the server can do: the released noisy count against what the nine others give (+1/2 each)
         noisy_count = agg._spent.clipped_count
-        agg.commit()
+        agg.commit(result.info)
         guesses.append(noisy_count < (N_CLIENTS - 1) / 2)
         truths.append(clipped)
     accuracy = np.mean(np.array(guesses) == np.array(truths))

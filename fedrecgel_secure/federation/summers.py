@@ -1,0 +1,226 @@
+"""Summers: how an aggregation rule adds up its clients' vectors, and what the server sees while it does.
+
+* :class:`PlainSum`: the server adds the uploads in the clear and sees every one of them;
+* :class:`SecureSum`: the vectors go through a secure-aggregation protocol
+  (:mod:`fedrecgel_secure.privacy.secagg`) and the server learns their sum alone.
+
+Both follow :class:`Summer`: keyword arguments in, a :class:`SumResult` out.
+Under DP, every value either releases is on the fixed-point grid
+(:mod:`fedrecgel_secure.privacy.secagg.fixedpoint`); :func:`grid_sum` is that
+exact sum computed without cryptography.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+
+log = logging.getLogger("fedrecgel_secure.secagg")
+
+Admit = Callable[[list[int]], "str | None"]
+
+
+@dataclass(frozen=True)
+class SecAggCost:
+    """What one round of a protocol cost: the clients' mean time and upload, the server's times."""
+
+    client_seconds: float
+    upload_bytes: float
+    aggregate_seconds: float
+    finalize_seconds: float
+
+    @property
+    def server_seconds(self) -> float:
+        return self.aggregate_seconds + self.finalize_seconds
+
+
+@dataclass
+class Contributions:
+    """What a round's clients hand to the summer, one entry per client position."""
+
+    clients: np.ndarray  # the clients' ids
+    dim: int
+    dtype: torch.dtype
+    vector: Callable[[int], torch.Tensor]  # position -> that client's vector, made on demand
+    noise: Callable[[int], torch.Tensor] | None = None  # position -> its DP noise share (float64), if it adds one
+    total: Callable[[], torch.Tensor] | None = None  # a faster plaintext sum of the vectors, when there is one
+
+
+@dataclass(frozen=True)
+class SumResult:
+    """A round's sum, or why there is none, and what the protocol reports about it."""
+
+    total: torch.Tensor | None  # None: the round was skipped
+    contributors: np.ndarray  # positions of the clients whose vectors are in the total
+    skipped: str | None = None
+    cost: SecAggCost | None = None  # None: no protocol ran
+    rejected: int = 0  # payloads the protocol refused
+    dropped: int = 0  # clients simulated as going silent after masking
+    clipped_values: int = 0  # values the fixed-point range clipped
+
+
+class Summer(Protocol):
+    def __call__(
+        self, round_idx: int, contributions: Contributions, *, central_noise: torch.Tensor | None = None,
+        admit: Admit | None = None,
+    ) -> SumResult:
+        """The sum of the contributions (plus noise shares and ``central_noise``); ``admit(client ids)`` may veto
+        the release once the contributors are known."""
+        ...
+
+
+def _refused(admit: Admit | None, ids: list[int]) -> str | None:
+    return None if admit is None else admit(ids)
+
+
+def grid_sum(
+    grid: FixedPoint, contributions: Contributions, positions, central_noise: torch.Tensor | None, part: slice
+) -> tuple[torch.Tensor, int]:
+    """The exact fixed-point sum of ``part`` of each contribution (plus its noise share) and of ``central_noise``.
+
+    This is what any exact secure-aggregation scheme releases, computed without
+    cryptography: each client's integers ``encode(vector + share)``, summed, plus
+    the central noise on the grid. Returns the decoded sum and how many values
+    the grid's range clipped.
+    """
+    total, clipped = None, 0
+    for pos in positions:
+        share = None if contributions.noise is None else contributions.noise(int(pos))[part].numpy()
+        ints, over = grid.encode(contributions.vector(int(pos))[part].double().numpy(), share)
+        total = ints if total is None else total + ints
+        clipped += over
+    if central_noise is not None:
+        noise = grid.encode_noise(central_noise[part].numpy()).astype(np.int64)
+        total = noise if total is None else total + noise
+    width = part.indices(contributions.dim)
+    if total is None:
+        return torch.zeros(len(range(*width)), dtype=contributions.dtype), clipped
+    return torch.from_numpy(grid.decode(total)).to(contributions.dtype), clipped
+
+
+class PlainSum:
+    """The server adds the uploads in the clear: it sees every one of them.
+
+    Without DP noise this is the authors' float sum. With noise, every value the
+    server sees is on the fixed-point grid: each client's noised upload
+    (distributed), or the noised sum (central), so that no low-order bits of
+    the floating-point sampler are released (see :mod:`fedrecgel_secure.privacy.dp.randomness`).
+    """
+
+    def __init__(self, grid: FixedPoint):
+        self.grid = grid
+
+    def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
+        positions = np.arange(contributions.clients.size)
+        reason = _refused(admit, [int(c) for c in contributions.clients])
+        if reason is not None:
+            return SumResult(None, np.zeros(0, dtype=np.int64), skipped=reason)
+        if contributions.noise is not None:
+            total, clipped = grid_sum(self.grid, contributions, positions, central_noise, slice(None))
+            return SumResult(total, positions, clipped_values=clipped)
+        if contributions.total is not None:
+            total = contributions.total()
+        else:
+            total = sum((contributions.vector(c) for c in positions), torch.zeros(contributions.dim, dtype=contributions.dtype))
+        if central_noise is not None:
+            snapped = self.grid.decode(self.grid.encode_noise((total.double() + central_noise).numpy()).astype(np.int64))
+            total = torch.from_numpy(snapped).to(contributions.dtype)
+        return SumResult(total, positions)
+
+
+class _LazyVectors(Mapping):
+    """client id -> float64 numpy slice of a per-position vector, made when the protocol asks for it."""
+
+    def __init__(self, clients: np.ndarray, make: Callable[[int], torch.Tensor], covered: int):
+        self.make, self.covered = make, covered
+        self.position = {int(cid): pos for pos, cid in enumerate(clients)}
+
+    def __getitem__(self, cid):
+        return self.make(self.position[cid])[: self.covered].double().numpy()
+
+    def __iter__(self):
+        return iter(self.position)
+
+    def __len__(self):
+        return len(self.position)
+
+
+class SecureSum:
+    """Sums through a secure-aggregation session: the server learns only the sum of >= min_clients uploads.
+
+    ``covered`` leading coordinates of each contribution go through the protocol
+    (all of them by default; the item table alone with ``cover = "item_embeddings"``);
+    the rest, if any, is summed in the clear over the same contributors. Noise
+    shares and central noise land on the protocol's fixed-point grid.
+    ``dropout`` simulates that fraction of clients going silent after masking,
+    drawn from its own seeded stream so that it never changes training draws.
+    """
+
+    def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
+        from fedrecgel_secure.privacy.secagg import make_session
+
+        self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
+        self.grid = settings.encoding()
+        params = settings.ckks.params() if settings.scheme == "ckks" else settings.masking.params()
+        self.session = make_session(
+            settings.scheme, covered, range(n_clients), min_clients=settings.min_clients, params=params,
+            encoding=self.grid,
+        )
+
+    def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
+        from fedrecgel_secure.privacy.secagg import RoundSkipped
+
+        clients = contributions.clients
+        rng = np.random.default_rng([self.seed, round_idx])
+        dropped = set()
+        if self.settings.dropout > 0 and clients.size:
+            dropped = {int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)}
+        shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
+        central = None if central_noise is None else central_noise[: self.covered].numpy()
+        try:
+            result = self.session.run_round(
+                round_idx, _LazyVectors(clients, contributions.vector, self.covered), noise_shares=shares,
+                central_noise=central, drop_after_masking=dropped, admit=admit,
+            )
+        except RoundSkipped as skipped:
+            for cid, reason in skipped.rejected.items():
+                log.warning("round %d: rejected client %d: %s", round_idx, cid, reason)
+            log.warning("round %d skipped: %s", round_idx, skipped)
+            return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), dropped=len(dropped))
+        for cid, reason in result.rejected.items():
+            log.warning("round %d: rejected client %d: %s", round_idx, cid, reason)
+        position = {int(cid): pos for pos, cid in enumerate(clients)}
+        contributors = np.array(sorted(position[c] for c in result.contributors), dtype=np.int64)
+        total = torch.from_numpy(np.asarray(result.total, dtype=np.float64)).to(contributions.dtype)
+        clipped = result.clipped
+        if self.covered < contributions.dim:  # the uncovered part, summed in the clear over the same contributors
+            if contributions.noise is None and central_noise is None:
+                rest = sum(
+                    (contributions.vector(int(c))[self.covered :] for c in contributors),
+                    torch.zeros(contributions.dim - self.covered, dtype=contributions.dtype),
+                )
+            else:
+                rest, over = grid_sum(self.grid, contributions, contributors, central_noise, slice(self.covered, None))
+                clipped += over
+            total = torch.cat([total, rest])
+        return SumResult(
+            total, contributors, cost=SecAggCost(**result.cost), rejected=len(result.rejected), dropped=len(dropped),
+            clipped_values=clipped,
+        )
+
+
+def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:
+    """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate."""
+    if settings.scheme == "none":
+        return PlainSum(settings.encoding())
+    covered = dim if settings.cover == "shared" else n_item_values
+    return SecureSum(settings, n_clients, dim, covered, seed)
+
+
