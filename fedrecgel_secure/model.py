@@ -35,7 +35,7 @@ class NeuMF(nn.Module):
         return self.gmf_dim + self.mlp_dim
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """The authors' initialisation (DESIGN §1)."""
+        """The authors' initialisation (docs/design.md, "The algorithm")."""
         with torch.no_grad():
             self.item_embeddings.normal_(0.0, 0.01, generator=generator)
             for layer in self.mlp:

@@ -30,7 +30,7 @@ from fedrecgel_secure.privacy.dp.mechanism import (
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
-# The figure of DESIGN.md section 4: ML-1M's 6,040 clients, 100 per round.
+# The design document's figure: ML-1M's 6,040 clients, 100 per round.
 Q = 100 / 6040
 DELTA = 1e-4
 

@@ -1,4 +1,4 @@
-"""One round of the trainer against an independent, straightforward computation of DESIGN §1.
+"""One round of the trainer against an independent, straightforward computation of docs/design.md, "The algorithm".
 
 The reference below re-derives everything from the written algorithm: NeuMF
 by hand from the weight tensors, the loss as an explicit sum of chunk means of

@@ -1,4 +1,4 @@
-"""Preprocessing as DESIGN §1: filter, re-index, leave-one-out, negatives, cache."""
+"""Preprocessing as docs/design.md, "The data": filter, re-index, leave-one-out, negatives, cache."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from fedrecgel_secure.data.loaders import RawInteractions
 
-QB_ARTICLE_SHAPE = dict(n_users=24_508, n_items=7_352, n_interactions=348_704)  # DESIGN §1, after filtering
+QB_ARTICLE_SHAPE = dict(n_users=24_508, n_items=7_352, n_interactions=348_704)  # docs/design.md, "The data": after filtering
 
 
 def synthetic_interactions(n_users: int, n_items: int, n_interactions: int, *, min_per_user: int = 5, seed: int = 0) -> RawInteractions:

@@ -19,7 +19,7 @@ items scored by how many *other* users interacted with them in training, which
 a server learns from aggregates over time without any one client's upload.
 What an attack achieves beyond the prior is what it learns about that client.
 
-What the server observes depends on the policy (DESIGN §4):
+What the server observes depends on the policy (docs/design.md, "Threat model"):
 
 =====================  ===================  ==================================
 secure aggregation     DP mode              the server's view of client c
