@@ -21,6 +21,7 @@ from conftest import write_ratings
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
 from fedrecgel_secure.study import EPSILON_KEY, plan_study
+from fedrecgel_secure.study.plots import PLOTS_DIGEST
 
 PLOTS = ("hr_ndcg_vs_epsilon.png", "hr_over_rounds.png")
 ROUNDS = 6
@@ -166,9 +167,27 @@ def test_study_report_imports_neither_torch_opacus_nor_tenseal(resumed_study, tm
 
     out = tmp_path / "copy"
     shutil.copytree(resumed_study["out"], out)
+    (out / PLOTS_DIGEST).unlink()  # force a redraw
     imported = imported_packages("-m", "fedrecgel_secure.cli.main", "study", "report", str(out))
     assert (out / "report.md").is_file() and "matplotlib" in imported  # it did draw the plots
     assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_study_report_redraws_plots_only_when_their_inputs_changed(resumed_study, tmp_path):
+    from test_light_imports import imported_packages
+
+    out = tmp_path / "copy"
+    shutil.copytree(resumed_study["out"], out)
+    drawn = {name: (out / name).stat().st_mtime_ns for name in PLOTS}
+    imported = imported_packages("-m", "fedrecgel_secure.cli.main", "study", "report", str(out))
+    assert "matplotlib" not in imported and {name: (out / name).stat().st_mtime_ns for name in PLOTS} == drawn
+    assert "![HR@10 per round](hr_over_rounds.png)" in (out / "report.md").read_text()
+    # one run's metrics change (a resumed run, say): every figure is drawn again
+    metrics = run_dirs(out)[0] / "metrics.jsonl"
+    metrics.write_text("\n".join(metrics.read_text().splitlines()[:-1]) + "\n")
+    imported = imported_packages("-m", "fedrecgel_secure.cli.main", "study", "report", str(out))
+    assert "matplotlib" in imported
+    assert all((out / name).stat().st_mtime_ns != drawn[name] for name in PLOTS)
 
 
 def test_parallel_jobs_give_the_same_metrics(resumed_study, tmp_path):

@@ -7,13 +7,16 @@ matplotlib is imported when a figure is drawn, not with this module.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from fedrecgel_secure.rundir import CURVES, atomic_write_bytes, read_metrics, read_summary
+from fedrecgel_secure import __version__
+from fedrecgel_secure.rundir import AUDIT, CURVES, METRICS, SUMMARY, atomic_write_bytes, read_metrics, read_summary
 from fedrecgel_secure.study.results import RunRecord, groups
 from fedrecgel_secure.study.spec import EPSILON_KEY
 
@@ -21,6 +24,7 @@ PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
 PLOT_ATTACK = "attack_vs_epsilon.png"
 TITLES = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε"}
+PLOTS_DIGEST = ".plots.sha256"  # what the study's figures were drawn from
 
 
 def figure(width: float, height: float, ncols: int = 1):
@@ -131,12 +135,41 @@ def _epsilon_curves(ax, settings, other_keys, value: Callable[[RunRecord], float
             ax.plot(xs[n_finite - 1 : n_finite + 1], ys[n_finite - 1 : n_finite + 1], color=color, linestyle=":")
 
 
+def _inputs_digest(plan: dict, done: list[RunRecord]) -> str:
+    """SHA-256 over everything the study's figures are drawn from, and the version that draws them."""
+    h = hashlib.sha256(json.dumps([__version__, plan], sort_keys=True, default=str).encode())
+    for r in done:
+        for name in (SUMMARY, METRICS, AUDIT):
+            path = r.dir / name
+            h.update(f"{r.dir.name}/{name}:".encode())
+            h.update(path.read_bytes() if path.is_file() else b"-")
+    return h.hexdigest()
+
+
 def plot_study(out_dir: Path, plan: dict, records: list[RunRecord]) -> list[Path]:
     """The study's figures from its finished runs: utility against ε, HR@10 per round, and attack success
-    against ε when the runs were audited. Figures of an earlier build that no longer apply are removed."""
+    against ε when the runs were audited. Figures of an earlier build that no longer apply are removed.
+
+    Drawing is most of a report's time (matplotlib alone takes about half a second to import), so the
+    figures are redrawn only when what they are drawn from has changed: ``.plots.sha256`` holds the digest
+    of those inputs and the names of the figures drawn from them."""
     done = [r for r in records if r.status == "finished"]
+    digest = _inputs_digest(plan, done)
+    try:
+        previous = json.loads((out_dir / PLOTS_DIGEST).read_text())
+        if previous["digest"] == digest and all((out_dir / name).is_file() for name in previous["plots"]):
+            return [out_dir / name for name in previous["plots"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no usable record: draw
+    (out_dir / PLOTS_DIGEST).unlink(missing_ok=True)  # a crash while drawing leaves no false record
     for name in TITLES:
         (out_dir / name).unlink(missing_ok=True)  # no stale plot survives a rebuild
+    written = _draw_study(out_dir, plan, records, done)
+    atomic_write_bytes(out_dir / PLOTS_DIGEST, json.dumps({"digest": digest, "plots": [p.name for p in written]}).encode())
+    return written
+
+
+def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[RunRecord]) -> list[Path]:
     if not done:
         return []
     keys = list(plan["grid"])
