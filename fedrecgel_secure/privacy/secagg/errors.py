@@ -1,7 +1,13 @@
 """Errors raised by the secure-aggregation protocol.
 
-Everything a client, a peer or a user can cause is a ``BadInputError`` subclass,
-so the CLI reports it without a traceback and callers need to catch one type.
+Three kinds, kept apart:
+
+* :class:`RejectedPayload` and :class:`KeyFileError`: bad input from a peer or a
+  user, ``BadInputError`` subclasses, so the CLI reports them without a traceback;
+* :class:`RoundSkipped`: an outcome, not an error of anyone's input: the round
+  produced no aggregate, and the caller goes on without it;
+* misuse of a role (methods called out of order) raises
+  :class:`fedrecgel_secure.errors.ProtocolStateError`, a programming error.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ class RejectedPayload(BadInputError):
         super().__init__(f"{self.reason.value}: {detail} ({who})")
 
 
-class RoundSkipped(BadInputError):
+class RoundSkipped(Exception):
     """A round could not produce an aggregate; no persistent state was changed.
 
     ``reason`` is a short code (``too_few_clients``, ``below_threshold``,
