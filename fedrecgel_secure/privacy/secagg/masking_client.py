@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from fedrecgel_secure.errors import BadInputError
 
@@ -45,7 +45,6 @@ from .masking import (
     cohort_digest,
     neighbour_graph,
     prg_into,
-    x25519_public,
 )
 from .masking_wire import (
     _PAIR,
@@ -75,8 +74,8 @@ class _ClientRound:
     cohort: tuple[int, ...] = ()
     neighbours: tuple[int, ...] = ()
     t: int = 0
-    c_pub: dict[int, bytes] = field(default_factory=dict)
-    s_pub: dict[int, bytes] = field(default_factory=dict)
+    c_shared: dict[int, bytes] = field(default_factory=dict)  # X25519(c_i, c_j): encrypts shares
+    s_shared: dict[int, bytes] = field(default_factory=dict)  # X25519(s_i, s_j): seeds the pairwise mask
     held: dict[int, tuple[int, int]] = field(default_factory=dict)
     survivors: tuple[int, ...] | None = None
     answered: bool = False
@@ -187,19 +186,25 @@ class MaskingClient:
                     by_id[j], directory=self.directory, kind=Kind.MASK_ADVERTISE, round_idx=st.round_idx,
                     completed_round=-1, context=st.context,
                 )
-                st.c_pub[j], st.s_pub[j] = decode_keys(env.body, j)
+                c_pub, s_pub = decode_keys(env.body, j, probe=False)
+                # Both secrets now, once: a zero or low-order key makes exchange raise (bad_key).
+                try:
+                    c_shared = st.c_key.exchange(X25519PublicKey.from_public_bytes(c_pub))
+                    s_shared = st.s_key.exchange(X25519PublicKey.from_public_bytes(s_pub))
+                except ValueError:
+                    raise RejectedPayload(Reason.BAD_KEY, "X25519 key is all-zero or of low order", j) from None
+                st.c_shared[j], st.s_shared[j] = c_shared, s_shared
             except RejectedPayload as exc:
                 log.warning("client %s: ignoring advert of neighbour %s: %s", self.client_id, j, exc)
-        if len(st.c_pub) < st.t:
-            raise self._violation(Reason.TOO_FEW_SHARES, f"{len(st.c_pub)} valid neighbours, threshold {st.t}")
-        receivers = sorted(st.c_pub)
+        if len(st.c_shared) < st.t:
+            raise self._violation(Reason.TOO_FEW_SHARES, f"{len(st.c_shared)} valid neighbours, threshold {st.t}")
+        receivers = sorted(st.c_shared)
         xs = [j + 1 for j in receivers]
         b_shares = shamir.split(st.b_seed, xs, st.t)
         s_shares = shamir.split(st.s_key.private_bytes_raw(), xs, st.t)
         entries = []
         for j, x in zip(receivers, xs):
-            shared = st.c_key.exchange(x25519_public(st.c_pub[j]))
-            aead, aad = _share_cipher(shared, st.round_seed, st.round_idx, self.client_id, j)
+            aead, aad = _share_cipher(st.c_shared[j], st.round_seed, st.round_idx, self.client_id, j)
             plain = shamir.share_to_bytes(b_shares[x]) + shamir.share_to_bytes(s_shares[x])
             entries.append(_U32.pack(j) + aead.encrypt(b"\x00" * 12, plain, aad))
         body = _U32.pack(len(entries)) + b"".join(entries)
@@ -217,10 +222,9 @@ class MaskingClient:
             raise self._violation(Reason.NOT_IN_COHORT, f"inbox is addressed to client {recipient}")
         held: dict[int, tuple[int, int]] = {}
         for sender, ct in incoming.items():
-            if sender not in st.c_pub:
+            if sender not in st.c_shared:
                 raise self._violation(Reason.BAD_SHARE, f"share from {sender}, who is not a verified neighbour")
-            shared = st.c_key.exchange(x25519_public(st.c_pub[sender]))
-            aead, aad = _share_cipher(shared, st.round_seed, st.round_idx, sender, self.client_id)
+            aead, aad = _share_cipher(st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id)
             try:
                 plain = aead.decrypt(b"\x00" * 12, ct, aad)
                 held[sender] = (
@@ -239,8 +243,7 @@ class MaskingClient:
         mask = np.empty_like(y)
         y += prg_into(_self_seed(st.b_seed, st.round_seed, st.round_idx, self.client_id), mask)
         for j in sorted(held):
-            shared = st.s_key.exchange(x25519_public(st.s_pub[j]))
-            prg_into(_pair_seed(shared, st.round_seed, st.round_idx, self.client_id, j), mask)
+            prg_into(_pair_seed(st.s_shared[j], st.round_seed, st.round_idx, self.client_id, j), mask)
             if self.client_id < j:
                 y += mask
             else:
@@ -293,8 +296,11 @@ class MaskingClient:
             raise self._violation(Reason.INCONSISTENT, "the unmask request names another survivor set than the one confirmed")
         digest = hashlib.sha256(confirmation_body(cohort_digest(st.cohort), st.round_idx, survivors)).digest()
         cohort = set(st.cohort)
+        need = self.params.consistency_threshold(len(st.cohort))
         valid = 0
         for signer, signature in sigs.items():
+            if valid >= need:
+                break  # T is all it takes; verifying the rest would only cost time
             if signer not in cohort:
                 continue
             try:
@@ -302,7 +308,6 @@ class MaskingClient:
             except RejectedPayload:
                 continue
             valid += 1
-        need = self.params.consistency_threshold(len(st.cohort))
         if valid < need:
             raise self._violation(Reason.INCONSISTENT, f"{valid} valid confirmations of the survivor set, {need} required")
         st.answered = True

@@ -214,12 +214,17 @@ def decode_masked(body: bytes, dim: int, client_id: int | None = None) -> np.nda
     return np.frombuffer(body, dtype="<u8")
 
 
-def decode_keys(body: bytes, client_id: int) -> tuple[bytes, bytes]:
-    """An ADVERTISE body: (c_pub, s_pub), each checked to be a usable X25519 key."""
+def decode_keys(body: bytes, client_id: int, *, probe: bool = True) -> tuple[bytes, bytes]:
+    """An ADVERTISE body: (c_pub, s_pub); with ``probe``, each checked to be a usable X25519 key (``bad_key``).
+
+    Clients pass ``probe=False``: they run the real exchanges at once and treat
+    the error they raise on such a key the same way.
+    """
     if len(body) != 64:
         raise RejectedPayload(Reason.WRONG_SHAPE, f"key advert of {len(body)} bytes, expected 64", client_id)
     c_pub, s_pub = bytes(body[:32]), bytes(body[32:])
-    x25519_public(c_pub, client_id)
-    x25519_public(s_pub, client_id)
+    if probe:
+        x25519_public(c_pub, client_id)
+        x25519_public(s_pub, client_id)
     return c_pub, s_pub
 
