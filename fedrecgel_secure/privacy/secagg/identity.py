@@ -243,8 +243,11 @@ class ServerIdentity(ClientIdentity):
 class IdentityDirectory:
     """Public identity keys of the clients allowed to take part (or, with ``domain=SERVER_DOMAIN``, of the server)."""
 
+    VERIFIED_CACHE = 8192  # successful verifications remembered, oldest dropped first
+
     def __init__(self, public_keys: Mapping[int, bytes], *, domain: bytes = DOMAIN) -> None:
         self.domain = bytes(domain)
+        self._verified: dict[tuple[int, bytes, bytes], None] = {}
         self._keys: dict[int, Ed25519PublicKey] = {}
         for client_id, raw in public_keys.items():
             check_client_id(client_id)
@@ -281,10 +284,20 @@ class IdentityDirectory:
 
     def verify(self, context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, signature: bytes) -> None:
         self.check_known(client_id)
+        message = signed_message(context, kind, round_idx, client_id, digest, self.domain)
+        key = (client_id, bytes(signature), message)
+        if key in self._verified:
+            return
         try:
-            self._keys[client_id].verify(signature, signed_message(context, kind, round_idx, client_id, digest, self.domain))
+            self._keys[client_id].verify(signature, message)
         except InvalidSignature:
             raise RejectedPayload(Reason.BAD_SIGNATURE, "signature does not verify", client_id) from None
+        # Verification is deterministic, so a directory shared by the simulated clients of
+        # one process (SecAggSession) checks each (key, message, signature) once: in the
+        # masking protocol every client checks the same T consistency signatures.
+        if len(self._verified) >= self.VERIFIED_CACHE:
+            self._verified.pop(next(iter(self._verified)))
+        self._verified[key] = None
 
 
 def open_envelope(
