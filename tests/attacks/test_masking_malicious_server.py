@@ -356,3 +356,20 @@ def test_control_the_reconstruction_works_once_t_neighbours_collude(colluders):
         assert np.abs(est - s.xs[V]).max() <= GRID.error_bound(1)
     else:
         assert est is None
+
+
+def test_a_holder_shown_another_cohort_cannot_open_the_victims_shares():
+    """Two cohort views give two consistency domains; the shares are bound to the sender's view.
+
+    Otherwise holders in a second view could confirm "victim dropped" among
+    themselves (s-shares) while the first view confirms "victim survived"
+    (b-shares), and each view's T signatures would come from its own members.
+    """
+    s = Server(MaskingParams(degree="all", threshold=4))
+    broadcast = s.announce()
+    other_view = s.sign(Kind.MASK_COHORT, encode_adverts(0, s.seed, [s.adverts[c] for c in range(N - 1)]))
+    for c in range(N):
+        s.agg.receive(s.clients[c].share_keys(other_view if c == 5 else broadcast))
+    bundles = s.agg._round.bundles
+    inbox = s.sign(Kind.MASK_INBOX, encode_inbox(0, 5, [(j, bundles[j][5]) for j in range(N - 1) if j != 5]))
+    refused(s.clients[5].masked_input, inbox, s.xs[5], reason="bad_share")

@@ -75,9 +75,8 @@ class Kind(IntEnum):
     MASK_COHORT = 7  # key broadcast: the cohort's signed adverts
     MASK_INBOX = 8  # one client's encrypted shares
     MASK_CHECK = 9  # survivor set U3, for the consistency check
+    MASK_CONFIRM = 10  # signed by a masking client: its signature on (cohort, U3)
     MASK_REQUEST = 11  # unmask request: U3 and the forwarded confirmations
-    # Signed by a masking client:
-    MASK_CONFIRM = 10  # the client's signature on (cohort, U3)
 
 
 SERVER_KINDS = frozenset({Kind.MASK_ANNOUNCE, Kind.MASK_COHORT, Kind.MASK_INBOX, Kind.MASK_CHECK, Kind.MASK_REQUEST})

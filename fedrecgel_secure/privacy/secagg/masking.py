@@ -233,10 +233,17 @@ def _pair_seed(shared: bytes, round_seed: bytes, round_idx: int, a: int, b: int)
     return _hkdf(shared, b"pair-mask", round_seed, struct.pack(">QII", round_idx, lo, hi), length=MASK_KEY_BYTES)
 
 
-def _share_cipher(shared: bytes, round_seed: bytes, round_idx: int, sender: int, receiver: int) -> tuple[ChaCha20Poly1305, bytes]:
-    # The key is per direction, so the fixed nonce is never used twice under one key.
+def _share_cipher(
+    shared: bytes, round_seed: bytes, round_idx: int, sender: int, receiver: int, cohort: bytes
+) -> tuple[ChaCha20Poly1305, bytes]:
+    """AEAD for one share pair. The key is per direction, so the fixed nonce is never used twice under one key.
+
+    ``cohort`` (the :func:`cohort_digest` the sender saw) is authenticated data:
+    a receiver shown another cohort cannot open the shares, so everyone who
+    holds a client's shares saw its cohort and signs in the same consistency check.
+    """
     info = struct.pack(">QII", round_idx, sender, receiver)
-    return ChaCha20Poly1305(_hkdf(shared, b"share-key", round_seed, info)), info + round_seed
+    return ChaCha20Poly1305(_hkdf(shared, b"share-key", round_seed, info)), info + round_seed + cohort
 
 
 def _context(session_tag: bytes, round_seed: bytes) -> bytes:

@@ -72,6 +72,7 @@ class _ClientRound:
     s_key: X25519PrivateKey
     b_seed: bytes
     cohort: tuple[int, ...] = ()
+    digest: bytes = b""  # cohort_digest(cohort)
     neighbours: tuple[int, ...] = ()
     t: int = 0
     c_shared: dict[int, bytes] = field(default_factory=dict)  # X25519(c_i, c_j): encrypts shares
@@ -177,7 +178,7 @@ class MaskingClient:
                 Reason.TOO_FEW_CONTRIBUTORS, f"cohort of {len(cohort)} clients, at least {self.min_clients} required"
             )
         graph = neighbour_graph(cohort, self.params, st.round_seed)
-        st.cohort, st.neighbours = tuple(cohort), graph[self.client_id]
+        st.cohort, st.neighbours, st.digest = tuple(cohort), graph[self.client_id], cohort_digest(cohort)
         st.t = self.params.threshold_for(len(st.neighbours))
         by_id = {e.client_id: e for e in envelopes}
         for j in st.neighbours:
@@ -204,7 +205,7 @@ class MaskingClient:
         s_shares = shamir.split(st.s_key.private_bytes_raw(), xs, st.t)
         entries = []
         for j, x in zip(receivers, xs):
-            aead, aad = _share_cipher(st.c_shared[j], st.round_seed, st.round_idx, self.client_id, j)
+            aead, aad = _share_cipher(st.c_shared[j], st.round_seed, st.round_idx, self.client_id, j, st.digest)
             plain = shamir.share_to_bytes(b_shares[x]) + shamir.share_to_bytes(s_shares[x])
             entries.append(_U32.pack(j) + aead.encrypt(b"\x00" * 12, plain, aad))
         body = _U32.pack(len(entries)) + b"".join(entries)
@@ -224,7 +225,7 @@ class MaskingClient:
         for sender, ct in incoming.items():
             if sender not in st.c_shared:
                 raise self._violation(Reason.BAD_SHARE, f"share from {sender}, who is not a verified neighbour")
-            aead, aad = _share_cipher(st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id)
+            aead, aad = _share_cipher(st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id, st.digest)
             try:
                 plain = aead.decrypt(b"\x00" * 12, ct, aad)
                 held[sender] = (
@@ -280,7 +281,7 @@ class MaskingClient:
         self._check_survivors(st, survivors)
         st.survivors = tuple(survivors)
         self._confirmed_round = max(self._confirmed_round, st.round_idx)
-        signed = confirmation_body(cohort_digest(st.cohort), st.round_idx, survivors)
+        signed = confirmation_body(st.digest, st.round_idx, survivors)
         return self.identity.seal(Kind.MASK_CONFIRM, st.round_idx, signed, st.context)
 
     def unmask(self, request: bytes) -> bytes:
@@ -294,7 +295,7 @@ class MaskingClient:
         survivors, sigs = self._decode(decode_request, body, st.round_idx)
         if tuple(survivors) != st.survivors:
             raise self._violation(Reason.INCONSISTENT, "the unmask request names another survivor set than the one confirmed")
-        digest = hashlib.sha256(confirmation_body(cohort_digest(st.cohort), st.round_idx, survivors)).digest()
+        digest = hashlib.sha256(confirmation_body(st.digest, st.round_idx, survivors)).digest()
         cohort = set(st.cohort)
         need = self.params.consistency_threshold(len(st.cohort))
         valid = 0
