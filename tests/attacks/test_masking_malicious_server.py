@@ -373,3 +373,22 @@ def test_a_holder_shown_another_cohort_cannot_open_the_victims_shares():
     bundles = s.agg._round.bundles
     inbox = s.sign(Kind.MASK_INBOX, encode_inbox(0, 5, [(j, bundles[j][5]) for j in range(N - 1) if j != 5]))
     refused(s.clients[5].masked_input, inbox, s.xs[5], reason="bad_share")
+
+
+def test_a_survivor_kept_out_of_the_consistency_check_has_no_b_share_revealed():
+    """The server lists the victim in U3 but never asks it to confirm, so the victim never checks its partners.
+
+    Holders reveal a b-share only for partners whose own signature on U3 they
+    verified, so the victim's self mask stays on: its upload is left out of any sum.
+    """
+    s = Server()
+    s.upload_all(s.share())
+    everyone = list(range(N))
+    check = s.check(everyone)
+    sigs = {c: Envelope.parse(s.clients[c].confirm(check)).signature for c in range(1, N)}
+    request = s.sign(Kind.MASK_REQUEST, encode_request(0, everyone, sigs))
+    for c in range(1, N):
+        s.collect(s.clients[c].unmask(request))
+    assert (V, 0) not in s.shares and (V, 1) not in s.shares
+    assert all(len(s.shares[(c, 0)]) == N - 2 for c in range(1, N))
+    s.assert_victim_safe()

@@ -47,9 +47,12 @@ client checks; a client that finds any check failing raises
 5. unmask request (server, signed): U3 and the forwarded signatures. A client
    needs T = ⌊f·n⌋ + 1 valid signatures of cohort members on its own
    (cohort, U3) (``MaskingParams.consistency`` = f, n = cohort size); then,
-   once only, it reveals for each partner the b-share if the partner is in U3
-   and the s-share if not, never both. With t shares the aggregator recovers
-   b_i for survivors and s_i for dropouts and outputs the survivors' exact sum.
+   once only, it reveals for each partner the s-share if the partner is not
+   in U3, the b-share if it is in U3 and its own signature on U3 is among
+   those forwarded (so it checked its partners), and never both. With t shares
+   the aggregator recovers b_i for survivors and s_i for dropouts and outputs
+   the survivors' exact sum. A client that drops out between its upload and
+   its confirmation therefore makes the attempt fail (``below_threshold``).
 
 A round is skipped (:class:`RoundSkipped`, nothing committed) if fewer than
 ``min_clients`` clients remain at any step, fewer than T confirm the survivor
@@ -57,38 +60,51 @@ set, or some needed secret has fewer than t shares. Fresh keys and seeds per
 attempt mean a retried round never reuses a mask, and binding the round seed
 into every signature stops messages of one attempt being replayed into another.
 
-Guarantees (c = colluding clients, c_v = those among client v's neighbours;
-"exposed" means the server learns x_v alone):
+Guarantees. c = number of colluding clients, c_v = those among client v's
+neighbours; "exposed" means the server learns x_v itself. t > k/2 (the
+default threshold) is assumed throughout; n is the cohort size, T = ⌊f·n⌋ + 1.
 
-(a) Honest-but-curious server: it learns only the survivors' sum, per
-    connected component of the graph, each of at least ``min_clients``
-    clients. With c colluding clients, v is exposed iff c_v ≥ t (they hand over
-    the shares of v's s-key while the rest reveal its b-share, or the other
-    way round).
-(b) Malicious server, no colluding clients: it can choose who is in the cohort
-    (at least ``min_clients``) and who counts as a survivor, and it can show
-    disjoint groups of clients different cohorts, so it can obtain sums over
-    disjoint client sets of its choosing, each of at least ``min_clients``
-    (a survivor set needs t of each member's partners, and the consistency
-    check fixes one survivor set per view); never a single upload. A client
-    that uploaded but was never sent the consistency request will take part in
-    a new attempt of the same round with the same input; the trainer moves on
-    to a new round (new inputs) after a skip, and callers that retry a round
-    with the same inputs give a malicious server two sums over different sets.
-(c) Malicious server and c colluding clients: while c < 2T − n (n the cohort
-    size the server chose, so this bound is the server's to pick within
-    [``min_clients``, everyone]; with f = 2/3 and n = min_clients it is about
-    n/3), every honest client that releases shares saw the same survivor set,
-    and v is exposed iff c_v ≥ t. SecAgg+ residual: the server picks the round
-    seed and the cohort, hence the graph, and can search for one that puts t
-    colluders around a chosen victim (c_v ≥ t needs only t colluders, not a
-    fraction of the cohort). Under a malicious-server threat model use the
-    complete graph (``degree="all"``: k = n − 1, so c_v = c and t ≈ n/2).
+(a) Honest-but-curious server: it learns only the survivors' sum, one sum per
+    connected component of the graph on the survivors (one component for the
+    complete graph; with t > k/2 and the ring graph, a survivor set in which
+    every survivor keeps t partners stays connected), and nothing if fewer than
+    ``min_clients`` survive. With c colluding clients, v is exposed iff
+    c_v ≥ t (they hand over v's s-key shares while the others reveal its
+    b-share), or every honest partner j of v is itself exposed (c_j ≥ t); in
+    the complete graph both conditions read c ≥ t.
+(b) Malicious server, no colluding clients: it picks the cohort (at least
+    ``min_clients`` known clients) and the survivor set, and may show disjoint
+    groups different cohorts. Shares are bound to the cohort their sender saw
+    and the consistency check fixes one survivor set per cohort view, so each
+    client's upload is unmasked in at most one sum, over a set of at least
+    ``min_clients``; a b-share is revealed only for a client that itself
+    signed that set, so only after it checked that it keeps t partners in it.
+    The server obtains sums over disjoint client sets of its choosing, never a
+    single upload.
+    Per attempt, that is: a client that uploaded but was never sent the
+    consistency request takes part in a new attempt of the same round with the
+    same input (one that signed a survivor set refuses). The trainer moves to
+    a new round, with new inputs, after a skip; a caller that retries a round
+    with the same inputs can be given two sums over different sets.
+(c) Malicious server and c colluding clients: while c < 2T − n every honest
+    client that releases shares saw the same survivor set (two sets need T
+    signatures each, so 2T − n common signers, at least one of them honest),
+    and v is exposed iff the condition of (a) holds, in particular iff c_v ≥ t
+    in the complete graph. n is the cohort the server chose, so it may pick
+    the smallest allowed cohort (``min_clients``, where 2T − n ≈ n/3 at
+    f = 2/3). SecAgg+ residual: the server also picks the round seed and the
+    cohort, hence the graph, and can search for one that places t colluders
+    around a chosen victim, which needs only t colluders, not a fraction of
+    the cohort. Under a malicious-server threat model use the complete graph
+    (``degree="all"``: every client's neighbours are the whole cohort, so
+    c_v = c and t > n/2).
 (d) Network attacker (server and clients honest): every message is signed and
     bound to the session tag, round, attempt seed and step, so it can only
-    drop, delay or replay messages, and replays are rejected; a dropped or
-    forged message makes the receiver drop out of the attempt (a denial of
-    service, as dropping it would).
+    drop, delay or replay messages; replayed client messages are rejected by
+    the server (``replay``, ``wrong_round``, ``duplicate_client``, or a
+    signature that fails for another attempt), and a replayed or forged
+    server message makes that client drop out of the attempt, no worse than
+    dropping its messages.
 
 The server does see the survivors' sum without noise, so central DP noise
 added here hides the sum only from those the result is given to (use CKKS, or

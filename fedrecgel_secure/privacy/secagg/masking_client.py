@@ -11,7 +11,10 @@ malicious-server variant) apply before anything secret leaves the client:
 * survivor set U3: lists this client, only cohort members, at least
   ``min_clients`` and at least t of this client's masking partners; signed once;
 * unmask request: the same U3 and at least T = ⌊f·n⌋ + 1 valid signatures of
-  cohort members on (cohort, U3); answered once, revealing one share per peer.
+  cohort members on (cohort, U3); answered once, revealing one share per peer:
+  the s-share of a partner outside U3, the b-share of a partner in U3 whose own
+  signature is there, nothing for a partner in U3 that did not sign;
+* shares are bound to the cohort the sender saw (AEAD associated data).
 
 A failed check raises :class:`ProtocolViolation` (a :class:`RejectedPayload`
 with its :class:`Reason`), logs it, and aborts the attempt: the client forgets
@@ -296,26 +299,30 @@ class MaskingClient:
         if tuple(survivors) != st.survivors:
             raise self._violation(Reason.INCONSISTENT, "the unmask request names another survivor set than the one confirmed")
         digest = hashlib.sha256(confirmation_body(st.digest, st.round_idx, survivors)).digest()
-        cohort = set(st.cohort)
+        alive = set(survivors)
         need = self.params.consistency_threshold(len(st.cohort))
-        valid = 0
-        for signer, signature in sigs.items():
-            if valid >= need:
+        # Partners in U3 first: a b-share is revealed only for a partner that signed U3
+        # itself, i.e. that checked it keeps t partners; then others until T are valid.
+        wanted = [c for c in sigs if c in st.held and c in alive]
+        wanted += [c for c in sigs if c in st.cohort and c not in st.held]
+        signed: set[int] = set()
+        for signer in wanted:
+            if len(signed) >= need and signer not in st.held:
                 break  # T is all it takes; verifying the rest would only cost time
-            if signer not in cohort:
-                continue
             try:
-                self.directory.verify(st.context, Kind.MASK_CONFIRM, st.round_idx, signer, digest, signature)
+                self.directory.verify(st.context, Kind.MASK_CONFIRM, st.round_idx, signer, digest, sigs[signer])
             except RejectedPayload:
                 continue
-            valid += 1
-        if valid < need:
-            raise self._violation(Reason.INCONSISTENT, f"{valid} valid confirmations of the survivor set, {need} required")
+            signed.add(signer)
+        if len(signed) < need:
+            raise self._violation(Reason.INCONSISTENT, f"{len(signed)} valid confirmations of the survivor set, {need} required")
         st.answered = True
-        alive = set(survivors)
         entries = []
         for owner in sorted(st.held):
             b_share, s_share = st.held[owner]
-            # Never both shares of one peer: b if it survived, s if it dropped.
-            entries.append((owner, _SELF, b_share) if owner in alive else (owner, _PAIR, s_share))
+            # Never both shares of one peer: b if it survived (and confirmed), s if it dropped.
+            if owner not in alive:
+                entries.append((owner, _PAIR, s_share))
+            elif owner in signed:
+                entries.append((owner, _SELF, b_share))
         return self.identity.seal(Kind.MASK_UNMASK, st.round_idx, encode_unmask(entries), st.context)
