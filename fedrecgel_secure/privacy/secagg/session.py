@@ -9,6 +9,14 @@ remain, or when the caller's ``admit`` check refuses the contributors before
 anything is released; a skipped round changes no persistent state (replay
 watermarks, the key holder's decrypted-round record), so the same round index
 can be retried.
+
+For masking the session also holds the aggregator's :class:`ServerIdentity`
+and gives the clients its public key; a client that refuses an aggregator
+message (:class:`ProtocolViolation`) is reported in ``rejected`` with its
+reason and counts as dropped. The steps are those of :mod:`.masking`,
+including the consistency check (clients sign the survivor set, then each
+needs ⌊f·n⌋ + 1 of those signatures before it unmasks), so more than
+n − ⌊f·n⌋ − 1 dropouts after masking skip the round (``inconsistent``).
 """
 
 from __future__ import annotations
