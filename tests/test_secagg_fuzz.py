@@ -211,9 +211,9 @@ def test_masking_client_steps_reject_bad_aggregator_messages(data):
     w = masking_world()
     client = w["clients"][3]
     saved = client.__dict__.setdefault("_fuzz_saved", client._round)
-    fresh = dataclasses.replace(saved, c_shared=dict(saved.c_shared), s_shared=dict(saved.s_shared), held=dict(saved.held))
+    fresh = dataclasses.replace(saved, cohort=(), c_shared={}, s_shared={}, held={}, survivors=None)
     from_state(client, fresh, client.share_keys, data.draw(bytes_or_mutation(w["broadcast"])))
-    fresh = dataclasses.replace(saved, c_shared=dict(saved.c_shared), s_shared=dict(saved.s_shared), held=dict(saved.held))
+    fresh = dataclasses.replace(saved, held={}, survivors=None)
     from_state(client, fresh, client.masked_input, data.draw(bytes_or_mutation(w["inbox"])), np.zeros(DIM))
     from_state(client, dataclasses.replace(saved, survivors=None), client.confirm, data.draw(bytes_or_mutation(w["check"])))
     from_state(client, dataclasses.replace(saved), client.unmask, data.draw(bytes_or_mutation(w["request"])))

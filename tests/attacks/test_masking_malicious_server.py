@@ -275,10 +275,15 @@ def test_a_split_view_of_the_survivors_fails_the_consistency_check():
     s.assert_victim_safe()
 
 
-def test_a_client_signs_one_survivor_set_and_refuses_a_retry_of_the_round_after_it():
+def test_a_client_shares_uploads_and_signs_once_per_attempt_and_refuses_a_retry_after_signing():
     s = Server()
-    s.upload_all(s.share())
-    everyone = list(range(N))
+    inboxes = s.share()
+    cohort = s.sign(Kind.MASK_COHORT, encode_adverts(0, s.seed, [s.adverts[c] for c in range(N)]))
+    refused(s.clients[9].share_keys, cohort, reason="already_answered")  # a second, independent sharing
+    del inboxes[9]
+    s.upload_all(inboxes)
+    refused(s.clients[8].masked_input, inboxes[8], s.xs[8], reason="already_answered")  # a second upload
+    everyone = list(range(8))
     s.clients[V].confirm(s.check(everyone))
     refused(s.clients[V].confirm, s.check(everyone[:-1]), reason="already_answered")
     s.clients[1].confirm(s.check(everyone))

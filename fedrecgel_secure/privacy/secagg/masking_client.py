@@ -168,6 +168,9 @@ class MaskingClient:
 
     def share_keys(self, broadcast: bytes) -> bytes:
         st = self._state()
+        if st.cohort:
+            # A second sharing (to another cohort view) would hand out a second, independent set of shares.
+            raise self._violation(Reason.ALREADY_ANSWERED, "already shared its keys in this attempt")
         body = self._open(broadcast, Kind.MASK_COHORT, st.round_idx, st.context)
         envelopes = self._decode(decode_adverts, body, st.round_idx, st.round_seed)
         cohort = sorted(e.client_id for e in envelopes)
@@ -217,6 +220,11 @@ class MaskingClient:
     def masked_input(self, inbox: bytes, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
         """Mask ``x`` (plus this client's DP ``noise`` share, both on the fixed-point grid) and sign it."""
         st = self._state()
+        if not st.cohort:
+            raise self._violation(Reason.OUT_OF_PHASE, "masked input before the key exchange")
+        if st.held:
+            # Two uploads of one input under different partner sets differ by known masks only.
+            raise self._violation(Reason.ALREADY_ANSWERED, "already uploaded a masked input in this attempt")
         x = check_upload(x, self.dim, self.client_id)
         if noise is not None:
             noise = check_vector(noise, self.dim, f"noise share of client {self.client_id}")
