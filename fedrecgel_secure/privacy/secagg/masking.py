@@ -36,10 +36,11 @@ client checks; a client that finds any check failing raises
    that every member is a known client and that there are at least
    ``min_clients``; it then Shamir-shares b_i and the s_i private key among its
    neighbours with threshold t, each pair of shares encrypted to neighbour j
-   with ChaCha20-Poly1305 under HKDF(X25519(c_i, c_j), i → j).
+   with ChaCha20-Poly1305 under HKDF(X25519(c_i, c_j), i → j), with the
+   digest of the cohort i saw as associated data. Once per attempt.
 3. inbox (server, signed, names its recipient): a client accepts shares only
    from its neighbours and needs at least t of them, then masks with exactly
-   those partners P(i) and uploads y_i.
+   those partners P(i) and uploads y_i. Once per attempt.
 4. consistency check (server, signed): the survivor set U3 (who uploaded). A
    client checks that it is in U3, that U3 lies in the cohort, has at least
    ``min_clients`` members and at least t of its partners P(i); it signs
@@ -87,10 +88,12 @@ default threshold) is assumed throughout; n is the cohort size, T = ⌊f·n⌋ +
     a new round, with new inputs, after a skip; a caller that retries a round
     with the same inputs can be given two sums over different sets.
 (c) Malicious server and c colluding clients: while c < 2T − n every honest
-    client that releases shares saw the same survivor set (two sets need T
-    signatures each, so 2T − n common signers, at least one of them honest),
-    and v is exposed iff the condition of (a) holds, in particular iff c_v ≥ t
-    in the complete graph. n is the cohort the server chose, so it may pick
+    client of one cohort view that releases shares saw the same survivor set
+    (two sets need T signatures each, so 2T − n common signers, at least one
+    of them honest). Then v is exposed iff c_v ≥ t, or the server can fill
+    the t partners v must keep in U3 with colluders and honest partners j
+    that are exposed themselves (c_j ≥ t; it declares the others dropped);
+    in the complete graph both read c ≥ t. n is the cohort the server chose, so it may pick
     the smallest allowed cohort (``min_clients``, where 2T − n ≈ n/3 at
     f = 2/3). SecAgg+ residual: the server also picks the round seed and the
     cohort, hence the graph, and can search for one that places t colluders
