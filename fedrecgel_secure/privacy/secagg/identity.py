@@ -294,9 +294,10 @@ class IdentityDirectory:
         # Verification is deterministic, so a directory shared by the simulated clients of
         # one process (SecAggSession) checks each (key, message, signature) once: in the
         # masking protocol every client checks the same T consistency signatures.
-        if len(self._verified) >= self.VERIFIED_CACHE:
-            self._verified.pop(next(iter(self._verified)))
-        self._verified[key] = None
+        if self.VERIFIED_CACHE > 0:
+            if len(self._verified) >= self.VERIFIED_CACHE:
+                self._verified.pop(next(iter(self._verified)))
+            self._verified[key] = None
 
 
 def open_envelope(
