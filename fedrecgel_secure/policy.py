@@ -203,11 +203,16 @@ class MaskingPolicy(Section):
         "auto", description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts)."
     )
     threshold: int | float | None = Field(None, description="Shamir threshold t: a count, or a fraction of the neighbours.")
+    consistency: float = Field(
+        2 / 3, ge=0.5, lt=1,
+        description="Consistency check f (malicious server): a client releases shares only after floor(f*n)+1 of the n clients "
+        "in the cohort signed the same survivor set; at most n minus that many may drop out after masking.",
+    )
 
     def params(self):
         from fedrecgel_secure.privacy.secagg import MaskingParams
 
-        return MaskingParams(degree=self.degree, threshold=self.threshold)
+        return MaskingParams(degree=self.degree, threshold=self.threshold, consistency=self.consistency)
 
 
 class SecureAggregationPolicy(Section):

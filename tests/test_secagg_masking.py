@@ -12,15 +12,18 @@ from fedrecgel_secure.privacy.secagg import (
     ClientIdentity,
     FixedPoint,
     IdentityDirectory,
+    Envelope,
     Kind,
     MaskingAggregator,
     MaskingClient,
     MaskingParams,
     RejectedPayload,
     RoundSkipped,
+    ServerIdentity,
     neighbour_graph,
 )
-from fedrecgel_secure.privacy.secagg.masking import _context, decode_survivors
+from fedrecgel_secure.privacy.secagg.masking import _context
+from fedrecgel_secure.privacy.secagg.masking_wire import decode_survivors, encode_survivors
 
 DIM = 5000
 TAG = b"masking-tests-session-tag"
@@ -31,13 +34,17 @@ def make_world(n, *, params=None, encoding=GRID, min_clients=3, extra_ids=()):
     params = params or MaskingParams()
     identities = {c: ClientIdentity.generate(c) for c in [*range(n), *extra_ids]}
     directory = IdentityDirectory.of(identities)
+    server = ServerIdentity.generate()
     clients = {
         c: MaskingClient(
-            identities[c], directory, DIM, params, encoding=encoding, min_clients=min_clients, session_tag=TAG
+            identities[c], directory, DIM, params, server_key=server.public_bytes, encoding=encoding,
+            min_clients=min_clients, session_tag=TAG,
         )
         for c in identities
     }
-    agg = MaskingAggregator(directory, DIM, params, encoding=encoding, min_clients=min_clients, session_tag=TAG)
+    agg = MaskingAggregator(
+        directory, DIM, params, identity=server, encoding=encoding, min_clients=min_clients, session_tag=TAG
+    )
     return identities, clients, agg
 
 
@@ -66,10 +73,23 @@ def run_round(agg, clients, round_idx, xs, *, drop=(), inject=None, seed=None):
             agg.receive(payload)
     if inject is not None:
         inject(masked)
-    request = agg.close_masked()
-    for c in decode_survivors(request, round_idx):
+    return unmask_round(agg, clients, round_idx), masked
+
+
+def survivors_of(check, round_idx):
+    return decode_survivors(Envelope.parse(check).body, round_idx)
+
+
+def unmask_round(agg, clients, round_idx, central=None):
+    """The consistency check and the unmask step, passing only bytes."""
+    check = agg.close_masked()
+    survivors = survivors_of(check, round_idx)
+    for c in survivors:
+        agg.receive(clients[c].confirm(check))
+    request = agg.close_confirms()
+    for c in survivors:
         agg.receive(clients[c].unmask(request))
-    return agg.finish(), masked
+    return agg.finish(central)
 
 
 def ring_sum(xs, ids, encoding=GRID):
@@ -106,10 +126,7 @@ def test_noise_shares_and_central_noise_land_on_the_grid_exactly():
     inboxes = exchange_keys(agg, clients, 0, xs)
     for c in xs:
         agg.receive(clients[c].masked_input(inboxes[c], xs[c], shares[c]))
-    request = agg.close_masked()
-    for c in decode_survivors(request, 0):
-        agg.receive(clients[c].unmask(request))
-    out = agg.finish(central)
+    out = unmask_round(agg, clients, 0, central)
     grid = sum(GRID.encode(xs[c], shares[c])[0] for c in xs) + GRID.encode_noise(central).astype(np.int64)
     assert np.array_equal(out.ring.view(np.int64), grid)
 
@@ -185,18 +202,19 @@ def test_aggregator_only_ever_holds_masked_data():
 class TestTampering:
     def test_each_case_is_rejected_with_its_reason_and_the_round_completes(self, caplog):
 
-        identities, clients, agg = make_world(12, extra_ids=[50])
-        round0, _ = run_round(agg, clients, 0, uploads(12, 9))
+        # 13 clients: with 4 left out, 9 survivors still make the consistency check's T = floor(2/3 * 13) + 1
+        identities, clients, agg = make_world(13, extra_ids=[50])
+        round0, _ = run_round(agg, clients, 0, uploads(13, 9))
         replayed = {}
 
         def keep(masked):
             replayed.update(masked)
 
-        run_round(agg, clients, 1, uploads(12, 10), inject=keep)
+        run_round(agg, clients, 1, uploads(13, 10), inject=keep)
         stranger = ClientIdentity.generate(99)
         seed = b"r" * 16
         ctx = _context(TAG, seed)
-        xs = uploads(12, 11)
+        xs = uploads(13, 11)
         tampered = {4, 5, 6, 7}
 
         def inject(masked):
@@ -224,7 +242,7 @@ class TestTampering:
             assert sum(r.name == "fedrecgel_secure.secagg" for r in caplog.records) >= len(cases)
 
         out, _ = run_round(agg, clients, 2, xs, drop=tampered, inject=inject, seed=seed)
-        survivors = [c for c in range(12) if c not in tampered]
+        survivors = [c for c in range(13) if c not in tampered]
         assert out.contributors == survivors
         assert np.array_equal(out.ring, ring_sum(xs, survivors))
         assert round0.round_idx == 0 and agg.last_completed_round == 2
@@ -236,7 +254,10 @@ class TestTampering:
         inboxes = exchange_keys(agg, clients, 0, xs, seed)
         for c in xs:
             agg.receive(clients[c].masked_input(inboxes[c], xs[c]))
-        agg.close_masked()
+        check = agg.close_masked()
+        for c in xs:
+            agg.receive(clients[c].confirm(check))
+        agg.close_confirms()
         # Client 0 asks to reveal the pairwise-key share of survivor 1: that plus
         # its self-mask share would unmask client 1's input.
         body = struct.pack(">I", 1) + struct.pack(">IB", 1, 1) + bytes(66)
@@ -263,19 +284,27 @@ class TestTampering:
         assert np.array_equal(out.ring, ring_sum(xs, [0, 1, 2, 4, 5]))
 
 
-def test_clients_refuse_unsafe_unmask_requests():
+def test_clients_refuse_unsafe_survivor_sets_and_answer_once():
     _, clients, agg = make_world(5, min_clients=4)
     xs = uploads(5, 14)
     inboxes = exchange_keys(agg, clients, 0, xs)
     for c in xs:
         agg.receive(clients[c].masked_input(inboxes[c], xs[c]))
-    request = agg.close_masked()
-    too_small = struct.pack(">4sQI", b"MKU1", 0, 2) + struct.pack(">II", 0, 1)
+    check = agg.close_masked()
+    # A survivor set signed by the real server but too small: client 0 refuses and aborts.
+    too_small = agg.identity.seal(Kind.MASK_CHECK, 0, encode_survivors(0, [0, 1]), _context(TAG, agg._round.round_seed))
     with pytest.raises(RejectedPayload, match="too_few_contributors"):
-        clients[0].unmask(too_small)
-    clients[0].unmask(request)
-    with pytest.raises(BadInputError, match="already answered"):
-        clients[0].unmask(request)
+        clients[0].confirm(too_small)
+    with pytest.raises(BadInputError, match="no attempt in progress"):
+        clients[0].confirm(check)
+    for c in range(1, 5):
+        agg.receive(clients[c].confirm(check))
+    with pytest.raises(RejectedPayload, match="already_answered"):
+        clients[1].confirm(check)  # one signature per attempt
+    request = agg.close_confirms()
+    clients[2].unmask(request)
+    with pytest.raises(RejectedPayload, match="already_answered"):
+        clients[2].unmask(request)
 
 
 def test_ring_capacity_is_checked_for_the_population():

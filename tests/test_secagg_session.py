@@ -39,11 +39,22 @@ def test_round_returns_the_sum_and_its_costs(session):
 
 def test_thirty_percent_dropouts_give_the_survivor_sum(session):
     xs = uploads(1)
-    dropped = set(CLIENTS[::3])
+    dropped = set(CLIENTS[::3][:6])  # 6 of 20: the masking consistency check needs floor(2/3 * 20) + 1 = 14
     result = session.run_round(1, xs, drop_after_masking=dropped)
     survivors = [c for c in CLIENTS if c not in dropped]
     assert result.contributors == survivors
     assert np.abs(result.total - sum(xs[c] for c in survivors)).max() <= tolerance(session, len(survivors))
+
+
+def test_masking_dropouts_beyond_the_consistency_fraction_skip_the_round_unless_it_is_lowered():
+    xs = uploads(1)
+    dropped = set(CLIENTS[::3])  # 7 of 20 leave 13 survivors, T = 14 at the default f = 2/3
+    with pytest.raises(RoundSkipped) as err:
+        make_session("masking", DIM, CLIENTS, min_clients=8).run_round(0, xs, drop_after_masking=dropped)
+    assert err.value.reason == "inconsistent"
+    lowered = make_session("masking", DIM, CLIENTS, min_clients=8, consistency=0.6)  # T = 13
+    result = lowered.run_round(0, xs, drop_after_masking=dropped)
+    assert result.contributors == [c for c in CLIENTS if c not in dropped]
 
 
 def test_a_subset_of_the_population_can_take_part(session):

@@ -8,7 +8,9 @@ releases the aggregate alone.
   separate key holder, which decrypts only authenticated aggregates (:mod:`.ckks`).
 * ``"masking"``: pairwise and self masks with Shamir-shared seeds for dropout
   recovery (Bonawitz et al., CCS 2017) on a SecAgg+ neighbour graph (Bell et al.,
-  CCS 2020) (:mod:`.masking`).
+  CCS 2020) (:mod:`.masking`), with every aggregator message signed by a
+  :class:`ServerIdentity` and checked by the clients, plus the consistency
+  check of the malicious-server variant.
 
 Uploads travel in Ed25519-signed envelopes (:mod:`.identity`); key files are
 owner-only (:mod:`.keys`). :func:`make_session` simulates all roles in one
@@ -22,10 +24,12 @@ Example::
 """
 
 from .ckks import CKKSAggregator, CKKSClient, CKKSParams, EncryptedAggregate, KeyHolder
-from .errors import KeyFileError, Reason, RejectedPayload, RoundSkipped
-from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind
+from .errors import KeyFileError, ProtocolViolation, Reason, RejectedPayload, RoundSkipped
+from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, ServerIdentity
 from .fixedpoint import FixedPoint
-from .masking import MaskedSum, MaskingAggregator, MaskingClient, MaskingParams, neighbour_graph
+from .masking import MaskingParams, neighbour_graph
+from .masking_aggregator import MaskedSum, MaskingAggregator
+from .masking_client import MaskingClient
 from .session import RoundResult, SecAggSession, make_session
 
 __all__ = [
@@ -45,11 +49,13 @@ __all__ = [
     "MaskingAggregator",
     "MaskingClient",
     "MaskingParams",
+    "ProtocolViolation",
     "Reason",
     "RejectedPayload",
     "RoundResult",
     "RoundSkipped",
     "SecAggSession",
+    "ServerIdentity",
     "make_session",
     "neighbour_graph",
 ]

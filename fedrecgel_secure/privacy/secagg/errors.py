@@ -35,6 +35,11 @@ class Reason(StrEnum):
     OUT_OF_PHASE = "out_of_phase"
     BAD_SHARE = "bad_share"
     TOO_FEW_CONTRIBUTORS = "too_few_contributors"
+    BAD_KEY = "bad_key"  # an X25519 key that is all-zero or of low order
+    NOT_A_SURVIVOR = "not_a_survivor"  # an unmask/consistency request that leaves the client itself out
+    TOO_FEW_SHARES = "too_few_shares"  # a client would hold fewer than t shares, or keep fewer than t masking partners
+    INCONSISTENT = "inconsistent"  # the consistency check failed (a split view or too few confirmations)
+    ALREADY_ANSWERED = "already_answered"  # a second request after the client confirmed or answered
 
 
 class RejectedPayload(BadInputError):
@@ -46,6 +51,15 @@ class RejectedPayload(BadInputError):
         self.client_id = client_id
         who = "unknown sender" if client_id is None else f"client {client_id}"
         super().__init__(f"{self.reason.value}: {detail} ({who})")
+
+
+class ProtocolViolation(RejectedPayload):
+    """A masking client refused a message from the aggregator and aborted its part of the round.
+
+    ``client_id`` is the client that refused. The client keeps no state of the
+    aborted attempt and releases nothing more in it; to the others it looks
+    like a client that dropped out.
+    """
 
 
 class RoundSkipped(Exception):

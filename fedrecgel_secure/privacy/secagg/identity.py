@@ -16,7 +16,10 @@ sends is an envelope::
     24+L    64    Ed25519 signature
 
 The signature covers ``DOMAIN || len(context) || context || kind || round ||
-client id || SHA-256(body)``. ``context`` is agreed out of band (a session tag,
+client id || SHA-256(body)``. The aggregator signs its own messages to the
+clients (masking protocol) the same way with a :class:`ServerIdentity`, under
+``SERVER_DOMAIN`` and sender id 0, so that no client signature ever verifies
+as a server message or the other way round, even for a client whose id is 0. ``context`` is agreed out of band (a session tag,
 plus the round nonce for the masking protocol), so an envelope cannot be moved
 between deployments, protocol steps or attempts of a round. Signing the body's
 hash rather than the body lets the aggregator forward a compact proof of each
@@ -50,6 +53,8 @@ from .keys import read_private_file, write_private_file
 MAGIC = b"FRSA"
 VERSION = 1
 DOMAIN = b"fedrecgel-secagg/v1/envelope\x00"
+SERVER_DOMAIN = b"fedrecgel-secagg/v1/server\x00"
+SERVER_ID = 0
 HEADER = struct.Struct(">4sBBHQII")
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32
@@ -65,6 +70,16 @@ class Kind(IntEnum):
     MASK_SHARES = 3
     MASK_INPUT = 4
     MASK_UNMASK = 5
+    # Signed by the aggregator (ServerIdentity) and checked by the masking clients:
+    MASK_ANNOUNCE = 6  # round index and fresh round seed
+    MASK_COHORT = 7  # key broadcast: the cohort's signed adverts
+    MASK_INBOX = 8  # one client's encrypted shares
+    MASK_CHECK = 9  # survivor set U3, for the consistency check
+    MASK_CONFIRM = 10  # signed by a masking client: its signature on (cohort, U3)
+    MASK_REQUEST = 11  # unmask request: U3 and the forwarded confirmations
+
+
+SERVER_KINDS = frozenset({Kind.MASK_ANNOUNCE, Kind.MASK_COHORT, Kind.MASK_INBOX, Kind.MASK_CHECK, Kind.MASK_REQUEST})
 
 
 def check_client_id(client_id: int) -> int:
@@ -91,9 +106,11 @@ def check_session_tag(tag: bytes) -> bytes:
     return bytes(tag)
 
 
-def signed_message(context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes) -> bytes:
+def signed_message(
+    context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, domain: bytes = DOMAIN
+) -> bytes:
     return b"".join(
-        (DOMAIN, struct.pack(">H", len(context)), context, struct.pack(">BQI", kind, round_idx, client_id), digest)
+        (domain, struct.pack(">H", len(context)), context, struct.pack(">BQI", kind, round_idx, client_id), digest)
     )
 
 
@@ -164,6 +181,8 @@ class ContributionProof:
 class ClientIdentity:
     """A client's long-term Ed25519 signing key."""
 
+    domain = DOMAIN
+
     def __init__(self, client_id: int, private_key: Ed25519PrivateKey) -> None:
         self.client_id = check_client_id(client_id)
         self._key = private_key
@@ -176,7 +195,7 @@ class ClientIdentity:
     def seal(self, kind: Kind, round_idx: int, body: bytes, context: bytes = b"") -> bytes:
         check_round(round_idx)
         digest = hashlib.sha256(body).digest()
-        signature = self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest))
+        signature = self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest, self.domain))
         return Envelope(int(kind), round_idx, self.client_id, bytes(body), signature).to_bytes()
 
     def save(self, path: str | Path) -> None:
@@ -198,10 +217,36 @@ class ClientIdentity:
         return cls(client_id, key)
 
 
-class IdentityDirectory:
-    """Public identity keys of the clients allowed to take part."""
+class ServerIdentity(ClientIdentity):
+    """The aggregator's long-term Ed25519 key: signs every aggregator-to-client message of the masking protocol.
 
-    def __init__(self, public_keys: Mapping[int, bytes]) -> None:
+    Its signatures are domain-separated from the clients' (``SERVER_DOMAIN``)
+    and carry sender id 0; clients check them with
+    ``IdentityDirectory.for_server(server.public_bytes)``.
+    """
+
+    domain = SERVER_DOMAIN
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        super().__init__(SERVER_ID, private_key)
+
+    @classmethod
+    def generate(cls) -> ServerIdentity:  # type: ignore[override]
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load(cls, path: str | Path) -> ServerIdentity:  # type: ignore[override]
+        return cls(ClientIdentity.load(SERVER_ID, path)._key)
+
+
+class IdentityDirectory:
+    """Public identity keys of the clients allowed to take part (or, with ``domain=SERVER_DOMAIN``, of the server)."""
+
+    VERIFIED_CACHE = 8192  # successful verifications remembered, oldest dropped first
+
+    def __init__(self, public_keys: Mapping[int, bytes], *, domain: bytes = DOMAIN) -> None:
+        self.domain = bytes(domain)
+        self._verified: dict[tuple[int, bytes, bytes], None] = {}
         self._keys: dict[int, Ed25519PublicKey] = {}
         for client_id, raw in public_keys.items():
             check_client_id(client_id)
@@ -214,6 +259,13 @@ class IdentityDirectory:
     def of(cls, identities: Mapping[int, ClientIdentity] | list[ClientIdentity]) -> IdentityDirectory:
         items = identities.values() if isinstance(identities, Mapping) else identities
         return cls({ident.client_id: ident.public_bytes for ident in items})
+
+    @classmethod
+    def for_server(cls, public_key: bytes) -> IdentityDirectory:
+        """The directory a client checks the aggregator's messages against: the server's key, as sender 0."""
+        if not isinstance(public_key, (bytes, bytearray)) or len(public_key) != 32:
+            raise BadInputError("server_key must be the server's 32-byte Ed25519 public key (ServerIdentity.public_bytes)")
+        return cls({SERVER_ID: bytes(public_key)}, domain=SERVER_DOMAIN)
 
     def __contains__(self, client_id: object) -> bool:
         return client_id in self._keys
@@ -231,10 +283,21 @@ class IdentityDirectory:
 
     def verify(self, context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, signature: bytes) -> None:
         self.check_known(client_id)
+        message = signed_message(context, kind, round_idx, client_id, digest, self.domain)
+        key = (client_id, bytes(signature), message)
+        if key in self._verified:
+            return
         try:
-            self._keys[client_id].verify(signature, signed_message(context, kind, round_idx, client_id, digest))
+            self._keys[client_id].verify(signature, message)
         except InvalidSignature:
             raise RejectedPayload(Reason.BAD_SIGNATURE, "signature does not verify", client_id) from None
+        # Verification is deterministic, so a directory shared by the simulated clients of
+        # one process (SecAggSession) checks each (key, message, signature) once: in the
+        # masking protocol every client checks the same T consistency signatures.
+        if self.VERIFIED_CACHE > 0:
+            if len(self._verified) >= self.VERIFIED_CACHE:
+                self._verified.pop(next(iter(self._verified)))
+            self._verified[key] = None
 
 
 def open_envelope(

@@ -9,6 +9,14 @@ remain, or when the caller's ``admit`` check refuses the contributors before
 anything is released; a skipped round changes no persistent state (replay
 watermarks, the key holder's decrypted-round record), so the same round index
 can be retried.
+
+For masking the session also holds the aggregator's :class:`ServerIdentity`
+and gives the clients its public key; a client that refuses an aggregator
+message (:class:`ProtocolViolation`) is reported in ``rejected`` with its
+reason and counts as dropped. The steps are those of :mod:`.masking`,
+including the consistency check (clients sign the survivor set, then each
+needs ⌊f·n⌋ + 1 of those signatures before it unmasks), so more than
+n − ⌊f·n⌋ − 1 dropouts after masking skip the round (``inconsistent``).
 """
 
 from __future__ import annotations
@@ -28,8 +36,11 @@ from fedrecgel_secure.errors import BadInputError
 from .ckks import CKKSAggregator, CKKSClient, CKKSParams, KeyHolder
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
-from .masking import MaskingAggregator, MaskingClient, MaskingParams, decode_survivors
+from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
+from .masking import MaskingParams
+from .masking_aggregator import MaskingAggregator
+from .masking_client import MaskingClient
+from .masking_wire import decode_survivors
 from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
@@ -117,13 +128,16 @@ class SecAggSession:
         elif scheme == "masking":
             assert isinstance(params, MaskingParams)
             self.key_holder = None
+            self.server_identity = ServerIdentity.generate()
             self.aggregator = MaskingAggregator(
-                self.directory, dim, params, encoding=encoding, min_clients=min_clients, session_tag=tag
+                self.directory, dim, params, identity=self.server_identity, encoding=encoding, min_clients=min_clients,
+                session_tag=tag,
             )
+            server_key = self.server_identity.public_bytes
             self.clients = {
                 c: MaskingClient(
-                    self.identities[c], self.directory, dim, params, encoding=encoding, min_clients=min_clients,
-                    session_tag=tag,
+                    self.identities[c], self.directory, dim, params, server_key=server_key, encoding=encoding,
+                    min_clients=min_clients, session_tag=tag,
                 )
                 for c in self.client_ids
             }
@@ -259,10 +273,15 @@ class SecAggSession:
                 if intercept is not None:
                     payload = intercept(c, payload)
                 self._deliver(clock, agg.receive, c, payload, rejected)
-            request = clock.server_call(agg.close_masked)
-            self._admit(admit, decode_survivors(request, round_idx), rejected, round_idx)
-            for c in decode_survivors(request, round_idx):
-                if c in dropped:
+            check = clock.server_call(agg.close_masked)
+            survivors = decode_survivors(Envelope.parse(check).body, round_idx)
+            self._admit(admit, survivors, rejected, round_idx)
+            answering = [c for c in survivors if c not in dropped and c not in rejected]
+            for c in answering:
+                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].confirm, check), rejected)
+            request = clock.server_call(agg.close_confirms)
+            for c in answering:
+                if c in rejected:
                     continue
                 self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].unmask, request), rejected)
             t0 = time.perf_counter()
