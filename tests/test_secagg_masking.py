@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.errors import BadInputError, ProtocolStateError
 from fedrecgel_secure.privacy.secagg import (
     ClientIdentity,
     FixedPoint,
@@ -295,7 +295,7 @@ def test_clients_refuse_unsafe_survivor_sets_and_answer_once():
     too_small = agg.identity.seal(Kind.MASK_CHECK, 0, encode_survivors(0, [0, 1]), _context(TAG, agg._round.round_seed))
     with pytest.raises(RejectedPayload, match="too_few_contributors"):
         clients[0].confirm(too_small)
-    with pytest.raises(BadInputError, match="no attempt in progress"):
+    with pytest.raises(RejectedPayload, match="out_of_phase: no attempt in progress"):
         clients[0].confirm(check)
     for c in range(1, 5):
         agg.receive(clients[c].confirm(check))
@@ -328,3 +328,18 @@ def test_masks_are_the_aes128_ctr_keystream_built_independently_from_the_block_c
     assert out.tobytes() == blocks[: dim * 8]
     again = prg_into(key, np.empty(dim, dtype=np.uint64))  # a reused or fresh buffer gives the same mask
     assert np.array_equal(again, out) and not np.array_equal(prg_into(os.urandom(MASK_KEY_BYTES), again), out)
+
+
+def test_misusing_the_aggregator_is_a_programming_error_and_a_stray_message_is_rejected():
+    _, clients, agg = make_world(4)
+    announcement = agg.begin_round(0)
+    advert = clients[0].advertise(announcement)
+    agg._round = None  # as if the round had ended: the advert now arrives late
+    with pytest.raises(RejectedPayload, match="out_of_phase"):
+        agg.receive(advert)
+    with pytest.raises(ProtocolStateError, match="no round waiting"):
+        agg.close_adverts()
+    agg.last_completed_round = 3
+    with pytest.raises(ProtocolStateError, match="not after the last completed round"):
+        agg.begin_round(2)
+    assert not isinstance(ProtocolStateError("x"), BadInputError)  # exit code 1 with a traceback, not 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.errors import BadInputError, ProtocolStateError
 
 from . import shamir
 from .errors import Reason, RejectedPayload, RoundSkipped
@@ -109,10 +109,10 @@ class MaskingAggregator:
         """Start an attempt; returns the signed announcement."""
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
-            raise BadInputError(f"round {round_idx} is not after the last completed round {self.last_completed_round}")
+            raise ProtocolStateError(f"round {round_idx} is not after the last completed round {self.last_completed_round}")
         seed = secrets.token_bytes(SEED_BYTES) if round_seed is None else bytes(round_seed)
         if len(seed) != SEED_BYTES:
-            raise BadInputError(f"round seed must be {SEED_BYTES} bytes")
+            raise ProtocolStateError(f"round seed must be {SEED_BYTES} bytes")
         self._round = st = _AggRound(round_idx, seed)
         return self._seal(st, Kind.MASK_ANNOUNCE, encode_announcement(round_idx, seed))
 
@@ -129,8 +129,8 @@ class MaskingAggregator:
     def receive(self, payload: bytes) -> int:
         """Check one client message of the current step and record it; returns the client id."""
         st = self._round
-        if st is None:
-            raise BadInputError("begin_round() must be called before receiving messages")
+        if st is None:  # a late or stray message: the sender's problem, not the caller's
+            raise RejectedPayload(Reason.OUT_OF_PHASE, "no round in progress")
         try:
             env = Envelope.parse(payload)
             if env.kind != st.phase and env.kind in _MASK_KINDS:
@@ -299,5 +299,5 @@ class MaskingAggregator:
     def _phase(self, phase: Kind) -> _AggRound:
         st = self._round
         if st is None or st.phase != phase:
-            raise BadInputError(f"no round waiting for the end of the {phase.name} step")
+            raise ProtocolStateError(f"no round waiting for the end of the {phase.name} step")
         return st

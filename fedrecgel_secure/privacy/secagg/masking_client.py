@@ -118,7 +118,8 @@ class MaskingClient:
 
     def _state(self) -> _ClientRound:
         if self._round is None:
-            raise BadInputError(f"client {self.client_id}: no attempt in progress (advertise() must come first)")
+            # The aggregator's messages drive the order, so a step out of order is its violation.
+            raise self._violation(Reason.OUT_OF_PHASE, "no attempt in progress (no announcement came first)")
         return self._round
 
     def _violation(self, reason: Reason, detail: str) -> ProtocolViolation:
