@@ -4,7 +4,7 @@
 
 Each scheme trains the default policy (batched engine) from the same seed.
 Reported per round: the clients' mean encrypt/mask time and upload bytes (and
-bytes per shared value), the server's time (aggregate, plus decrypt or unmask),
+bytes per shared value), the server's time (aggregate, plus the key holder's decrypt, or unmask),
 and the whole simulated round against the plaintext round; then the part of a
 masking round that no implementation can skip, the clients' mask keystream.
 """
@@ -26,7 +26,7 @@ from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
 SCHEMES = {
     "none": [],
     "masking (k = 2 ceil(log2 n))": ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=secagg+"],
-    "ckks": ["privacy.secure_aggregation.scheme=ckks"],
+    "bfv": ["privacy.secure_aggregation.scheme=bfv"],
 }
 
 
