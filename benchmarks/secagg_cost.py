@@ -12,6 +12,7 @@ masking round that no implementation can skip, the clients' mask keystream.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -38,9 +39,9 @@ def measure(overrides: list[str], split, rounds: int) -> dict:
     start = time.perf_counter()
     for _ in range(rounds):
         _, info = trainer.train_round()
-        for k, v in info.items():
-            if k.startswith("secagg_"):
-                totals[k] = totals.get(k, 0.0) + v
+        if info.cost is not None:  # RoundInfo.cost: the protocol's SecAggCost
+            for k, v in dataclasses.asdict(info.cost).items():
+                totals["secagg_" + k] = totals.get("secagg_" + k, 0.0) + v
     out = {k: v / rounds for k, v in totals.items()}
     out["round_s"] = (time.perf_counter() - start) / rounds
     out["dim"] = dim
