@@ -9,6 +9,16 @@ it can (below) but cannot see the ciphertexts the aggregate was summed from.
 Deployments that must resist a malicious server should use ``"masking"``
 (:mod:`.masking`), which needs no key holder.
 
+Binding proofs to ciphertexts. Each client signs SHA-256 of its ciphertext
+bytes; the key holder checks those signatures (round-bound, distinct, at least
+``min_clients``) but receives only the summed ciphertext. Having the key holder
+re-add the signed uploads itself would be cheap (loading and adding a
+ciphertext costs about 0.3 ms here, about 2 s for a FilmTrust round) but would
+hand it every individual ciphertext together with the key, so a curious key
+holder could read every upload; that trade is not made. The residual: a
+malicious aggregator can present one client's ciphertext with others' valid
+proofs and have it decrypted (tests/attacks/test_he_forged_aggregate.py).
+
 Roles:
 
 * :class:`~.he_keyholder.KeyHolder` creates the BFV key pair and keeps the
@@ -50,7 +60,8 @@ needs t ≡ 1 mod 2N; it rejects 60 bits). One ciphertext packs N = 8192 grid
 integers; an upload is about 32 bytes per value.
 
 Range. The sum is exact while every coordinate satisfies |Σ g_i| < t/2;
-:meth:`BFVParams.check_capacity` refuses at construction any setting where
+:meth:`.he_wire.ContextInfo.check_capacity` (run when the key holder is created,
+for every registered client) refuses any setting where
 ``max_clients`` clipped values plus 10σ of central noise could reach it, and
 where the BFV noise of that many summed ciphertexts could reach q/(2t).
 """
