@@ -64,7 +64,7 @@ def he_world():
     directory = IdentityDirectory.of(ids)
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=2, session_tag=TAG)
     public = holder.public_context()
-    clients = {c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG) for c in ids}
+    clients = {c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
     uploads = {c: clients[c].upload(0, np.full(DIM, 0.1 * c)) for c in ids}
     agg = HEAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
     agg.begin_round(0)
@@ -148,7 +148,7 @@ def test_he_aggregator_receive(data):
 @given(st.data())
 def test_he_key_holder_decrypt(data):
     w = he_world()
-    fresh = KeyHolder(w["holder"]._ctx, w["directory"], dim=DIM, min_clients=2, session_tag=TAG)
+    fresh = KeyHolder(w["holder"]._ctx, w["directory"], dim=DIM, min_clients=2, session_tag=TAG, tag_keys=w["holder"]._tags)
     only_rejections(fresh.decrypt, data.draw(bytes_or_mutation(w["aggregate"])))
 
 

@@ -38,7 +38,8 @@ def world():
     holder = KeyHolder.create(params, directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     public = holder.public_context()
     shared = ts.context_from(public)
-    clients = {c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG) for c in identities}
+    clients = {c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
+               for c in identities}
     return {"ids": identities, "dir": directory, "params": params, "holder": holder, "public": public, "clients": clients}
 
 
@@ -57,7 +58,8 @@ def _grid_sum(xs, noise=None):
 
 def _holder(world, min_clients=3, **kwargs):
     """A fresh key holder (own decrypted-round record) over the session's secret key."""
-    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=min_clients, session_tag=TAG, encoding=GRID, **kwargs)
+    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=min_clients, session_tag=TAG, encoding=GRID,
+                     tag_keys=world["holder"]._tags, **kwargs)
 
 
 def _aggregator(world, min_clients=3):
@@ -136,7 +138,8 @@ def test_capacity_beyond_the_plain_modulus_is_refused(world):
         KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     with pytest.raises(BadInputError, match="fixed-point range"):
         HEClient(world["ids"][0], KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG,
-                 encoding=FixedPoint(clip_range=1.0, frac_bits=20)).public_context(), DIM, encoding=GRID, session_tag=TAG)
+                 encoding=FixedPoint(clip_range=1.0, frac_bits=20)).public_context(), DIM, encoding=GRID, session_tag=TAG,
+                 tag_key=bytes(64))
 
 
 def test_values_outside_the_clip_range_are_clipped_and_counted(world):
@@ -184,7 +187,8 @@ class TestTampering:
         flipped[len(flipped) // 2] ^= 1
         stranger = ClientIdentity.generate(99)
         body = Envelope.parse(ups[5]).body
-        other_dim = HEClient(world["ids"][6], world["public"], DIM + 10000, encoding=GRID, session_tag=TAG)
+        other_dim = HEClient(world["ids"][6], world["public"], DIM + 10000, encoding=GRID, session_tag=TAG,
+                             tag_key=world["holder"].client_key(6))
         cases = [
             (ups[4][:-64] + bytes(64), "bad_signature"),
             (bytes(flipped), "bad_signature"),
@@ -211,11 +215,13 @@ class TestTampering:
         tiny = FixedPoint(1.0, 10)
         other = KeyHolder.create(BFVParams(coeff_mod_bit_sizes=(60, 60), plain_modulus_bits=20), world["dir"], dim=DIM,
                                  min_clients=1, session_tag=TAG, encoding=tiny)
-        client = HEClient(world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG)
+        client = HEClient(world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG,
+                          tag_key=other.client_key(0))
         self._expect(agg, client.upload(0, np.zeros(DIM)), "bad_ciphertext")  # SEAL refuses another parms_id
         small = KeyHolder.create(BFVParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(36, 36, 37), plain_modulus_bits=20),
                                  world["dir"], dim=DIM, min_clients=1, session_tag=TAG, encoding=tiny)
-        client = HEClient(world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG)
+        client = HEClient(world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG,
+                          tag_key=small.client_key(1))
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
 
     def test_a_skipped_round_changes_no_state(self, world):
@@ -288,7 +294,7 @@ class TestKeyMaterial:
         with pytest.raises(BadInputError, match="secret key"):
             HEAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
         with pytest.raises(BadInputError, match="secret key"):
-            HEClient(world["ids"][0], secret, DIM, encoding=GRID, session_tag=TAG)
+            HEClient(world["ids"][0], secret, DIM, encoding=GRID, session_tag=TAG, tag_key=bytes(64))
         path = tmp_path / "secret.ctx"
         world["holder"].save(path)
         with pytest.raises(BadInputError, match="secret key"):

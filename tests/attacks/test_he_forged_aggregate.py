@@ -10,12 +10,11 @@ the registered one, the sum concatenated with single uploads, fewer than
 ``min_clients`` proofs, and proofs that are not this round's signatures over
 the uploaded ciphertext bytes.
 
-The last test documents the residual this design leaves: the key holder never
-sees the individual ciphertexts (if it did, it could decrypt them), so it cannot
-check that the aggregate is the sum of the ciphertexts the proofs name. A
-malicious aggregator that presents one client's ciphertext with the proofs of
-others still gets that upload decrypted. Malicious aggregators are outside the
-HE threat model (see fedrecgel_secure/privacy/secagg/he.py); use masking.
+The key holder never sees the individual ciphertexts (if it did, it could
+decrypt them), so signatures alone cannot tie the aggregate to the proofs; the
+last test shows the aggregate tag (fedrecgel_secure/privacy/secagg/he_tags.py)
+doing so: one client's ciphertext with others' proofs, a sum missing a named
+client, slot-wise masked uploads and double counting are all refused.
 """
 
 from __future__ import annotations
@@ -52,12 +51,13 @@ def world():
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     public = holder.public_context()
     shared = ts.context_from(public)
-    clients = {c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG) for c in ids}
+    clients = {c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
     return {"ids": ids, "dir": directory, "holder": holder, "public": public, "clients": clients}
 
 
 def fresh_holder(world):
-    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
+    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID,
+                     tag_keys=world["holder"]._tags)
 
 
 class Round:
@@ -151,19 +151,26 @@ def test_proofs_that_are_not_this_rounds_signatures_over_the_uploads_are_refused
     assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))  # the honest one still goes
 
 
-def test_residual_one_ciphertext_presented_with_others_proofs_is_decrypted(world):
-    """DOCUMENTED LIMITATION, not a guarantee: this test passes because the attack works.
+def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
+    """Finding 2's last case: client 0's upload alone, with valid proofs of clients 0, 1 and 2.
 
-    The proofs are valid signatures of clients 0, 1, 2 over their uploads of this
-    round, but the ciphertext is client 0's alone. The key holder cannot tell,
-    because it never sees the uploads' ciphertexts, so it releases client 0's
-    upload. Only a malicious aggregator can do this (outside the HE threat
-    model); closing it needs the key holder to re-add the signed uploads' c1
-    halves, or a linearly homomorphic MAC slot per value, neither of which is
-    built. If this test starts failing, the residual has been closed: update
-    the docstrings of he.py and he_keyholder.py.
+    Every proof is a valid signature of this round, so the signature checks pass;
+    the aggregate tag (he_tags.py) does not: the tag slot carries client 0's pad
+    only, while the proofs name three. The old CKKS key holder decrypted it.
     """
     r, holder = Round(world, 6), fresh_holder(world)
-    blob = r.forge(r.vectors(0), [r.proofs[c] for c in (0, 1, 2)])
-    released = holder.decrypt(blob)
-    assert np.array_equal(released, r.grid([0]))  # client 0's upload, on the grid
+    refused(holder, r.forge(r.vectors(0), [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    # nor a sum that leaves out a client its proofs name
+    refused(holder, r.forge(r.sum_of([0, 1, 2]), [r.proofs[c] for c in range(N)]), "bad_ciphertext")
+    # nor a sum in which the others' uploads are masked slot by slot (their data zeroed, their tags kept)
+    keep_tag = [0] * (8192 - 1) + [1]
+    masked = r.vectors(0)
+    for c in (1, 2):
+        for acc, v in zip(masked, r.vectors(c)):
+            acc.add_(v * keep_tag)
+    refused(holder, r.forge(masked, [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    # nor a client's upload counted twice
+    twice = r.sum_of([0, 0, 1, 2])
+    refused(holder, r.forge(twice, [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    assert holder.last_decrypted_round == -1
+    assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))  # the honest one still goes

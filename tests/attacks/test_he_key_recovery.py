@@ -31,7 +31,7 @@ from fedrecgel_secure.privacy.secagg.he import decode_upload
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 N = 8192
-DIM = N  # one ciphertext per upload
+DIM = N - 1  # one ciphertext per upload (its last slot holds the aggregate tag)
 CLIENTS = [0, 1, 2, 3, 4]
 GRID = FixedPoint()
 
@@ -76,12 +76,20 @@ def observed():
     agg = session.aggregator
     ctx = agg.context
 
-    def ciphertext(round_idx, clients):
+    def vector(round_idx, clients):
         total = None
         for c in clients:
             (vec,) = decode_upload(Envelope.parse(seen[round_idx, c]).body, ctx, agg.params, DIM, c)
             total = vec if total is None else total + vec
-        ct = total.ciphertext()[0]
+        return total
+
+    def oracle(round_idx, clients):
+        """The full slot values, tag included, decrypted with the secret key: more than the aggregator gets."""
+        secret = ts.bfv_vector_from(session.key_holder._ctx, vector(round_idx, clients).serialize())
+        return np.array(secret.decrypt(), dtype=np.int64)
+
+    def ciphertext(round_idx, clients):
+        ct = vector(round_idx, clients).ciphertext()[0]
         polys = seal_polys(ct, 2, N, agg.params.data_primes)
         assert (int(polys[0, 0, 0]), int(polys[1, 0, 0])) == (ct.data(0), ct.data(1))  # parsed the right bytes
         return polys
@@ -93,7 +101,8 @@ def observed():
         assert (sum(x[:, k] for x in parts) % p == ciphertext(0, CLIENTS)[:, k].astype(object)).all()
     return {
         "session": session, "ctx": ctx, "t": agg.params.plain_modulus, "primes": primes, "released": released,
-        "aggregate": ciphertext(0, CLIENTS), "victim": ciphertext(1, [3]), "victim_ints": GRID.encode(xs1[3])[0],
+        "aggregate": ciphertext(0, CLIENTS), "victim": ciphertext(1, [3]),
+        "aggregate_slots": oracle(0, CLIENTS), "victim_slots": oracle(1, [3]),
     }
 
 
@@ -110,8 +119,10 @@ def test_the_released_bfv_sum_does_not_yield_the_key(observed):
     t, primes = o["t"], o["primes"]
     q = int(np.prod([int(p) for p in primes], dtype=object))
     ntts = [Negacyclic(N, p) for p in primes]
-    # what was released: the exact sum on the grid; its integers and its plaintext polynomial M
-    ints = np.rint(o["released"] * GRID.scale).astype(np.int64)
+    # what was released: the exact sum on the grid. Give the aggregator even the tag slot it never
+    # sees, so that the attack fails for want of the error alone; M is the plaintext polynomial.
+    ints = o["aggregate_slots"]
+    assert np.array_equal(GRID.decode(ints[:DIM]), o["released"])
     m = _plaintext_coefficients(o["ctx"], t, ints)
     delta_m = [(q * v + t // 2) // t for v in m]  # the aggregator's best right-hand side: Δ·M (the error is unknown)
     c0, c1 = o["aggregate"][0], o["aggregate"][1]
@@ -119,7 +130,7 @@ def test_the_released_bfv_sum_does_not_yield_the_key(observed):
     key = _key_coefficients(ntts, key_hat)
     ternary = sum(1 for k in key if -1 <= k <= 1)
     guess = _decrypt_with(ntts, key_hat, o["victim"][0], o["victim"][1], t)
-    truth = _plaintext_coefficients(o["ctx"], t, o["victim_ints"])
+    truth = _plaintext_coefficients(o["ctx"], t, o["victim_slots"])
     right = sum(1 for a, b in zip(guess, truth) if a == b)
     print(f"BFV: solved key has {ternary}/{N} ternary coefficients; victim plaintext coefficients right: {right}/{N}")
     assert ternary < N // 100  # a real SEAL key is entirely ternary

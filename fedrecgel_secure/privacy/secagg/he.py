@@ -5,19 +5,25 @@ Threat model, plainly. HE protects the clients' uploads from an
 the aggregator sees ciphertexts and the released sum, nothing else. A
 *malicious* aggregator (one that forges or reorders what it forwards), or one
 that colludes with the key holder, is out of scope: the key holder checks what
-it can (below) but cannot see the ciphertexts the aggregate was summed from.
+it can (below) and refuses the forgeries of finding 2 of issue #10, but a
+malicious server is not what it is designed against.
 Deployments that must resist a malicious server should use ``"masking"``
 (:mod:`.masking`), which needs no key holder.
 
 Binding proofs to ciphertexts. Each client signs SHA-256 of its ciphertext
-bytes; the key holder checks those signatures (round-bound, distinct, at least
-``min_clients``) but receives only the summed ciphertext. Having the key holder
-re-add the signed uploads itself would be cheap (loading and adding a
-ciphertext costs about 0.3 ms here, about 2 s for a FilmTrust round) but would
-hand it every individual ciphertext together with the key, so a curious key
-holder could read every upload; that trade is not made. The residual: a
-malicious aggregator can present one client's ciphertext with others' valid
-proofs and have it decrypted (tests/attacks/test_he_forged_aggregate.py).
+bytes, and each ciphertext carries in its last slot a linearly homomorphic tag
+of its data (:mod:`.he_tags`) under keys shared only by that client and the key
+holder. The key holder receives only the summed ciphertext, checks the
+signatures (round-bound, distinct, at least ``min_clients``) and, after
+decrypting, that the tags add up to those of exactly the clients the proofs
+name; otherwise it releases nothing. Having the key holder re-add the signed
+uploads itself would be as cheap (about 0.3 ms per ciphertext here, 2 s per
+FilmTrust round) but would hand it every single ciphertext with the key.
+Residuals: a refused forgery has still been decrypted by the key holder, which
+so may see one upload (it never releases it); an aggregator colluding with
+clients can fill their places with values it knows, so the release reveals the
+honest clients' sum only down to ``min_clients`` minus the colluders (as for
+any secure sum); a forged tag passes with probability about 1/t ≈ 2^-59.
 
 Roles:
 
@@ -25,11 +31,12 @@ Roles:
   secret key; it publishes a *public* context (public key only). It releases
   at most one aggregate per round, of the dimension registered when it was
   created, carrying at least ``min_clients`` distinct, valid contribution
-  proofs of that round, and it adds the central DP noise itself.
+  proofs of that round whose tags match the decrypted sum, and it adds the
+  central DP noise itself.
 * :class:`HEClient` puts its vector on the shared fixed-point grid
-  (:class:`.fixedpoint.FixedPoint`, the same integers masking sums), encrypts
-  them as BFV plaintexts mod the prime t, and signs SHA-256 of the ciphertext
-  bytes (the envelope of :mod:`.identity`).
+  (:class:`.fixedpoint.FixedPoint`, the same integers masking sums), tags
+  them, encrypts them as BFV plaintexts mod the prime t, and signs SHA-256 of
+  the ciphertext bytes (the envelope of :mod:`.identity`).
 * :class:`HEAggregator` holds only the public context; it checks each envelope,
   adds the ciphertexts as they arrive and forwards the sum with the proofs
   (client id, digest of that client's ciphertext bytes, signature).
@@ -56,8 +63,8 @@ Parameters. N = 8192, coefficient moduli (60, 60, 60) bits (180 of the 218 the
 HomomorphicEncryption.org standard allows for 128-bit security at N = 8192;
 the last prime is SEAL's key-switching prime, so ciphertexts live mod 120
 bits), plain modulus t the largest 59-bit prime ≡ 1 mod 2N (SEAL's batching
-needs t ≡ 1 mod 2N; it rejects 60 bits). One ciphertext packs N = 8192 grid
-integers; an upload is about 32 bytes per value.
+needs t ≡ 1 mod 2N; it rejects 60 bits). One ciphertext packs N − 1 = 8191
+grid integers and their tag; an upload is about 32 bytes per value.
 
 Range. The sum is exact while every coordinate satisfies |Σ g_i| < t/2;
 :meth:`.he_wire.ContextInfo.check_capacity` (run when the key holder is created,
@@ -82,6 +89,7 @@ from fedrecgel_secure.errors import BadInputError
 
 from .errors import Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
+from . import he_tags
 from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
     _AGG_HEAD,
     _U32,
@@ -196,11 +204,15 @@ class BFVParams:
 
 
 class HEClient:
-    """Encodes one client's vector on the grid, encrypts it with the public context and signs it."""
+    """Encodes one client's vector on the grid, tags it, encrypts it with the public context and signs it.
+
+    ``tag_key``: the 64 bytes the key holder gave this client at registration
+    (:meth:`.he_keyholder.KeyHolder.client_key`), over a confidential channel.
+    """
 
     def __init__(
         self, identity: ClientIdentity, public_context: bytes | ts.Context, dim: int, *, encoding: FixedPoint,
-        session_tag: bytes,
+        session_tag: bytes, tag_key: bytes,
     ) -> None:
         # A loaded context is accepted so that simulated clients can share one; it must still be public.
         ctx = public_context if isinstance(public_context, ts.Context) else load_context(public_context, "client context")
@@ -214,14 +226,27 @@ class HEClient:
         if 2 * encoding.limit >= self.params.plain_modulus:
             raise BadInputError("the fixed-point range does not fit the BFV plain modulus")
         self.session_tag = check_session_tag(session_tag)
+        if not isinstance(tag_key, (bytes, bytearray)) or len(tag_key) != he_tags.CLIENT_KEY_BYTES:
+            raise BadInputError(f"tag_key must be the {he_tags.CLIENT_KEY_BYTES} bytes the key holder issued")
+        self._pad_key = bytes(tag_key[he_tags.KEY_BYTES :])
+        self._alpha = he_tags.alpha(
+            bytes(tag_key[: he_tags.KEY_BYTES]), n_chunks(dim, self.params), self.params.data_slots, self.params.plain_modulus
+        )
         self.last_clipped = 0
 
     def upload(self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
-        """Signed envelope of ``x`` (plus its DP ``noise`` share) on the grid, encrypted."""
+        """Signed envelope of ``x`` (plus its DP ``noise`` share) on the grid, tagged and encrypted."""
         check_round(round_idx)
         x = check_upload(x, self.dim, self.identity.client_id)
         ints, self.last_clipped = self.encoding.encode(x, noise)
-        body = encrypt_ints(self._ctx, self.params, ints)
+        rows = np.zeros(self._alpha.shape, dtype=np.int64)
+        rows.reshape(-1)[: self.dim] = ints
+        t = self.params.plain_modulus
+        tags = [
+            (he_tags.inner(self._alpha[c], rows[c], t) + he_tags.pad(self._pad_key, self.session_tag, round_idx, c, t)) % t
+            for c in range(rows.shape[0])
+        ]
+        body = encrypt_ints(self._ctx, self.params, self.dim, rows, tags)
         return self.identity.seal(HE_UPLOAD, round_idx, body, self.session_tag)
 
 
@@ -275,6 +300,8 @@ class HEAggregator:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise BadInputError(f"{path}: cannot read public context ({exc.strerror})") from None
+        if data.startswith(b"FRHEKEY1"):
+            raise BadInputError(f"{path} is the key holder's file and contains the secret key; give the aggregator the public context")
         return cls(data, directory, dim, min_clients=min_clients, session_tag=session_tag)
 
     @property

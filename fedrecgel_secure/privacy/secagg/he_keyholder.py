@@ -14,16 +14,16 @@ aggregator; against an honest-but-curious aggregator it guarantees that
   proofs: signatures of the clients over SHA-256 of their ciphertext bytes;
 * central DP noise is added here, after decryption, on the grid: the aggregator
   never learns it, and with ``noise_std`` > 0 the key holder draws it itself
-  if it is not handed any.
+  if it is not handed any;
+* the decrypted sum is the sum of exactly the uploads the proofs name: every
+  ciphertext's tag slot must equal <α, data> plus the named clients' pads
+  (:mod:`.he_tags`), so one client's ciphertext presented with others' proofs,
+  a sum missing a named client, double counting or slot-wise masking are
+  refused, and the tag slot is never released.
 
-Residual (a malicious aggregator, out of scope): the key holder never sees the
-individual ciphertexts (if it did, it could decrypt them), so it cannot check
-that the aggregate *is* the sum of the ciphertexts the proofs name. An
-aggregator that presents one client's ciphertext together with the proofs of
-others gets that one upload decrypted (tests/attacks/test_he_forged_aggregate.py
-documents this). Closing it needs the key holder to re-add the c1 halves of the
-signed uploads (which hide the messages); TenSEAL exposes no coefficients to do
-so. Use masking where the server may be malicious.
+The key file (0600) holds the secret context and the tag master key; clients
+get their tag keys from :meth:`KeyHolder.client_key` at registration.
+Residuals are listed in :mod:`.he`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from fedrecgel_secure.errors import BadInputError
 
 from .errors import Reason, RejectedPayload
 from .fixedpoint import FixedPoint
+from . import he_tags
 from .he import (
     HE_UPLOAD,
     BFVParams,
@@ -56,6 +57,7 @@ from .keys import read_private_file, write_private_file, write_public_file
 from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
+_KEY_FILE_MAGIC = b"FRHEKEY1"
 
 
 class KeyHolder:
@@ -64,6 +66,7 @@ class KeyHolder:
     def __init__(
         self, context: ts.Context, directory: IdentityDirectory, *, dim: int, min_clients: int, session_tag: bytes,
         encoding: FixedPoint = FixedPoint(), noise_std: float = 0.0, max_clients: int | None = None,
+        tag_keys: he_tags.TagKeys | None = None,
     ) -> None:
         if not context.is_private():
             raise BadInputError("a key holder needs a context with the secret key")
@@ -81,6 +84,10 @@ class KeyHolder:
         self.noise_std = float(noise_std)
         self.max_clients = len(directory) if max_clients is None else max_clients
         self.params.check_capacity(encoding, self.max_clients, "privacy.secure_aggregation", self.noise_std)
+        self._tags = he_tags.TagKeys() if tag_keys is None else tag_keys
+        self._alpha = he_tags.alpha(
+            self._tags.alpha_key(), n_chunks(self.dim, self.params), self.params.data_slots, self.params.plain_modulus
+        )
         self.last_decrypted_round = -1
 
     @classmethod
@@ -90,15 +97,24 @@ class KeyHolder:
 
     @classmethod
     def load(cls, path: str | Path, directory: IdentityDirectory, **kwargs) -> KeyHolder:
-        ctx = load_context(read_private_file(path), f"key file {path}")
+        data = read_private_file(path)
+        if data[: len(_KEY_FILE_MAGIC)] != _KEY_FILE_MAGIC:
+            raise BadInputError(f"{path} is not a key holder file (a public context cannot decrypt)")
+        start = len(_KEY_FILE_MAGIC) + he_tags.KEY_BYTES
+        ctx = load_context(data[start:], f"key file {path}")
         if not ctx.is_private():
             raise BadInputError(f"{path} holds a public context; the key holder needs the secret key")
-        return cls(ctx, directory, **kwargs)
+        return cls(ctx, directory, tag_keys=he_tags.TagKeys(data[len(_KEY_FILE_MAGIC) : start]), **kwargs)
 
     def save(self, path: str | Path) -> None:
-        """Write the secret context to a 0600 file (refused on load if others can read it)."""
+        """Write the secret context and tag master key to a 0600 file (refused on load if others can read it)."""
         secret = self._ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
-        write_private_file(path, secret)
+        write_private_file(path, _KEY_FILE_MAGIC + self._tags.master + secret)
+
+    def client_key(self, client_id: int) -> bytes:
+        """The tag key client ``client_id`` needs (:class:`.he.HEClient`); hand it over a confidential channel."""
+        self.directory.check_known(client_id)
+        return self._tags.client_key(client_id)
 
     def public_context(self) -> bytes:
         """Context for clients and the aggregator: encrypts, cannot decrypt."""
@@ -149,10 +165,21 @@ class KeyHolder:
             rng = np.random.default_rng(secrets.randbits(128))
             noise = rng.normal(0.0, self.noise_std, self.dim)
         t = self.params.plain_modulus
-        residues = np.concatenate([np.asarray(v.decrypt(), dtype=np.int64) for v in vectors])[: self.dim]
-        total = centre_lift(residues, t)
+        rows = np.stack([np.asarray(v.decrypt(), dtype=np.int64) for v in vectors]) % t
+        self._check_tags(rows, round_idx, sorted(seen))
+        total = centre_lift(rows[:, :-1].reshape(-1)[: self.dim], t)
         if noise is not None:
             total = total + self.encoding.encode_noise(noise).astype(np.int64)
         self.last_decrypted_round = round_idx
         return self.encoding.decode(total)
 
+    def _check_tags(self, rows: np.ndarray, round_idx: int, clients: list[int]) -> None:
+        """Refuse unless every ciphertext's tag slot is <α, data> plus the pads of exactly the named clients."""
+        t = self.params.plain_modulus
+        for c in range(rows.shape[0]):
+            pads = sum(he_tags.pad(self._tags.pad_key(i), self.session_tag, round_idx, c, t) for i in clients)
+            if (he_tags.inner(self._alpha[c], rows[c, :-1], t) + pads) % t != int(rows[c, -1]):
+                raise RejectedPayload(
+                    Reason.BAD_CIPHERTEXT,
+                    f"round {round_idx}: ciphertext {c} of the aggregate is not the sum of the uploads its proofs name",
+                )

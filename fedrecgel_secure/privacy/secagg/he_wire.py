@@ -42,6 +42,11 @@ class ContextInfo:
     def slots(self) -> int:
         return self.poly_modulus_degree
 
+    @property
+    def data_slots(self) -> int:
+        """Values per ciphertext: every slot but the last, which holds the tag (:mod:`.he_tags`)."""
+        return self.poly_modulus_degree - 1
+
     def fresh_noise_bound(self) -> int:
         """Worst-case |noise| of one public-key encryption: e1 + e·u + e2·s with ternary u, s, |e| ≤ 6σ."""
         return math.ceil(6 * SEAL_NOISE_STD * (2 * self.poly_modulus_degree + 1))
@@ -133,7 +138,7 @@ def max_chunk_bytes(params: ContextInfo) -> int:
 
 
 def n_chunks(dim: int, params: ContextInfo) -> int:
-    return -(-dim // params.slots)
+    return -(-dim // params.data_slots)
 
 
 def frame(chunks: list[bytes]) -> bytes:
@@ -156,14 +161,15 @@ def decode_upload(body: bytes | memoryview, ctx: ts.Context, params: ContextInfo
     return load_vectors(ctx, params, chunks, client_id)
 
 
-def encrypt_ints(ctx: ts.Context, params: ContextInfo, ints: np.ndarray) -> bytes:
-    """Upload body of signed grid integers (|v| < t/2; SEAL maps a negative v to t + v)."""
-    s = params.slots
-    count = n_chunks(ints.shape[0], params)
-    padded = np.zeros(count * s, dtype=np.int64)
-    padded[: ints.shape[0]] = ints
-    chunks = [ts.bfv_vector(ctx, padded[i : i + s].tolist()).serialize() for i in range(0, padded.shape[0], s)]
-    return _UPLOAD_HEAD.pack(b"BFV1", ints.shape[0], count) + frame(chunks)
+def encrypt_ints(ctx: ts.Context, params: ContextInfo, dim: int, chunks: np.ndarray, tags: list[int]) -> bytes:
+    """Upload body of ``dim`` values: each row of ``chunks`` (signed grid integers, |v| < t/2, zero-padded) then its
+    tag, one ciphertext per row."""
+    t = params.plain_modulus
+    blobs = []
+    for row, tag in zip(chunks, tags):
+        tag = tag - t if tag > t // 2 else tag  # SEAL maps a negative v to t + v
+        blobs.append(ts.bfv_vector(ctx, row.tolist() + [tag]).serialize())
+    return _UPLOAD_HEAD.pack(b"BFV1", dim, len(blobs)) + frame(blobs)
 
 
 def centre_lift(values: np.ndarray, modulus: int) -> np.ndarray:

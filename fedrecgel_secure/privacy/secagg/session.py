@@ -114,7 +114,11 @@ class SecAggSession:
             )
             shared = ts.context_from(public, n_threads=1)
             self.clients: dict[int, HEClient | MaskingClient] = {
-                c: HEClient(self.identities[c], shared, dim, encoding=encoding, session_tag=tag) for c in self.client_ids
+                c: HEClient(
+                    self.identities[c], shared, dim, encoding=encoding, session_tag=tag,
+                    tag_key=self.key_holder.client_key(c),
+                )
+                for c in self.client_ids
             }
         elif scheme == "masking":
             assert isinstance(params, MaskingParams)
