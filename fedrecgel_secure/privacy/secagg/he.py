@@ -239,12 +239,12 @@ class HEClient:
         check_round(round_idx)
         x = check_upload(x, self.dim, self.identity.client_id)
         ints, self.last_clipped = self.encoding.encode(x, noise)
-        rows = np.zeros(self._alpha.shape, dtype=np.int64)
+        rows = np.zeros(self._alpha.shape[1:], dtype=np.int64)
         rows.reshape(-1)[: self.dim] = ints
         t = self.params.plain_modulus
         tags = [
-            (he_tags.inner(self._alpha[c], rows[c], t) + he_tags.pad(self._pad_key, self.session_tag, round_idx, c, t)) % t
-            for c in range(rows.shape[0])
+            (dot + he_tags.pad(self._pad_key, self.session_tag, round_idx, c, t)) % t
+            for c, dot in enumerate(he_tags.inner(self._alpha, rows, t))
         ]
         body = encrypt_ints(self._ctx, self.params, self.dim, rows, tags)
         return self.identity.seal(HE_UPLOAD, round_idx, body, self.session_tag)

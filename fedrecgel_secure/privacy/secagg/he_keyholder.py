@@ -176,9 +176,9 @@ class KeyHolder:
     def _check_tags(self, rows: np.ndarray, round_idx: int, clients: list[int]) -> None:
         """Refuse unless every ciphertext's tag slot is <α, data> plus the pads of exactly the named clients."""
         t = self.params.plain_modulus
-        for c in range(rows.shape[0]):
+        for c, dot in enumerate(he_tags.inner(self._alpha, rows[:, :-1], t)):
             pads = sum(he_tags.pad(self._tags.pad_key(i), self.session_tag, round_idx, c, t) for i in clients)
-            if (he_tags.inner(self._alpha[c], rows[c, :-1], t) + pads) % t != int(rows[c, -1]):
+            if (dot + pads) % t != int(rows[c, -1]):
                 raise RejectedPayload(
                     Reason.BAD_CIPHERTEXT,
                     f"round {round_idx}: ciphertext {c} of the aggregate is not the sum of the uploads its proofs name",

@@ -22,6 +22,7 @@ never released.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -55,18 +56,41 @@ class TagKeys:
         return self.alpha_key() + self.pad_key(client_id)
 
 
+_LIMB = 20  # α and values split into 20-bit limbs: each limb product has 40 bits, a row sum of 8191 of them < 2^53
+
+
+@functools.lru_cache(maxsize=4)
 def alpha(alpha_key: bytes, n_chunks: int, width: int, t: int) -> np.ndarray:
-    """(n_chunks, width) object array of α coefficients in [0, t)."""
+    """α coefficients in [0, t) as (3, n_chunks, width) int64 20-bit limbs; read-only.
+
+    Cached: every client of a deployment has the same α, and a simulated session
+    holds thousands of clients, so they share one array.
+    """
     raw = hashlib.shake_256(b"fedrecgel-he-alpha/v1" + alpha_key).digest(8 * n_chunks * width)
-    words = np.frombuffer(raw, dtype=np.uint64) % np.uint64(t)
-    return words.astype(object).reshape(n_chunks, width)
+    words = (np.frombuffer(raw, dtype=np.uint64) % np.uint64(t)).reshape(n_chunks, width)
+    out = _limbs(words)
+    out.flags.writeable = False
+    return out
+
+
+def _limbs(values: np.ndarray) -> np.ndarray:
+    v = values.astype(np.uint64)
+    mask = np.uint64((1 << _LIMB) - 1)
+    return np.stack([((v >> np.uint64(_LIMB * k)) & mask).astype(np.int64) for k in range(3)])
+
+
+def inner(alpha_limbs: np.ndarray, rows: np.ndarray, t: int) -> list[int]:
+    """<α_c, rows_c> mod t for every row c, exactly; ``rows`` are integers (any sign), one row per ciphertext."""
+    if rows.shape[1] >= 2 ** (63 - 2 * _LIMB):
+        raise ValueError("rows too wide for exact limb sums")
+    v = _limbs(np.asarray(rows, dtype=np.int64) % t)
+    sums = [[(alpha_limbs[i] * v[j]).sum(axis=1) for j in range(3)] for i in range(3)]
+    return [
+        sum(int(sums[i][j][c]) << (_LIMB * (i + j)) for i in range(3) for j in range(3)) % t for c in range(rows.shape[0])
+    ]
 
 
 def pad(pad_key: bytes, session_tag: bytes, round_idx: int, chunk: int, t: int) -> int:
     msg = struct.pack(">H", len(session_tag)) + session_tag + struct.pack(">QI", round_idx, chunk)
     return int.from_bytes(hmac.new(pad_key, msg, hashlib.sha512).digest(), "big") % t
 
-
-def inner(alpha_row: np.ndarray, values: np.ndarray, t: int) -> int:
-    """<α, values> mod t, exactly (Python integers)."""
-    return int(np.dot(alpha_row, np.asarray(values, dtype=np.int64).astype(object))) % t
