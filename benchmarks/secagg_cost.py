@@ -4,7 +4,7 @@
 
 Each scheme trains the default policy (batched engine) from the same seed.
 Reported per round: the clients' mean encrypt/mask time and upload bytes (and
-bytes per shared value), the server's time (aggregate, plus decrypt or unmask),
+bytes per shared value), the server's time (aggregate, plus the key holder's decrypt, or unmask),
 and the whole simulated round against the plaintext round; then the part of a
 masking round that no implementation can skip, the clients' mask keystream.
 """
@@ -12,6 +12,7 @@ masking round that no implementation can skip, the clients' mask keystream.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -26,7 +27,7 @@ from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
 SCHEMES = {
     "none": [],
     "masking (k = 2 ceil(log2 n))": ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=secagg+"],
-    "ckks": ["privacy.secure_aggregation.scheme=ckks"],
+    "bfv": ["privacy.secure_aggregation.scheme=bfv"],
 }
 
 
@@ -38,9 +39,9 @@ def measure(overrides: list[str], split, rounds: int) -> dict:
     start = time.perf_counter()
     for _ in range(rounds):
         _, info = trainer.train_round()
-        for k, v in info.items():
-            if k.startswith("secagg_"):
-                totals[k] = totals.get(k, 0.0) + v
+        if info.cost is not None:  # RoundInfo.cost: the protocol's SecAggCost
+            for k, v in dataclasses.asdict(info.cost).items():
+                totals["secagg_" + k] = totals.get("secagg_" + k, 0.0) + v
     out = {k: v / rounds for k, v in totals.items()}
     out["round_s"] = (time.perf_counter() - start) / rounds
     out["dim"] = dim

@@ -177,22 +177,24 @@ class DPSettings(Section):
 # --------------------------------------------------------------------------- [privacy.secure_aggregation]
 
 
-class CkksPolicy(Section):
-    """TenSEAL CKKS for addition only (no Galois or relinearisation keys), 128-bit security."""
+class BfvPolicy(Section):
+    """TenSEAL BFV (exact) for addition only, 128-bit security; sums the fixed-point grid integers mod a prime t."""
 
-    poly_modulus_degree: int = Field(8192, description="Ring degree N; a ciphertext packs N/2 values.")
-    coeff_mod_bit_sizes: list[int] = Field([52, 57], description="Prime chain; its sum is capped by N at 128-bit security.")
-    global_scale_bits: int = Field(38, ge=2, le=60, description="Fixed-point scale 2^bits of encoded values.")
-    clip_range: float | None = Field(None, gt=0, description="Clients clip values to [-R, R]; None derives R from the parameters.")
+    poly_modulus_degree: int = Field(8192, description="Ring degree N; a ciphertext packs N grid values.")
+    coeff_mod_bit_sizes: list[int] = Field(
+        [60, 60, 60], description="Prime chain (the last is SEAL's key-switching prime); its sum is capped by N at 128-bit security."
+    )
+    plain_modulus_bits: int = Field(
+        59, ge=20, le=59, description="Bits of the plain modulus t, a prime = 1 mod 2N; sums must stay below t/2 (checked at start)."
+    )
 
     def params(self):
-        from fedrecgel_secure.privacy.secagg import CKKSParams
+        from fedrecgel_secure.privacy.secagg import BFVParams
 
-        return CKKSParams(
+        return BFVParams(
             poly_modulus_degree=self.poly_modulus_degree,
             coeff_mod_bit_sizes=tuple(self.coeff_mod_bit_sizes),
-            global_scale=2.0**self.global_scale_bits,
-            clip_range=self.clip_range,
+            plain_modulus_bits=self.plain_modulus_bits,
         )
 
 
@@ -216,15 +218,28 @@ class MaskingPolicy(Section):
 
 
 class SecureAggregationPolicy(Section):
-    scheme: Literal["none", "ckks", "masking"] = Field("none", description="How uploads are summed; none: in the clear.")
+    scheme: Literal["none", "bfv", "masking"] = Field(
+        "none", description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption; masking: pairwise masks."
+    )
     min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
     cover: Literal["shared", "item_embeddings"] = Field("shared", description="What goes through the protocol: the whole shared vector, or the item table alone.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
     clip_range: float = Field(32.0, gt=0, description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).")
     frac_bits: int = Field(36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits.")
-    ckks: CkksPolicy = Field(CkksPolicy(), description="TenSEAL CKKS parameters, used when scheme = \"ckks\".")
+    bfv: BfvPolicy = Field(BfvPolicy(), description="TenSEAL BFV parameters, used when scheme = \"bfv\".")
     masking: MaskingPolicy = Field(MaskingPolicy(), description="Pairwise-masking parameters, used when scheme = \"masking\".")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ckks(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (data.get("scheme") == "ckks" or "ckks" in data):
+            field = "scheme = \"ckks\"" if data.get("scheme") == "ckks" else "[privacy.secure_aggregation.ckks]"
+            raise BadInputError(
+                f"privacy.secure_aggregation: {field} is no longer supported: approximate CKKS decryptions let"
+                " whoever receives them solve for the secret key and decrypt single uploads (Li and Micciancio,"
+                " Eurocrypt 2021); use scheme = \"bfv\" (exact, same fixed-point grid) or \"masking\""
+            )
+        return data
 
     def encoding(self):
         from fedrecgel_secure.privacy.secagg import FixedPoint

@@ -142,3 +142,15 @@ def test_the_schema_describes_every_field_of_every_section():
     assert set(properties) == model_fields(Policy)  # the walk reached every field, the nested DP sections included
     assert "privacy.dp.adaptive_clipping.target_quantile" in properties
     assert [path for path, prop in properties.items() if not prop.get("description", "").strip()] == []
+
+
+@pytest.mark.parametrize("override", ["privacy.secure_aggregation.scheme=ckks", "privacy.secure_aggregation.ckks.global_scale_bits=38"])
+def test_ckks_is_refused_naming_the_field_and_the_key_leak(override):
+    with pytest.raises(BadInputError, match=r"(?s)privacy\.secure_aggregation.*ckks.*Li and Micciancio"):
+        load_policy(None, [override])
+
+
+def test_the_bfv_policy_loads_and_describes_its_fields():
+    p = load_policy(POLICY_DIR / "bfv.toml").privacy.secure_aggregation
+    assert p.scheme == "bfv" and p.bfv.params().plain_modulus.bit_length() == 59
+    assert all(f.description for f in type(p.bfv).model_fields.values())

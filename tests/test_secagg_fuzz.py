@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
-    CKKSAggregator,
-    CKKSClient,
-    CKKSParams,
+    BFVParams,
     ClientIdentity,
     Envelope,
     FixedPoint,
+    HEAggregator,
+    HEClient,
     IdentityDirectory,
     KeyHolder,
     MaskingAggregator,
@@ -25,7 +25,7 @@ from fedrecgel_secure.privacy.secagg import (
     RejectedPayload,
     ServerIdentity,
 )
-from fedrecgel_secure.privacy.secagg import ckks, masking, masking_wire
+from fedrecgel_secure.privacy.secagg import he, masking, masking_wire
 
 DIM = 100
 TAG = b"fuzz-session-tag-0123"
@@ -62,14 +62,14 @@ def bytes_or_mutation(valid: bytes):
 
 
 @functools.cache
-def ckks_world():
+def he_world():
     ids = {c: ClientIdentity.generate(c) for c in range(3)}
     directory = IdentityDirectory.of(ids)
-    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2, session_tag=TAG)
+    holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=2, session_tag=TAG)
     public = holder.public_context()
-    clients = {c: CKKSClient(ids[c], public, DIM, clip_range=1.0, session_tag=TAG) for c in ids}
+    clients = {c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
     uploads = {c: clients[c].upload(0, np.full(DIM, 0.1 * c)) for c in ids}
-    agg = CKKSAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
+    agg = HEAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
     agg.begin_round(0)
     for c in (0, 1):
         agg.receive(uploads[c])
@@ -140,30 +140,30 @@ def only_bad_input(fn, *args):
 @FUZZ
 @given(st.data())
 def test_envelope_parser(data):
-    only_rejections(Envelope.parse, data.draw(bytes_or_mutation(ckks_world()["uploads"][2])))
+    only_rejections(Envelope.parse, data.draw(bytes_or_mutation(he_world()["uploads"][2])))
 
 
 @FUZZ
 @given(st.data())
-def test_ckks_upload_body_decoder(data):
-    w = ckks_world()
+def test_he_upload_body_decoder(data):
+    w = he_world()
     body = Envelope.parse(w["uploads"][2]).body
     agg = w["agg"]
-    only_rejections(ckks.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
+    only_rejections(he.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
 
 
 @FUZZ
 @given(st.data())
-def test_ckks_aggregator_receive(data):
-    w = ckks_world()
+def test_he_aggregator_receive(data):
+    w = he_world()
     only_rejections(w["agg"].receive, data.draw(bytes_or_mutation(w["uploads"][2])))
 
 
 @FUZZ
 @given(st.data())
-def test_ckks_key_holder_decrypt(data):
-    w = ckks_world()
-    fresh = KeyHolder(w["holder"]._ctx, w["directory"], min_clients=2, session_tag=TAG)
+def test_he_key_holder_decrypt(data):
+    w = he_world()
+    fresh = KeyHolder(w["holder"]._ctx, w["directory"], dim=DIM, min_clients=2, session_tag=TAG, tag_keys=w["holder"]._tags)
     only_rejections(fresh.decrypt, data.draw(bytes_or_mutation(w["aggregate"])))
 
 

@@ -25,21 +25,21 @@ def directory(alice):
 
 def _open(data, directory, *, round_idx=3, completed=-1, context=b"tag"):
     return open_envelope(
-        data, directory=directory, kind=Kind.CKKS_UPLOAD, round_idx=round_idx, completed_round=completed, context=context
+        data, directory=directory, kind=Kind.HE_UPLOAD, round_idx=round_idx, completed_round=completed, context=context
     )
 
 
 def test_envelope_layout_is_fixed_header_body_signature(alice):
-    data = alice.seal(Kind.CKKS_UPLOAD, 3, b"hello", b"tag")
+    data = alice.seal(Kind.HE_UPLOAD, 3, b"hello", b"tag")
     assert len(data) == HEADER.size + 5 + SIGNATURE_BYTES == 24 + 5 + 64
     assert data[:4] == b"FRSA"
     env = Envelope.parse(data)
-    assert (env.kind, env.round_idx, env.client_id, env.body) == (Kind.CKKS_UPLOAD, 3, 7, b"hello")
+    assert (env.kind, env.round_idx, env.client_id, env.body) == (Kind.HE_UPLOAD, 3, 7, b"hello")
     assert env.to_bytes() == data
 
 
 def test_valid_envelope_opens(alice, directory):
-    assert _open(alice.seal(Kind.CKKS_UPLOAD, 3, b"x", b"tag"), directory).body == b"x"
+    assert _open(alice.seal(Kind.HE_UPLOAD, 3, b"x", b"tag"), directory).body == b"x"
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_valid_envelope_opens(alice, directory):
     ids=["short", "cut", "trailing", "magic", "signature-bit", "body-bit", "unknown", "kind"],
 )
 def test_tampered_envelopes_are_rejected_with_a_reason(alice, directory, mutate, reason):
-    data = alice.seal(Kind.CKKS_UPLOAD, 3, b"payload body", b"tag")
+    data = alice.seal(Kind.HE_UPLOAD, 3, b"payload body", b"tag")
     with pytest.raises(RejectedPayload) as err:
         _open(mutate(data), directory)
     assert err.value.reason == reason
@@ -65,17 +65,17 @@ def test_tampered_envelopes_are_rejected_with_a_reason(alice, directory, mutate,
 
 
 def test_round_checks_distinguish_replay_from_wrong_round(alice, directory):
-    old = alice.seal(Kind.CKKS_UPLOAD, 2, b"x", b"tag")
+    old = alice.seal(Kind.HE_UPLOAD, 2, b"x", b"tag")
     with pytest.raises(RejectedPayload, match="replay"):
         _open(old, directory, round_idx=3, completed=2)
-    future = alice.seal(Kind.CKKS_UPLOAD, 4, b"x", b"tag")
+    future = alice.seal(Kind.HE_UPLOAD, 4, b"x", b"tag")
     with pytest.raises(RejectedPayload, match="wrong_round"):
         _open(future, directory, round_idx=3, completed=2)
 
 
 def test_signature_binds_the_session_context(alice, directory):
     with pytest.raises(RejectedPayload, match="bad_signature"):
-        _open(alice.seal(Kind.CKKS_UPLOAD, 3, b"x", b"other deployment"), directory)
+        _open(alice.seal(Kind.HE_UPLOAD, 3, b"x", b"other deployment"), directory)
 
 
 def test_identity_key_file_is_owner_only(tmp_path, alice, directory):

@@ -282,9 +282,9 @@ def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_f
 
 
 def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, data_file):
-    """audit = true over a scheme × ε grid, end to end through the command: real masking and CKKS rounds, audit.json per run."""
+    """audit = true over a scheme × ε grid, end to end through the command: real masking and BFV rounds, audit.json per run."""
     spec = write_study(tmp_path / "study.toml", data_file, rounds=2, seeds="[1]",
-                       grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "ckks"]\n"{EPSILON_KEY}" = [inf, 8.0]')
+                       grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "bfv"]\n"{EPSILON_KEY}" = [inf, 8.0]')
     spec.write_text(spec.read_text().replace("\nseeds", "\naudit = true\nseeds", 1))
     out = tmp_path / "out"
     result = fedrecgel("study", spec, "--out", out)
@@ -302,7 +302,7 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
     # the shape the audit exists to show: a plaintext upload leaks its positives, an aggregate does not
     assert float(rows["none", "inf"]["attack_auc"]) > 0.7
-    for scheme in ("masking", "ckks"):
+    for scheme in ("masking", "bfv"):
         assert abs(float(rows[scheme, "inf"]["attack_auc"]) - 0.5) < 0.15
         assert float(rows[scheme, "inf"]["attack_precision_at_k"]) < float(rows["none", "inf"]["attack_precision_at_k"])
     report = (out / "report.md").read_text()

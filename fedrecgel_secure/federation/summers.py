@@ -168,7 +168,7 @@ class SecureSum:
 
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         self.grid = settings.encoding()
-        params = settings.ckks.params() if settings.scheme == "ckks" else settings.masking.params()
+        params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
         self.session = make_session(
             settings.scheme, covered, range(n_clients), min_clients=settings.min_clients, params=params,
             encoding=self.grid,

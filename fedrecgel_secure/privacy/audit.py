@@ -26,12 +26,12 @@ secure aggregation     DP mode              the server's view of client c
 =====================  ===================  ==================================
 none                   off / central        c's own upload (clipped under DP)
 none                   distributed          c's clipped upload + its noise share
-ckks / masking         off                  the sum over the round's clients
-ckks / masking         central/distributed  that sum + noise of std z*C
+bfv / masking          off                  the sum over the round's clients
+bfv / masking          central/distributed  that sum + noise of std z*C
 =====================  ===================  ==================================
 
 Under secure aggregation the audit scores the plaintext sum: the protocols
-return exactly that sum (masking) or that sum within the CKKS error, and it is
+return exactly that sum (both sum the same fixed-point integers), and it is
 all the server learns.
 """
 

@@ -2,10 +2,16 @@
 
 Two schemes share one seam: a client turns its vector into signed bytes, the
 aggregator combines bytes without reading any single upload, and a round
-releases the aggregate alone.
+releases the aggregate alone. Both sum the same fixed-point integers
+(:mod:`.fixedpoint`), so they release bit-identical aggregates.
 
-* ``"ckks"``: TenSEAL CKKS encryption (Cheon et al. 2017) under a key held by a
-  separate key holder, which decrypts only authenticated aggregates (:mod:`.ckks`).
+* ``"bfv"``: exact TenSEAL BFV encryption of the fixed-point grid integers under
+  a key held by a separate key holder (:mod:`.he`, :mod:`.he_keyholder`), which
+  releases one exact, checked aggregate per round and adds central noise
+  itself. It protects against an honest-but-curious aggregator that does not
+  collude with the key holder; against a malicious or colluding server use
+  masking. (CKKS was removed: its approximate decryptions leak the secret key,
+  Li and Micciancio, Eurocrypt 2021.)
 * ``"masking"``: pairwise and self masks with Shamir-shared seeds for dropout
   recovery (Bonawitz et al., CCS 2017) on a SecAgg+ neighbour graph (Bell et al.,
   CCS 2020) (:mod:`.masking`), with every aggregator message signed by a
@@ -18,29 +24,30 @@ process for the trainer, passing only bytes between them.
 
 Example::
 
-    session = make_session("ckks", dim=5000, client_ids=range(20), min_clients=10)
+    session = make_session("bfv", dim=5000, client_ids=range(20), min_clients=10)
     result = session.run_round(0, {c: grads[c] for c in sampled})
     mean = result.total / len(result.contributors)
 """
 
-from .ckks import CKKSAggregator, CKKSClient, CKKSParams, EncryptedAggregate, KeyHolder
 from .errors import KeyFileError, ProtocolViolation, Reason, RejectedPayload, RoundSkipped
-from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, ServerIdentity
 from .fixedpoint import FixedPoint
+from .he import BFVParams, EncryptedAggregate, HEAggregator, HEClient
+from .he_keyholder import KeyHolder
+from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, ServerIdentity
 from .masking import MaskingParams, neighbour_graph
 from .masking_aggregator import MaskedSum, MaskingAggregator
 from .masking_client import MaskingClient
 from .session import RoundResult, SecAggSession, make_session
 
 __all__ = [
-    "CKKSAggregator",
-    "CKKSClient",
-    "CKKSParams",
+    "BFVParams",
     "ClientIdentity",
     "ContributionProof",
     "EncryptedAggregate",
     "FixedPoint",
     "Envelope",
+    "HEAggregator",
+    "HEClient",
     "IdentityDirectory",
     "KeyFileError",
     "KeyHolder",

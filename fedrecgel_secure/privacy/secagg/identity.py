@@ -23,7 +23,7 @@ as a server message or the other way round, even for a client whose id is 0. ``c
 plus the round nonce for the masking protocol), so an envelope cannot be moved
 between deployments, protocol steps or attempts of a round. Signing the body's
 hash rather than the body lets the aggregator forward a compact proof of each
-contribution (client id, hash, signature) to the CKKS key holder.
+contribution (client id, hash, signature) to the HE key holder.
 
 The order of checks is fixed so that rejection reasons are predictable: layout
 (``truncated``/``garbage``), kind, known client, round (``replay`` if at or
@@ -65,7 +65,7 @@ MAX_ROUND = 2**64 - 1
 class Kind(IntEnum):
     """Message type; part of the signed data so one step's message never passes for another's."""
 
-    CKKS_UPLOAD = 1
+    HE_UPLOAD = 1
     MASK_ADVERTISE = 2
     MASK_SHARES = 3
     MASK_INPUT = 4

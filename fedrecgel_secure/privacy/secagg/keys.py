@@ -1,6 +1,6 @@
 """Key files readable only by their owner.
 
-Secret material (identity keys, the CKKS secret context) is written with
+Secret material (identity keys, the BFV secret context) is written with
 ``os.open(..., 0o600)`` and refused on load if group or others have any access,
 the way OpenSSH treats private keys: a key that others could have read must be
 assumed compromised, so failing loudly is safer than warning.
@@ -59,5 +59,5 @@ def read_private_file(path: str | Path) -> bytes:
 
 
 def write_public_file(path: str | Path, data: bytes) -> None:
-    """Write public material (e.g. a public CKKS context); no secrecy needed."""
+    """Write public material (e.g. a public BFV context); no secrecy needed."""
     Path(path).write_bytes(data)

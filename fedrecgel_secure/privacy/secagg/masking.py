@@ -110,7 +110,7 @@ default threshold) is assumed throughout; n is the cohort size, T = ⌊f·n⌋ +
     dropping its messages.
 
 The server does see the survivors' sum without noise, so central DP noise
-added here hides the sum only from those the result is given to (use CKKS, or
+added here hides the sum only from those the result is given to (use BFV, whose key holder adds it, or
 noise added by clients, to hide it from the aggregator too). The wire formats
 are in :mod:`.masking_wire`, the roles in :mod:`.masking_client` and
 :mod:`.masking_aggregator`.

@@ -1,6 +1,6 @@
 """One-process simulation of a secure-aggregation deployment, for the trainer.
 
-:class:`SecAggSession` owns every role (clients, aggregator, and for CKKS the
+:class:`SecAggSession` owns every role (clients, aggregator, and for BFV the
 key holder) but moves only bytes between them, exactly the messages a
 multi-process deployment would send, so its costs and failure behaviour are
 those of the protocol. A round returns the aggregate alone, or raises
@@ -33,9 +33,10 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
-from .ckks import CKKSAggregator, CKKSClient, CKKSParams, KeyHolder
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
+from .he import BFVParams, HEAggregator, HEClient
+from .he_keyholder import KeyHolder
 from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
 from .masking import MaskingParams
 from .masking_aggregator import MaskingAggregator
@@ -95,7 +96,7 @@ class SecAggSession:
         client_ids: Sequence[int],
         *,
         min_clients: int,
-        params: CKKSParams | MaskingParams,
+        params: BFVParams | MaskingParams,
         encoding: FixedPoint = FixedPoint(),
     ) -> None:
         ids = [check_client_id(c) for c in client_ids]
@@ -113,17 +114,22 @@ class SecAggSession:
         self.identities = {c: ClientIdentity.generate(c) for c in self.client_ids}
         self.directory = IdentityDirectory.of(self.identities)
         tag = self.session_tag
-        if scheme == "ckks":
-            assert isinstance(params, CKKSParams)
-            self.key_holder: KeyHolder | None = KeyHolder.create(params, self.directory, min_clients=min_clients, session_tag=tag)
+        if scheme == "bfv":
+            assert isinstance(params, BFVParams)
+            self.key_holder: KeyHolder | None = KeyHolder.create(
+                params, self.directory, dim=dim, min_clients=min_clients, session_tag=tag, encoding=encoding
+            )
             public = self.key_holder.public_context()
-            self.aggregator: CKKSAggregator | MaskingAggregator = CKKSAggregator(
+            self.aggregator: HEAggregator | MaskingAggregator = HEAggregator(
                 public, self.directory, dim, min_clients=min_clients, session_tag=tag
             )
             shared = ts.context_from(public, n_threads=1)
-            clip_range = params.client_clip(len(ids))
-            self.clients: dict[int, CKKSClient | MaskingClient] = {
-                c: CKKSClient(self.identities[c], shared, dim, clip_range=clip_range, session_tag=tag) for c in self.client_ids
+            self.clients: dict[int, HEClient | MaskingClient] = {
+                c: HEClient(
+                    self.identities[c], shared, dim, encoding=encoding, session_tag=tag,
+                    tag_key=self.key_holder.client_key(c),
+                )
+                for c in self.client_ids
             }
         elif scheme == "masking":
             assert isinstance(params, MaskingParams)
@@ -142,7 +148,7 @@ class SecAggSession:
                 for c in self.client_ids
             }
         else:
-            raise BadInputError(f"scheme must be 'ckks' or 'masking', got {scheme!r}")
+            raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
 
     def run_round(
         self,
@@ -159,9 +165,9 @@ class SecAggSession:
 
         ``noise_shares``: client id -> that client's DP noise share, which the
         client adds on the fixed-point grid before its upload leaves it.
-        ``central_noise``: noise the aggregator adds to the sum on the grid
-        before release (under encryption for HE, so the key holder never sees
-        the noiseless sum); the caller draws it.
+        ``central_noise``: noise added to the sum on the grid before release;
+        the caller draws it. Under masking the aggregator adds it; under BFV
+        the key holder does, after decryption, so the aggregator never learns it.
         ``drop_after_masking``: clients that prepare their upload (and, for
         masking, take part in key sharing, so others mask with them) but whose
         upload never arrives and who then go silent.
@@ -184,7 +190,7 @@ class SecAggSession:
             raise BadInputError("noise_shares must name exactly the clients that upload")
         if central_noise is not None:
             central_noise = check_vector(central_noise, self.dim, "central noise")
-        run = self._run_ckks if self.scheme == "ckks" else self._run_masking
+        run = self._run_he if self.scheme == "bfv" else self._run_masking
         return run(round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
 
     @staticmethod
@@ -210,16 +216,15 @@ class SecAggSession:
         if reason is not None:
             raise RoundSkipped("not_admitted", f"round {round_idx}: {reason}", rejected)
 
-    def _run_ckks(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
+    def _run_he(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
-        assert isinstance(agg, CKKSAggregator) and self.key_holder is not None
+        assert isinstance(agg, HEAggregator) and self.key_holder is not None
         clock, rejected, clipped = _Clock(), {}, 0
         agg.begin_round(round_idx)
         cohort = sorted(uploads)
         for c in cohort:
             client = self.clients[c]
-            x = uploads[c] if c not in shares else uploads[c] + shares[c]
-            payload = clock.client_call(client.upload, round_idx, x)
+            payload = clock.client_call(client.upload, round_idx, uploads[c], shares.get(c))
             clipped += client.last_clipped
             if c in dropped:
                 continue
@@ -231,11 +236,9 @@ class SecAggSession:
         except RoundSkipped as exc:
             raise RoundSkipped(exc.reason, exc.detail, rejected) from None
         self._admit(admit, aggregate.contributors, rejected, round_idx)
-        if central is not None:
-            clock.server_call(aggregate.add_noise, central)
         blob = clock.server_call(aggregate.serialize)
         t0 = time.perf_counter()
-        total = self.key_holder.decrypt(blob)
+        total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
         finalize = time.perf_counter() - t0
         return RoundResult(
             round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
@@ -300,7 +303,7 @@ def make_session(
     client_ids: Sequence[int],
     *,
     min_clients: int,
-    params: CKKSParams | MaskingParams | None = None,
+    params: BFVParams | MaskingParams | None = None,
     encoding: FixedPoint = FixedPoint(),
     **overrides: object,
 ) -> SecAggSession:
@@ -308,9 +311,14 @@ def make_session(
 
     >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, degree="all")
     """
-    kinds = {"ckks": CKKSParams, "masking": MaskingParams}
+    kinds = {"bfv": BFVParams, "masking": MaskingParams}
+    if scheme == "ckks":
+        raise BadInputError(
+            "scheme 'ckks' was removed: approximate CKKS decryptions let their recipient solve for the secret key"
+            " (Li and Micciancio, Eurocrypt 2021); use 'bfv' (exact) or 'masking'"
+        )
     if scheme not in kinds:
-        raise BadInputError(f"scheme must be 'ckks' or 'masking', got {scheme!r}")
+        raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
     cls = kinds[scheme]
     fields = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(overrides) - fields)

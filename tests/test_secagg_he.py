@@ -1,4 +1,4 @@
-"""CKKS secure aggregation: roles exchange bytes, the key holder decrypts only authenticated aggregates."""
+"""BFV secure aggregation: roles exchange bytes, the key holder releases only exact, authenticated aggregates."""
 
 import os
 import stat
@@ -9,10 +9,11 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
-    CKKSAggregator,
-    CKKSClient,
-    CKKSParams,
+    BFVParams,
     ClientIdentity,
+    FixedPoint,
+    HEAggregator,
+    HEClient,
     IdentityDirectory,
     KeyFileError,
     KeyHolder,
@@ -20,25 +21,25 @@ from fedrecgel_secure.privacy.secagg import (
     RejectedPayload,
     RoundSkipped,
 )
+from fedrecgel_secure.privacy.secagg.he import batching_prime, is_prime
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 5000
 N_CLIENTS = 8
-TAG = b"ckks-test-session-tag"
+TAG = b"bfv-test-session-tag!"
+GRID = FixedPoint()
 
 
 @pytest.fixture(scope="module")
 def world():
     identities = {c: ClientIdentity.generate(c) for c in range(N_CLIENTS)}
     directory = IdentityDirectory.of(identities)
-    params = CKKSParams()
-    holder = KeyHolder.create(params, directory, min_clients=3, session_tag=TAG)
+    params = BFVParams()
+    holder = KeyHolder.create(params, directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     public = holder.public_context()
     shared = ts.context_from(public)
-    clients = {
-        c: CKKSClient(identities[c], shared, DIM, clip_range=params.client_clip(N_CLIENTS), session_tag=TAG)
-        for c in identities
-    }
+    clients = {c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
+               for c in identities}
     return {"ids": identities, "dir": directory, "params": params, "holder": holder, "public": public, "clients": clients}
 
 
@@ -47,18 +48,29 @@ def _uploads(seed, n=N_CLIENTS, dim=DIM):
     return {c: rng.normal(0.0, 0.05, dim) for c in range(n)}
 
 
-def _holder(world, min_clients=3):
+def _grid_sum(xs, noise=None):
+    """The exact fixed-point sum: what masking releases for the same uploads."""
+    total = sum(GRID.encode(x)[0] for x in xs)
+    if noise is not None:
+        total = total + GRID.encode_noise(noise).astype(np.int64)
+    return GRID.decode(total)
+
+
+def _holder(world, min_clients=3, **kwargs):
     """A fresh key holder (own decrypted-round record) over the session's secret key."""
-    return KeyHolder(world["holder"]._ctx, world["dir"], min_clients=min_clients, session_tag=TAG)
+    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=min_clients, session_tag=TAG, encoding=GRID,
+                     tag_keys=world["holder"]._tags, **kwargs)
 
 
 def _aggregator(world, min_clients=3):
-    return CKKSAggregator(world["public"], world["dir"], DIM, min_clients=min_clients, session_tag=TAG)
+    return HEAggregator(world["public"], world["dir"], DIM, min_clients=min_clients, session_tag=TAG)
 
 
 def test_default_parameters_are_addition_only_at_128_bit_security(world):
     params = world["params"]
     assert params.poly_modulus_degree == 8192 and sum(params.coeff_mod_bit_sizes) <= 218
+    t = params.plain_modulus
+    assert t.bit_length() == 59 and t % (2 * 8192) == 1 and is_prime(t)
     ctx = ts.context_from(world["public"])
     assert not ctx.is_private() and ctx.has_public_key()
     assert not ctx.has_galois_keys() and not ctx.has_relin_keys()
@@ -66,69 +78,74 @@ def test_default_parameters_are_addition_only_at_128_bit_security(world):
 
 def test_parameters_beyond_128_bit_security_are_refused():
     with pytest.raises(BadInputError, match="128-bit"):
-        CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(60, 50))
+        BFVParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(60, 60))
     with pytest.raises(BadInputError, match="poly_modulus_degree"):
-        CKKSParams(poly_modulus_degree=5000)
-    with pytest.raises(BadInputError, match="global_scale"):
-        CKKSParams(global_scale=2.0**60)
+        BFVParams(poly_modulus_degree=5000)
+    with pytest.raises(BadInputError, match="plain_modulus_bits"):
+        BFVParams(plain_modulus_bits=60)
+    assert batching_prime(40, 8192) % 16384 == 1 and is_prime(batching_prime(40, 8192))
 
 
-def test_aggregate_matches_plaintext_sum_within_the_stated_bound(world):
+def test_aggregate_is_exactly_the_fixed_point_sum(world):
     agg = _aggregator(world)
     xs = _uploads(1)
     agg.begin_round(0)
     for c, x in xs.items():
         agg.receive(world["clients"][c].upload(0, x))
     total = _holder(world).decrypt(agg.finish().serialize())
-    err = np.abs(total - sum(xs.values())).max()
-    params = world["params"]
     assert total.shape == (DIM,)
-    assert err <= params.typical_error(N_CLIENTS) <= params.error_bound(N_CLIENTS)
-    assert err > 0  # CKKS is approximate: an exact match would mean nothing was encrypted
+    assert np.array_equal(total, _grid_sum(xs.values()))  # exact, bit for bit
+    assert np.abs(total - sum(xs.values())).max() <= GRID.error_bound(N_CLIENTS)
 
 
-def test_upload_is_at_most_30_bytes_per_value(world):
-    payload = world["clients"][0].upload(0, _uploads(2)[0])
-    slots_sent = 2 * world["params"].slots  # DIM=5000 is packed into 2 full ciphertexts
-    assert len(payload) / slots_sent <= 30
-
-
-def test_filmtrust_sized_vector_round_trips():
-    dim = 372_000
-    ids = {c: ClientIdentity.generate(c) for c in range(2)}
-    directory = IdentityDirectory.of(ids)
-    holder = KeyHolder.create(CKKSParams(), directory, min_clients=2, session_tag=TAG)
-    agg = CKKSAggregator(holder.public_context(), directory, dim, min_clients=2, session_tag=TAG)
-    xs = _uploads(3, n=2, dim=dim)
+def test_negative_and_extreme_grid_values_sum_exactly(world):
+    agg = _aggregator(world)
     agg.begin_round(0)
-    sizes = []
-    for c in ids:
-        payload = CKKSClient(ids[c], holder.public_context(), dim, clip_range=1.0, session_tag=TAG).upload(0, xs[c])
-        sizes.append(len(payload))
-        agg.receive(payload)
-    total = holder.decrypt(agg.finish().serialize())
-    assert max(sizes) / dim <= 30.0
-    assert np.abs(total - xs[0] - xs[1]).max() <= CKKSParams().typical_error(2)
+    xs = {c: np.full(DIM, (-1) ** c * GRID.clip_range) for c in range(3)}
+    for c, x in xs.items():
+        agg.receive(world["clients"][c].upload(0, x))
+    total = _holder(world).decrypt(agg.finish().serialize())
+    assert np.array_equal(total, _grid_sum(xs.values()))
+    assert total[0] == GRID.clip_range
 
 
-def test_central_noise_is_added_under_encryption(world):
+def test_upload_is_about_32_bytes_per_value(world):
+    payload = world["clients"][0].upload(0, _uploads(2)[0])
+    assert len(payload) / 8192 <= 33  # DIM=5000 is packed into one full ciphertext of 8192 values
+
+
+def test_central_noise_is_added_by_the_key_holder_on_the_grid(world):
     agg = _aggregator(world)
     xs = _uploads(4)
     agg.begin_round(0)
     for c, x in xs.items():
         agg.receive(world["clients"][c].upload(0, x))
-    aggregate = agg.finish()
-    aggregate.add_noise(np.random.default_rng(0).normal(0.0, 0.5, DIM))
-    assert aggregate.noise_std == pytest.approx(0.5, rel=0.05)
-    total = _holder(world).decrypt(aggregate.serialize())
-    residual = total - sum(xs.values())
-    assert 0.45 < residual.std() < 0.55 and abs(residual.mean()) < 0.05
+    blob = agg.finish().serialize()
+    noise = np.random.default_rng(0).normal(0.0, 0.5, DIM)
+    total = _holder(world).decrypt(blob, noise)
+    assert np.array_equal(total, _grid_sum(xs.values(), noise))
+    # told a noise std and handed no noise, the key holder draws it itself
+    drawn = _holder(world, noise_std=0.5).decrypt(blob) - _grid_sum(xs.values())
+    assert 0.45 < drawn.std() < 0.55 and abs(drawn.mean()) < 0.05
+
+
+def test_capacity_beyond_the_plain_modulus_is_refused(world):
+    with pytest.raises(BadInputError, match="bits"):
+        KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG,
+                  encoding=FixedPoint(clip_range=2.0**20, frac_bits=36))
+    small = BFVParams(plain_modulus_bits=30)
+    with pytest.raises(BadInputError, match="privacy.secure_aggregation"):
+        KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
+    with pytest.raises(BadInputError, match="fixed-point range"):
+        HEClient(world["ids"][0], KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG,
+                 encoding=FixedPoint(clip_range=1.0, frac_bits=20)).public_context(), DIM, encoding=GRID, session_tag=TAG,
+                 tag_key=bytes(64))
 
 
 def test_values_outside_the_clip_range_are_clipped_and_counted(world):
     client = world["clients"][0]
     x = np.zeros(DIM)
-    x[:3] = [1e6, -1e6, client.clip_range / 2]
+    x[:3] = [1e6, -1e6, GRID.clip_range / 2]
     client.upload(0, x)
     assert client.last_clipped == 2
 
@@ -170,17 +187,18 @@ class TestTampering:
         flipped[len(flipped) // 2] ^= 1
         stranger = ClientIdentity.generate(99)
         body = Envelope.parse(ups[5]).body
-        other_dim = CKKSClient(world["ids"][6], world["public"], DIM + 5000, clip_range=1.0, session_tag=TAG)
+        other_dim = HEClient(world["ids"][6], world["public"], DIM + 10000, encoding=GRID, session_tag=TAG,
+                             tag_key=world["holder"].client_key(6))
         cases = [
             (ups[4][:-64] + bytes(64), "bad_signature"),
             (bytes(flipped), "bad_signature"),
             (world["clients"][5].upload(2, xs[5]), "wrong_round"),
             (ups[0], "duplicate_client"),
             (ups0[5], "replay"),
-            (other_dim.upload(1, np.zeros(DIM + 5000)), "wrong_shape"),
+            (other_dim.upload(1, np.zeros(DIM + 10000)), "wrong_shape"),
             (ups[7][: len(ups[7]) // 3], "truncated"),
             (os.urandom(2000), "garbage"),
-            (stranger.seal(Kind.CKKS_UPLOAD, 1, body, TAG), "unknown_client"),
+            (stranger.seal(Kind.HE_UPLOAD, 1, body, TAG), "unknown_client"),
         ]
         with caplog.at_level("WARNING", logger="fedrecgel_secure.secagg"):
             for payload, reason in cases:
@@ -189,16 +207,21 @@ class TestTampering:
         aggregate = agg.finish()
         assert aggregate.contributors == good
         total = holder.decrypt(aggregate.serialize())
-        assert np.abs(total - sum(xs[c] for c in good)).max() <= world["params"].typical_error(len(good))
+        assert np.array_equal(total, _grid_sum(xs[c] for c in good))
 
     def test_ciphertexts_with_other_parameters_are_rejected(self, world):
         agg = _aggregator(world)
         agg.begin_round(0)
-        other = KeyHolder.create(CKKSParams(global_scale=2.0**30), world["dir"], min_clients=1, session_tag=TAG)
-        client = CKKSClient(world["ids"][0], other.public_context(), DIM, clip_range=1.0, session_tag=TAG)
-        self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_params")
-        small = KeyHolder.create(CKKSParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(52, 57)), world["dir"], min_clients=1, session_tag=TAG)
-        client = CKKSClient(world["ids"][1], small.public_context(), DIM, clip_range=1.0, session_tag=TAG)
+        tiny = FixedPoint(1.0, 10)
+        other = KeyHolder.create(BFVParams(coeff_mod_bit_sizes=(60, 60), plain_modulus_bits=20), world["dir"], dim=DIM,
+                                 min_clients=1, session_tag=TAG, encoding=tiny)
+        client = HEClient(world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG,
+                          tag_key=other.client_key(0))
+        self._expect(agg, client.upload(0, np.zeros(DIM)), "bad_ciphertext")  # SEAL refuses another parms_id
+        small = KeyHolder.create(BFVParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(36, 36, 37), plain_modulus_bits=20),
+                                 world["dir"], dim=DIM, min_clients=1, session_tag=TAG, encoding=tiny)
+        client = HEClient(world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG,
+                          tag_key=small.client_key(1))
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
 
     def test_a_skipped_round_changes_no_state(self, world):
@@ -223,7 +246,7 @@ class TestTampering:
         for p in ups1.values():
             agg.receive(p)
         total = holder.decrypt(agg.finish().serialize())
-        assert np.abs(total - sum(xs1.values())).max() <= world["params"].typical_error(N_CLIENTS)
+        assert np.array_equal(total, _grid_sum(xs1.values()))
 
 
 class TestKeyHolder:
@@ -244,7 +267,7 @@ class TestKeyHolder:
     def test_refuses_forged_or_repeated_proofs(self, world):
         holder = _holder(world)
         blob = bytearray(self._aggregate(world, 0, [0, 1, 2]).serialize())
-        head = 28  # magic, round, dim, noise, count
+        head = 20  # magic, round, dim, count
         forged = bytearray(blob)
         forged[head + 40] ^= 1  # inside the first proof's signature
         with pytest.raises(RejectedPayload, match="bad_signature"):
@@ -269,18 +292,18 @@ class TestKeyMaterial:
     def test_aggregator_and_clients_refuse_a_secret_context(self, world, tmp_path):
         secret = world["holder"]._ctx.serialize(save_secret_key=True)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
+            HEAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSClient(world["ids"][0], secret, DIM, clip_range=1.0, session_tag=TAG)
+            HEClient(world["ids"][0], secret, DIM, encoding=GRID, session_tag=TAG, tag_key=bytes(64))
         path = tmp_path / "secret.ctx"
         world["holder"].save(path)
         with pytest.raises(BadInputError, match="secret key"):
-            CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
+            HEAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
 
     def test_aggregator_builds_from_a_public_context_file(self, world, tmp_path):
         path = tmp_path / "public.ctx"
         world["holder"].write_public_context(path)
-        agg = CKKSAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
+        agg = HEAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
         agg.begin_round(0)
         agg.receive(world["clients"][0].upload(0, np.ones(DIM)))
         assert agg.finish().contributors == [0]
@@ -289,15 +312,15 @@ class TestKeyMaterial:
         path = tmp_path / "holder.ctx"
         world["holder"].save(path)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        loaded = KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)
+        loaded = KeyHolder.load(path, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
         agg = _aggregator(world)
         agg.begin_round(0)
         for c in range(3):
             agg.receive(world["clients"][c].upload(0, np.ones(DIM)))
-        assert np.allclose(loaded.decrypt(agg.finish().serialize()), 3.0, atol=1e-5)
+        assert np.array_equal(loaded.decrypt(agg.finish().serialize()), np.full(DIM, 3.0))
         os.chmod(path, 0o640)
         with pytest.raises(KeyFileError, match="0600"):
-            KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)
+            KeyHolder.load(path, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
 
     def test_key_holder_refuses_a_public_context_file(self, world, tmp_path):
         from fedrecgel_secure.privacy.secagg.keys import write_private_file
@@ -305,4 +328,4 @@ class TestKeyMaterial:
         path = tmp_path / "public-as-secret.ctx"
         write_private_file(path, world["public"])
         with pytest.raises(BadInputError, match="public context"):
-            KeyHolder.load(path, world["dir"], min_clients=3, session_tag=TAG)
+            KeyHolder.load(path, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)

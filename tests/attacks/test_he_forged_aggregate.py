@@ -1,0 +1,176 @@
+"""Attack: a malicious aggregator asks the HE key holder to decrypt more than one round's sum (issue #10, finding 2).
+
+The aggregator holds every signed upload of a round (ciphertexts and their
+contribution proofs) and builds the "aggregate" it sends to the key holder
+itself. Against the old CKKS key holder (commit 2891f77), which decrypted any
+ciphertexts that came with enough valid proofs and let the aggregator choose
+the dimension, one request returned the sum plus all individual uploads. The
+BFV key holder must refuse: a second release in a round, a dimension other than
+the registered one, the sum concatenated with single uploads, fewer than
+``min_clients`` proofs, and proofs that are not this round's signatures over
+the uploaded ciphertext bytes.
+
+The key holder never sees the individual ciphertexts (if it did, it could
+decrypt them), so signatures alone cannot tie the aggregate to the proofs; the
+last test shows the aggregate tag (fedrecgel_secure/privacy/secagg/he_tags.py)
+doing so: one client's ciphertext with others' proofs, a sum missing a named
+client, slot-wise masked uploads and double counting are all refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tenseal as ts
+
+from fedrecgel_secure.privacy.secagg import (
+    BFVParams,
+    ClientIdentity,
+    ContributionProof,
+    EncryptedAggregate,
+    FixedPoint,
+    HEAggregator,
+    HEClient,
+    IdentityDirectory,
+    KeyHolder,
+    RejectedPayload,
+)
+from fedrecgel_secure.privacy.secagg.he import decode_upload
+from fedrecgel_secure.privacy.secagg.identity import Envelope
+
+DIM = 3000
+N = 5
+TAG = b"forged-aggregate-test-tag"
+GRID = FixedPoint()
+
+
+@pytest.fixture(scope="module")
+def world():
+    ids = {c: ClientIdentity.generate(c) for c in range(N)}
+    directory = IdentityDirectory.of(ids)
+    holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
+    public = holder.public_context()
+    shared = ts.context_from(public)
+    clients = {c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
+    return {"ids": ids, "dir": directory, "holder": holder, "public": public, "clients": clients}
+
+
+def fresh_holder(world):
+    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID,
+                     tag_keys=world["holder"]._tags)
+
+
+class Round:
+    """What the aggregator holds after one honest round: the uploads, their proofs, and the true sum."""
+
+    def __init__(self, world, round_idx):
+        self.world, self.round_idx = world, round_idx
+        rng = np.random.default_rng(round_idx)
+        self.xs = {c: rng.normal(0.0, 1.0, DIM) for c in range(N)}
+        self.payloads = {c: world["clients"][c].upload(round_idx, self.xs[c]) for c in range(N)}
+        agg = HEAggregator(world["public"], world["dir"], DIM, min_clients=3, session_tag=TAG)
+        agg.begin_round(round_idx)
+        for p in self.payloads.values():
+            agg.receive(p)
+        self.aggregate = agg.finish()
+        self.agg = agg
+        self.proofs = {p.client_id: p for p in self.aggregate.proofs}
+
+    def vectors(self, c):
+        """Client c's ciphertexts, freshly loaded from its upload."""
+        body = Envelope.parse(self.payloads[c]).body
+        return decode_upload(body, self.agg.context, self.agg.params, DIM, c)
+
+    def sum_of(self, clients):
+        total = self.vectors(clients[0])
+        for c in clients[1:]:
+            for acc, v in zip(total, self.vectors(c)):
+                acc.add_(v)
+        return total
+
+    def forge(self, vectors, proofs, dim=DIM, round_idx=None):
+        r = self.round_idx if round_idx is None else round_idx
+        return EncryptedAggregate(r, dim, list(proofs), vectors).serialize()
+
+    def grid(self, clients):
+        return GRID.decode(sum(GRID.encode(self.xs[c])[0] for c in clients))
+
+
+def refused(holder, blob, reason):
+    with pytest.raises(RejectedPayload) as err:
+        holder.decrypt(blob)
+    assert err.value.reason == reason, err.value
+    return err.value
+
+
+def test_a_second_aggregate_in_the_same_round_is_refused(world):
+    r, holder = Round(world, 0), fresh_holder(world)
+    assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))
+    # all but client 4: the difference of the two releases would be client 4's upload
+    subset = r.forge(r.sum_of([0, 1, 2, 3]), [r.proofs[c] for c in range(4)])
+    refused(holder, subset, "replay")
+
+
+def test_an_aggregate_of_another_dimension_is_refused(world):
+    r, holder = Round(world, 1), fresh_holder(world)
+    all_proofs = [r.proofs[c] for c in range(N)]
+    refused(holder, r.forge(r.sum_of(list(range(N))), all_proofs, dim=DIM - 1), "wrong_shape")
+    refused(holder, r.forge(r.sum_of(list(range(N))), all_proofs, dim=2 * 8192), "wrong_shape")
+    assert holder.last_decrypted_round == -1  # refusals do not use up the round
+
+
+def test_the_sum_concatenated_with_every_single_upload_is_refused(world):
+    # The old key holder returned this in one call: the sum, then uploads 0..4 one by one.
+    r, holder = Round(world, 2), fresh_holder(world)
+    vectors = r.sum_of(list(range(N))) + [v for c in range(N) for v in r.vectors(c)]
+    blob = r.forge(vectors, [r.proofs[c] for c in range(N)], dim=(N + 1) * 8192)
+    refused(holder, blob, "wrong_shape")
+
+
+def test_fewer_than_min_clients_proofs_are_refused(world):
+    r, holder = Round(world, 3), fresh_holder(world)
+    refused(holder, r.forge(r.vectors(0), [r.proofs[0]]), "too_few_contributors")
+    refused(holder, r.forge(r.sum_of([0, 1]), [r.proofs[0], r.proofs[1]]), "too_few_contributors")
+    refused(holder, r.forge(r.vectors(0), [r.proofs[0]] * 3), "duplicate_client")
+
+
+def test_proofs_that_are_not_this_rounds_signatures_over_the_uploads_are_refused(world):
+    earlier, r, holder = Round(world, 4), Round(world, 5), fresh_holder(world)
+    proofs = [r.proofs[c] for c in range(N)]
+    # a digest that is not the one the client signed (e.g. of a ciphertext the aggregator made)
+    other = ContributionProof(0, bytes(32), proofs[0].signature)
+    refused(holder, r.forge(r.sum_of(list(range(N))), [other] + proofs[1:]), "bad_signature")
+    # proofs of an earlier round, replayed with this round's number: signatures are round-bound
+    stale = [earlier.proofs[c] for c in range(N)]
+    refused(holder, r.forge(r.sum_of(list(range(N))), stale), "bad_signature")
+    # proofs of a client the key holder does not know
+    stranger = ClientIdentity.generate(77).seal
+    env = Envelope.parse(stranger(1, 5, b"x", TAG))
+    ghost = ContributionProof(77, env.digest, env.signature)
+    refused(holder, r.forge(r.sum_of(list(range(N))), proofs[:2] + [ghost]), "unknown_client")
+    assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))  # the honest one still goes
+
+
+def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
+    """Finding 2's last case: client 0's upload alone, with valid proofs of clients 0, 1 and 2.
+
+    Every proof is a valid signature of this round, so the signature checks pass;
+    the aggregate tag (he_tags.py) does not: the tag slot carries client 0's pad
+    only, while the proofs name three. The old CKKS key holder decrypted it.
+    """
+    r, holder = Round(world, 6), fresh_holder(world)
+    refused(holder, r.forge(r.vectors(0), [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    # nor a sum that leaves out a client its proofs name
+    refused(holder, r.forge(r.sum_of([0, 1, 2]), [r.proofs[c] for c in range(N)]), "bad_ciphertext")
+    # nor a sum in which the others' uploads are masked slot by slot (their data zeroed, their tags kept)
+    keep_tag = [0] * (8192 - 1) + [1]
+    masked = r.vectors(0)
+    for c in (1, 2):
+        for acc, v in zip(masked, r.vectors(c)):
+            acc.add_(v * keep_tag)
+    refused(holder, r.forge(masked, [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    # nor a client's upload counted twice
+    twice = r.sum_of([0, 0, 1, 2])
+    refused(holder, r.forge(twice, [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
+    assert holder.last_decrypted_round == -1
+    assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))  # the honest one still goes
