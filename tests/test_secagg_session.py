@@ -182,3 +182,20 @@ def test_bfv_and_masking_release_bit_identical_aggregates(dropped):
     assert a.total.dtype == b.total.dtype == np.float64
     assert np.array_equal(a.total, b.total)  # bit for bit, not within a tolerance
     assert a.clipped == b.clipped > 0
+
+
+def test_the_bfv_key_holder_receives_one_aggregate_per_round_and_no_single_upload():
+    """What the key holder sees: one blob per round, the size of one upload's ciphertexts, never the uploads."""
+    s = make_session("bfv", DIM, CLIENTS, min_clients=8)
+    seen, uploaded = [], []
+    decrypt, upload = s.key_holder.decrypt, s.clients[CLIENTS[0]].upload
+    s.key_holder.decrypt = lambda blob, noise=None: seen.append(bytes(blob)) or decrypt(blob, noise)
+    s.clients[CLIENTS[0]].upload = lambda *a: uploaded.append(upload(*a)) or uploaded[-1]
+    xs = uploads(3)
+    for r in range(2):
+        s.run_round(r, xs)
+    assert len(seen) == 2  # one decryption per round
+    one_upload = len(uploaded[0])
+    for blob in seen:
+        assert one_upload / 2 < len(blob) < 2 * one_upload  # one vector's ciphertexts (+ proofs), not 20 uploads
+        assert uploaded[0] not in blob and uploaded[1] not in blob
