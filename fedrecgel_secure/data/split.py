@@ -32,10 +32,13 @@ class Split:
     test_negatives: np.ndarray  # (n_users, n_test_negatives)
     val_items: np.ndarray | None = None  # second-latest interaction, when validation is on
     val_negatives: np.ndarray | None = None
+    n_rows: int | None = None  # rows kept, repeats included, when the training set is 0/1 (authors' protocol)
 
     @property
     def n_interactions(self) -> int:
-        """Rows kept after filtering (train + test + validation)."""
+        """Rows kept after filtering (train + test + validation), repeated user-item rows included."""
+        if self.n_rows is not None:
+            return int(self.n_rows)
         return int(self.train_items.size + self.test_items.size + (0 if self.val_items is None else self.val_items.size))
 
     @property
@@ -66,6 +69,8 @@ class Split:
         kwargs = {f.name: arrays[f.name] if f.name in arrays else None for f in fields(cls)}
         kwargs["n_users"] = int(kwargs["n_users"])
         kwargs["n_items"] = int(kwargs["n_items"])
+        if kwargs["n_rows"] is not None:
+            kwargs["n_rows"] = int(kwargs["n_rows"])
         return cls(**kwargs)
 
 
