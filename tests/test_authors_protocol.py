@@ -212,3 +212,12 @@ def test_the_trainer_follows_the_policys_protocol(tmp_path):
         items, labels = clean.local_sets(np.array([0])).of(0)
         assert not (items[labels == 0] == split.test_items[0]).any()
     assert test_hit
+
+
+def test_shipped_policies_name_their_protocol():
+    from fedrecgel_secure.policy import POLICY_DIR, load_policy
+
+    for name in ("filmtrust", "lastfm-2k", "amazon-video", "qb-article", "fedncf"):
+        assert load_policy(POLICY_DIR / f"{name}.toml").data.protocol == "authors", name
+    for name in ("default", "dp-eps1", "dp-eps4", "dp-eps8", "dp-distributed", "ckks", "masking", "secagg-dp"):
+        assert load_policy(POLICY_DIR / f"{name}.toml").data.protocol == "clean", name
