@@ -222,12 +222,15 @@ def data_info(
     name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
     format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
+    protocol: Annotated[str, typer.Option("--protocol", help="Data protocol: clean or authors (LastFM-2K's file format differs).")] = "clean",
 ):
     """Users, items, interactions and sparsity after filtering."""
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.policy import DataPolicy
 
-    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions))
+    if protocol not in ("clean", "authors"):
+        raise BadInputError(f"--protocol {protocol!r}: expected 'clean' or 'authors'")
+    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions, protocol=protocol))
     table = Table(title=f"{name_or_path} (users with >= {min_interactions} interactions)")
     table.add_column("users", justify="right")
     table.add_column("items", justify="right")
