@@ -1,8 +1,10 @@
-"""Preprocessing exactly as the authors run it (DESIGN §1), held in sparse form.
+"""The clean data protocol (``data.protocol = "clean"``), held in sparse form.
 
 raw interactions -> keep users with >= ``min_interactions`` rows -> re-index ->
 leave-one-out on the latest timestamp (seeded random timestamps when the data
-has none) -> 99 test negatives sampled once -> a :class:`Split`.
+has none; ties keep the last row in file order) -> 99 test negatives sampled
+once -> a :class:`Split`. The steps are the authors' (DESIGN §1) but not their
+random draws; :mod:`fedrecgel_secure.data.authors` reproduces those.
 
 Every per-user set is a CSR structure (``indptr``/``indices``); nothing here is
 ever users x items dense.
