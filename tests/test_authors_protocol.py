@@ -20,6 +20,7 @@ from fedrecgel_secure.data.authors import TEST_NEG_FILE, TRAIN_FILE, authors_hol
 from fedrecgel_secure.data.loaders import read_interactions, resolve_dataset
 from fedrecgel_secure.data.prepare import authors_data, load_split, resolve_source
 from fedrecgel_secure.data.split import SeenIndex
+from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.policy import DataPolicy
 
@@ -152,7 +153,7 @@ def test_repeated_rows_are_trained_once_but_counted(tmp_path):
 
 
 def test_authors_protocol_has_no_validation_item():
-    with pytest.raises(Exception, match="validation"):
+    with pytest.raises(BadInputError, match="validation"):
         DataPolicy(protocol="authors", validation=True)
 
 
