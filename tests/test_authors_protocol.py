@@ -153,8 +153,10 @@ def test_repeated_rows_are_trained_once_but_counted(tmp_path):
 
 
 def test_authors_protocol_has_no_validation_item():
-    with pytest.raises(BadInputError, match="validation"):
-        DataPolicy(protocol="authors", validation=True)
+    from fedrecgel_secure.policy import load_policy
+
+    with pytest.raises(BadInputError, match="data.validation = true with data.protocol = 'authors'"):
+        load_policy(None, ["data.protocol=authors", "data.validation=true"])
 
 
 # -- training: points 5 and 6 --------------------------------------------------------
