@@ -20,7 +20,7 @@ from fedrecgel_secure.errors import BadInputError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="FedRecGEL federated recommendation with secure aggregation and client-level DP.")
 policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
-data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, download.")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, download.")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.add_typer(study_app := typer.Typer(no_args_is_help=True), name="study")  # its commands: the study block below
@@ -222,12 +222,15 @@ def data_info(
     name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
     format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
+    protocol: Annotated[str, typer.Option("--protocol", help="Data protocol: clean or authors (LastFM-2K's file format differs).")] = "clean",
 ):
     """Users, items, interactions and sparsity after filtering."""
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.policy import DataPolicy
 
-    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions))
+    if protocol not in ("clean", "authors"):
+        raise BadInputError(f"--protocol {protocol!r}: expected 'clean' or 'authors'")
+    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions, protocol=protocol))
     table = Table(title=f"{name_or_path} (users with >= {min_interactions} interactions)")
     table.add_column("users", justify="right")
     table.add_column("items", justify="right")
@@ -235,6 +238,38 @@ def data_info(
     table.add_column("sparsity", justify="right")
     table.add_row(f"{split.n_users:,}", f"{split.n_items:,}", f"{split.n_interactions:,}", f"{split.sparsity:.4%}")
     out.print(table)
+
+
+@data_app.command("split")
+@user_errors
+def data_split(
+    name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write train_interactions.csv and test_neg_interactions into.")],
+    protocol: Annotated[str, typer.Option("--protocol", help="Only 'authors': the authors' notebook procedure.")] = "authors",
+    format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
+    min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
+    test_negatives: Annotated[int, typer.Option(help="Negatives per test item.")] = 99,
+    seed: Annotated[int, typer.Option(help="Seed of the timestamps and the test negatives.")] = 42,
+):
+    """Write a leave-one-out split in the authors' file formats, to diff against their notebook's output."""
+    from fedrecgel_secure.data.authors import write_authors_files
+    from fedrecgel_secure.data.prepare import authors_data
+    from fedrecgel_secure.policy import DataPolicy
+
+    if protocol != "authors":
+        raise BadInputError(f"--protocol {protocol!r}: only 'authors' writes files (the clean split lives in the cache)")
+    from pydantic import ValidationError
+
+    from fedrecgel_secure.policy import describe_errors
+
+    try:
+        data = DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions,
+                          test_negatives=test_negatives, seed=seed, protocol="authors")
+    except ValidationError as e:
+        raise BadInputError(describe_errors(e, "fedrecgel data split")) from None
+    split = authors_data(data)
+    train, test = write_authors_files(split, out_dir)
+    out.print(f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions\nwrote {train}\nwrote {test}")
 
 
 @data_app.command("fetch")

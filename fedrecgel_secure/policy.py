@@ -38,6 +38,23 @@ class DataPolicy(Section):
     validation: bool = Field(False, description="Hold out the second-latest interaction as a validation item.")
     seed: int = Field(42, description="Seed of the preprocessing: random timestamps and test negatives.")
     cache_dir: str | None = Field(None, description="Where prepared splits are cached (default: ~/.cache/fedrecgel-secure).")
+    protocol: Literal["authors", "clean"] = Field(
+        "clean",
+        description="authors: the authors' exact data protocol (their seeded draws, tie rule, per-dataset holdout,"
+        " 0/1 training set, training negatives drawn outside the training set only, so the test item can be one,"
+        " each positive followed by its own negatives); `fedrecgel data split --protocol authors` writes their files."
+        " clean: seeded random holdout, repeated rows trained as often as they occur, and the test item is never"
+        " drawn as a training negative (it must not leak into training as a label).",
+    )
+
+    @model_validator(mode="after")
+    def _authors_has_no_validation(self) -> DataPolicy:
+        if self.protocol == "authors" and self.validation:
+            raise BadInputError(
+                "data.validation = true with data.protocol = 'authors': the authors' protocol holds out the test item"
+                " only; use data.protocol = 'clean' for a validation item"
+            )
+        return self
 
 
 class ModelPolicy(Section):

@@ -44,6 +44,7 @@ def commands(tmp_path) -> list[list[str]]:
         ["policy", "schema"],
         ["data", "list"],
         ["data", "info", str(ratings)],
+        ["data", "split", str(ratings), "--protocol", "authors", "--out", str(tmp_path / "split")],
     ]
 
 

@@ -18,7 +18,13 @@ csv             comma      header with ``user`` (or ``user_id``), ``item`` (or
                            ``item_id``), optional ``timestamp``, any order
 amazon          comma      ``user,item,rating,timestamp``, header optional
 tenrec          comma      header with ``user_id,item_id``, optional ``timestamp``
+lastfm-ts       spaces     ``user item weight timestamp``, header optional (the
+                           authors' LastFM-2K file; tabs or spaces)
 ==============  =========  ======================================================
+
+A ``rating`` (or ``weight``) column, when a format has one, is kept as the
+file's text (:attr:`RawInteractions.ratings`) so the authors' protocol can write
+it back unchanged; training never reads it.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class RawInteractions:
     items: np.ndarray  # raw item ids, same length
     timestamps: np.ndarray | None  # float64, or None when the format has none
     source: str  # the path it was read from, for messages
+    ratings: np.ndarray | None = None  # the rating/weight column as text, None when there is none
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,10 @@ _LAYOUTS: dict[str, _Layout] = {
         expect="4 comma-separated fields 'user,item,rating,timestamp'",
     ),
     "tenrec": _Layout(",", "required", user=("user_id",), item=("item_id",)),
+    "lastfm-ts": _Layout(
+        None, "optional", **_USER_ITEM, columns=("user", "item", "weight", "timestamp"),
+        expect="4 fields 'user item weight timestamp'",
+    ),
 }
 FORMATS: tuple[str, ...] = tuple(_LAYOUTS)
 
@@ -100,8 +111,9 @@ def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
     user_col = _column(src, header_line, names, keys, layout.user, fmt)
     item_col = _column(src, header_line, names, keys, layout.item, fmt)
     time_col = keys.index("timestamp") if "timestamp" in keys else None
+    rating_col = next((keys.index(k) for k in ("rating", "weight") if k in keys), None)
 
-    users, items, stamps, lines = [], [], [], []
+    users, items, stamps, ratings, lines = [], [], [], [], []
     for line, fields in rows:
         if len(fields) != len(keys):
             raise BadInputError(f"{src}:{line}: expected {expect}, got {len(fields)} field{'s' * (len(fields) != 1)}")
@@ -109,6 +121,8 @@ def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
         items.append(fields[item_col])
         if time_col is not None:
             stamps.append(fields[time_col])
+        if rating_col is not None:
+            ratings.append(fields[rating_col])
         lines.append(line)
     if not lines:
         raise BadInputError(f"{src}: no interactions after the header on line {header_line}")
@@ -118,6 +132,7 @@ def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
         items=_ids(src, items, lines, names[item_col]),
         timestamps=None if time_col is None else _numbers(src, stamps, lines, names[time_col]),
         source=src,
+        ratings=None if rating_col is None else np.array(ratings),
     )
 
 
@@ -241,6 +256,7 @@ class DatasetInfo:
     url: str | None  # public download URL, None if none exists
     filename: str  # the file inside the download to read
     bundled: bool
+    authors_fmt: str | None = None  # the format data.protocol = "authors" reads, when it differs from fmt
 
 
 _TENREC_APPLICATION = "https://static.qblv.qq.com/qblv/h5/algo-frontend/tenrec_dataset.html"
@@ -271,6 +287,8 @@ DATASETS: dict[str, DatasetInfo] = {
             url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
             filename="user_artists.dat",
             bundled=False,
+            # The authors read a 4-column file with timestamps (user, item, weight, timestamp).
+            authors_fmt="lastfm-ts",
         ),
         DatasetInfo(
             name="amazon-video",

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from fedrecgel_secure.checkpoint import atomic_write_bytes
+from fedrecgel_secure.data.authors import authors_holdout, authors_protocol
 from fedrecgel_secure.data.loaders import DATASETS, read_interactions, resolve_dataset
 from fedrecgel_secure.data.split import Split, prepare_split
 
-PREP_VERSION = 1  # bump when prepare_split changes what it produces
+PREP_VERSION = 2  # bump when prepare_split changes what it produces
 
 
 def default_cache_dir() -> Path:
@@ -26,12 +27,30 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
+def dataset_format(name: str, protocol: str = "clean") -> str | None:
+    """The default format of a registered dataset under a protocol (the authors read LastFM-2K differently)."""
+    info = DATASETS.get(name)
+    if info is None:
+        return None
+    return (info.authors_fmt or info.fmt) if protocol == "authors" else info.fmt
+
+
 def resolve_source(data) -> tuple[Path, str]:
     """The file and format a data policy points at."""
+    protocol = getattr(data, "protocol", "clean")
     if data.path is not None:
-        fmt = data.format or (DATASETS[data.dataset].fmt if data.dataset in DATASETS else None)
-        return resolve_dataset(data.path, fmt)
-    return resolve_dataset(data.dataset, data.format)
+        return resolve_dataset(data.path, data.format or dataset_format(data.dataset, protocol))
+    return resolve_dataset(data.dataset, data.format or dataset_format(data.dataset, protocol))
+
+
+def authors_data(data):
+    """The authors' protocol applied to the file a data policy points at (:mod:`.authors`)."""
+    path, fmt = resolve_source(data)
+    raw = read_interactions(path, fmt)
+    return authors_protocol(
+        raw, authors_holdout(fmt, raw),
+        min_interactions=data.min_interactions, test_negatives=data.test_negatives, seed=data.seed,
+    )
 
 
 def load_split(data, *, use_cache: bool = True) -> Split:
@@ -42,6 +61,7 @@ def load_split(data, *, use_cache: bool = True) -> Split:
         test_negatives=data.test_negatives,
         validation=data.validation,
         seed=data.seed,
+        protocol=data.protocol,
         version=PREP_VERSION,
     )
     digest = hashlib.sha256(path.read_bytes())
@@ -54,13 +74,10 @@ def load_split(data, *, use_cache: bool = True) -> Split:
                 return Split.from_arrays(dict(arrays))
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt below
-    split = prepare_split(
-        read_interactions(path, fmt),
-        min_interactions=data.min_interactions,
-        test_negatives=data.test_negatives,
-        validation=data.validation,
-        seed=data.seed,
-    )
+    if data.protocol == "authors":
+        split = authors_data(data).to_split()
+    else:
+        split = _clean_split(data, path, fmt)
     if use_cache:
         try:
             cache.mkdir(parents=True, exist_ok=True)
@@ -70,3 +87,13 @@ def load_split(data, *, use_cache: bool = True) -> Split:
         except OSError:
             pass  # a read-only cache costs time, never correctness
     return split
+
+
+def _clean_split(data, path: Path, fmt: str) -> Split:
+    return prepare_split(
+        read_interactions(path, fmt),
+        min_interactions=data.min_interactions,
+        test_negatives=data.test_negatives,
+        validation=data.validation,
+        seed=data.seed,
+    )

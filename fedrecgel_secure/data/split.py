@@ -1,8 +1,10 @@
-"""Preprocessing exactly as the authors run it (DESIGN §1), held in sparse form.
+"""The clean data protocol (``data.protocol = "clean"``), held in sparse form.
 
 raw interactions -> keep users with >= ``min_interactions`` rows -> re-index ->
 leave-one-out on the latest timestamp (seeded random timestamps when the data
-has none) -> 99 test negatives sampled once -> a :class:`Split`.
+has none; ties keep the last row in file order) -> 99 test negatives sampled
+once -> a :class:`Split`. The steps are the authors' (DESIGN §1) but not their
+random draws; :mod:`fedrecgel_secure.data.authors` reproduces those.
 
 Every per-user set is a CSR structure (``indptr``/``indices``); nothing here is
 ever users x items dense.
@@ -32,10 +34,13 @@ class Split:
     test_negatives: np.ndarray  # (n_users, n_test_negatives)
     val_items: np.ndarray | None = None  # second-latest interaction, when validation is on
     val_negatives: np.ndarray | None = None
+    n_rows: int | None = None  # rows kept, repeats included, when the training set is 0/1 (authors' protocol)
 
     @property
     def n_interactions(self) -> int:
-        """Rows kept after filtering (train + test + validation)."""
+        """Rows kept after filtering (train + test + validation), repeated user-item rows included."""
+        if self.n_rows is not None:
+            return int(self.n_rows)
         return int(self.train_items.size + self.test_items.size + (0 if self.val_items is None else self.val_items.size))
 
     @property
@@ -66,6 +71,8 @@ class Split:
         kwargs = {f.name: arrays[f.name] if f.name in arrays else None for f in fields(cls)}
         kwargs["n_users"] = int(kwargs["n_users"])
         kwargs["n_items"] = int(kwargs["n_items"])
+        if kwargs["n_rows"] is not None:
+            kwargs["n_rows"] = int(kwargs["n_rows"])
         return cls(**kwargs)
 
 

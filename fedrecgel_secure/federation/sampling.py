@@ -54,8 +54,15 @@ class LocalSets:
         return 1.0 / chunk_len
 
 
-def build_local_sets(rng: np.random.Generator, split: Split, seen: SeenIndex, clients: np.ndarray, n_negatives: int) -> LocalSets:
-    """Each training positive with ``n_negatives`` fresh negatives, shuffled per client."""
+def build_local_sets(
+    rng: np.random.Generator, split: Split, seen: SeenIndex, clients: np.ndarray, n_negatives: int, *, blocks: bool = False
+) -> LocalSets:
+    """Each training positive with ``n_negatives`` fresh negatives, shuffled per client.
+
+    ``seen`` holds the items a negative may not be. ``blocks=False`` (the clean
+    protocol) shuffles all of a client's examples; ``blocks=True`` (the authors')
+    shuffles the positives, each followed by its own negatives.
+    """
     starts = split.train_indptr[clients]
     lens = split.train_indptr[clients + 1] - starts
     first = np.repeat(np.cumsum(lens) - lens, lens)
@@ -69,8 +76,13 @@ def build_local_sets(rng: np.random.Generator, split: Split, seen: SeenIndex, cl
     labels[:, 0] = 1.0
     labels = labels.reshape(-1)
     sizes = lens * (1 + n_negatives)
-    owner = np.repeat(np.arange(clients.size), sizes)
-    order = np.lexsort((rng.random(items.size), owner))
     offsets = np.zeros(clients.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
+    if blocks:
+        pos_owner = np.repeat(np.arange(clients.size), lens)
+        pos_order = np.lexsort((rng.random(pos_items.size), pos_owner))
+        order = (pos_order[:, None] * (1 + n_negatives) + np.arange(1 + n_negatives)).reshape(-1)
+    else:
+        owner = np.repeat(np.arange(clients.size), sizes)
+        order = np.lexsort((rng.random(items.size), owner))
     return LocalSets(clients=clients, offsets=offsets, items=items[order], labels=labels[order])

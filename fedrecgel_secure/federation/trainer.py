@@ -79,7 +79,15 @@ def make_engine(policy: Policy):
 class Trainer:
     def __init__(self, policy: Policy, split: Split):
         self.policy, self.split = policy, split
-        self.seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
+        # What a training negative may not be. The authors draw outside the training set
+        # only, so the held-out test item can be drawn as a negative; the clean protocol
+        # excludes every item the user interacted with, so the test item never becomes a
+        # training label.
+        self.authors = policy.data.protocol == "authors"
+        if self.authors:
+            self.seen = SeenIndex(split.train_indptr, split.train_items, split.n_items)
+        else:
+            self.seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
         dtype = getattr(torch, policy.model.dtype)
         init = torch.Generator().manual_seed(policy.seed)
         self.model = NeuMF(split.n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower)).to(dtype)
@@ -104,7 +112,7 @@ class Trainer:
         clients = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
         update = None
         if clients.size:
-            local = build_local_sets(self.rng, self.split, self.seen, clients, self.policy.data.train_negatives)
+            local = self.local_sets(clients)
             update = self.engine.train_round(self.model, self.states, local)
         dim = sum(p.numel() for p in self.model.parameters())
         result = self.aggregation.aggregate(self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
@@ -116,6 +124,12 @@ class Trainer:
         self.aggregation.commit(result.info)
         self.round += 1
         return (None if update is None else update.loss), result.info
+
+    def local_sets(self, clients: np.ndarray):
+        """The sampled clients' examples for one round, under the policy's data protocol."""
+        return build_local_sets(
+            self.rng, self.split, self.seen, clients, self.policy.data.train_negatives, blocks=self.authors
+        )
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)

@@ -44,7 +44,6 @@ import torch
 
 from fedrecgel_secure.federation.aggregation import DPFedAvg
 from fedrecgel_secure.federation.summers import grid_sum
-from fedrecgel_secure.federation.sampling import build_local_sets
 from fedrecgel_secure.rundir import AUDIT, atomic_write_json
 
 
@@ -127,7 +126,7 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
             clients = trainer.aggregation.sample(round_idx, trainer.rng, split.n_users)
             if clients.size == 0:
                 continue
-            local = build_local_sets(trainer.rng, split, trainer.seen, clients, trainer.policy.data.train_negatives)
+            local = trainer.local_sets(clients)
             uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
             for client, view in zip(clients, server_views(trainer, round_idx, clients, uploads, secure)):
                 own = split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]]
