@@ -96,15 +96,15 @@ class Deployment:
 
     def start(self) -> None:
         n = self.policy.deployment.nodes
-        runtime, fleet, control, *node_ports = free_ports(3 + n)
+        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
+        port, *node_ports = free_ports(1 + n)
         host = "127.0.0.1"
+        fleet = control = port
         link = self.procs.start("superlink", [
-            _bin("flower-superlink"), "--insecure", "--host", host, "--port", str(runtime),
-            "--fleet-api-address", f"{host}:{fleet}", "--control-api-address", f"{host}:{control}",
+            _bin("flower-superlink"), "--insecure", "--host", host, "--port", str(port),
             "--disable-runtime-dependency-installation", "--database", ":flwr-in-memory:",
         ], self.env)
-        for port in (fleet, control):
-            wait_for_port(host, port, 60, link)
+        wait_for_port(host, port, 60, link)
         write_connection(self.out / ".flwr", f"{host}:{control}")
         for shard in range(n):
             state_dir = state_dir_for(self.policy, self.out, shard)
