@@ -243,16 +243,11 @@ class SuperLinkPolicy(Section):
     """[deployment.superlink]: where the Flower SuperLink listens (fedrecgel deploy)."""
 
     host: str = Field("127.0.0.1", description="Address the SuperLink binds and the SuperNodes dial.")
-    fleet_port: int = Field(9092, ge=1, le=65535, description="Fleet API port: the SuperNodes connect here.")
-    runtime_port: int = Field(9091, ge=1, le=65535, description="Runtime API port (flower-superlink --port): the ServerApp process connects here; keep it local.")
-    control_port: int = Field(9093, ge=1, le=65535, description="Control API port (flwr run); it has no authentication in this build: firewall it.")
-
-    @model_validator(mode="after")
-    def _distinct_ports(self) -> SuperLinkPolicy:
-        ports = {"fleet_port": self.fleet_port, "runtime_port": self.runtime_port, "control_port": self.control_port}
-        if len(set(ports.values())) < 3:
-            raise BadInputError(f"{DEPLOY}.superlink: fleet_port, runtime_port and control_port must differ (got {ports})")
-        return self
+    port: int = Field(
+        9091, ge=1, le=65535,
+        description="flwr 1.42 serves its Fleet, Runtime (ServerApp) and Control (flwr run) APIs on this one HTTP port;"
+        " the Control API has no authentication in this build, so only the nodes and the operator may reach it (firewall).",
+    )
 
 
 class TlsPolicy(Section):

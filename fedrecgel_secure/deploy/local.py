@@ -180,10 +180,9 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         f"openssl req -newkey rsa:4096 -nodes -subj /CN={s.host} -keyout server.key -out server.csr",
         f"openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem -extfile <(printf 'subjectAltName=IP:{s.host}')",
         "",
-        "## 2. SuperLink machine (firewall the control port: the Control API has no authentication in this build;",
-        "##    keep the runtime port on localhost; open only the fleet port to the nodes)",
-        f"flower-superlink {link_sec} --host 127.0.0.1 --port {s.runtime_port} --fleet-api-address 0.0.0.0:{s.fleet_port} "
-        f"--control-api-address 127.0.0.1:{s.control_port} --disable-runtime-dependency-installation"
+        "## 2. SuperLink machine: one HTTP port serves the Fleet, Runtime and Control APIs in flwr 1.42;",
+        "##    the Control API has no authentication in this build: let only the nodes and the operator reach it (firewall)",
+        f"flower-superlink {link_sec} --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
         + (" --enable-supernode-auth" if tls.node_authentication else ""),
     ]
     if tls.node_authentication:
@@ -194,14 +193,14 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out += ["ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"]
     out += [
         f"mkdir -m 700 -p {d.state_dir.format(shard='K')}   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
-        f"flower-supernode {node_sec} --superlink {s.host}:{s.fleet_port} --host 127.0.0.1 --port 9094 "
+        f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
         + ("--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub " if tls.node_authentication else "")
         + f"--node-config 'shard=K state-dir=\"{d.state_dir.format(shard='K')}\" policy=\"{policy_name}\"'",
         "",
         "## 4. Start the run (from a machine that can reach the control port)",
         "# FLWR_HOME/config.toml:",
         "#   [superlink]\n#   default = \"deploy\"\n#   [superlink.deploy]",
-        f"#   address = \"{s.host}:{s.control_port}\"" + ("\n#   root-certificates = \"ca.pem\"" if tls.enabled else "\n#   insecure = true"),
+        f"#   address = \"{s.host}:{s.port}\"" + ("\n#   root-certificates = \"ca.pem\"" if tls.enabled else "\n#   insecure = true"),
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
         f"flwr run app deploy --stream --run-config 'policy=\"{policy_name}\" out=\"runs/deployed\" resume=false'",
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
