@@ -145,7 +145,18 @@ class Deployment:
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
 
     def serverapp_pids(self) -> list[int]:
-        return self.procs.children("superlink")
+        """The flwr-serverapp processes under our SuperLink (a SuperExec spawns them)."""
+        pids, todo = [], self.procs.children("superlink")
+        while todo:
+            pid = todo.pop()
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"flwr-serverapp" in cmd:
+                pids.append(pid)
+            todo += self.procs.children_of(pid)
+        return pids
 
     def stop(self) -> None:
         self.procs.stop_all()

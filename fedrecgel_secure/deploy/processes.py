@@ -84,8 +84,11 @@ class Processes:
             self.stop(name)
 
     def children(self, name: str) -> list[int]:
-        """PIDs of the direct children of process ``name`` (e.g. the flwr-serverapp a SuperLink spawned)."""
-        pid = self.procs[name].pid
+        """PIDs of the direct children of process ``name`` (e.g. the SuperExec a SuperLink spawned)."""
+        return self.children_of(self.procs[name].pid)
+
+    @staticmethod
+    def children_of(pid: int) -> list[int]:
         out = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
