@@ -19,6 +19,7 @@ pytest.importorskip("flwr")
 from conftest import write_ratings  # noqa: E402
 
 pytestmark = pytest.mark.slow
+TIMEOUT = 40  # a stage on a loaded 2-core machine: a new clientapp process imports torch and reads the data
 
 
 def _policy(tmp_path: Path, rounds: int = 2, nodes: int = 3, timeout: float = 60, extra: str = "") -> Path:
@@ -94,7 +95,7 @@ def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_pa
     from fedrecgel_secure.deploy.local import Deployment, resolve_policy
 
     out = tmp_path / "deployed"
-    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, timeout=15), [], None, False), out)
+    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, timeout=TIMEOUT), [], None, False), out)
     try:
         dep.start()
         run = dep.launch(False)
@@ -107,7 +108,7 @@ def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_pa
             os.kill(victim, 0)
         started = time.monotonic()
         summary = dep.wait(run, 1)
-        assert time.monotonic() - started < 15 * 2 + 60  # two stages at the timeout, plus work; never a hang
+        assert time.monotonic() - started < TIMEOUT * 2 + 90  # two stages at the timeout, plus work; never a hang
     finally:
         dep.stop()
     record = _metrics(out)[-1]

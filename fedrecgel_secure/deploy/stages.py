@@ -66,6 +66,8 @@ class FlowerStages:
         ]
         ids = list(self.grid.push_messages(messages))
         shard_of = {mid: s for mid, s in zip(ids, shards) if mid}
+        if len(shard_of) < len(shards):
+            self.log(f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink (nodes dropped)")
         outstanding, replies = set(shard_of), {}
         deadline = time.monotonic() + timeout
         while outstanding and time.monotonic() < deadline:
