@@ -103,6 +103,7 @@ def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_pa
         _wait_until(lambda: all(p.exists() for p in identities), 120, "the nodes never answered hello")
         time.sleep(1.0)  # the hello replies are on their way; round 1 is next
         victim = dep.procs.procs["supernode-1"].pid
+        os.killpg(victim, signal.SIGKILL)  # no goodbye: the SuperLink still lists the node, only the stage timeout helps
         dep.procs.stop("supernode-1")
         with pytest.raises(ProcessLookupError):
             os.kill(victim, 0)
