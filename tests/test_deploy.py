@@ -67,13 +67,23 @@ def _wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_deployment_equals_the_simulator_exactly(tmp_path):
+SEEDED_CENTRAL_DP = """[privacy.dp]
+enabled = true
+mode = "central"
+noise = "seeded"
+noise_multiplier = 1.0
+clip_norm = 0.5
+"""
+
+
+@pytest.mark.parametrize("privacy", ["plaintext", "seeded-central-dp"])
+def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.local import Deployment, resolve_policy
 
-    policy_file = _policy(tmp_path)
+    policy_file = _policy(tmp_path, extra=SEEDED_CENTRAL_DP if privacy != "plaintext" else "")
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
