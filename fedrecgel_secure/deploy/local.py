@@ -32,6 +32,8 @@ build-backend = "hatchling.build"
 [project]
 name = "fedrecgel-deploy"
 version = "1.0.0"
+description = "FedRecGEL on Flower: the components live in the installed fedrecgel-secure package"
+license = "MIT"
 dependencies = []
 
 [tool.hatch.build.targets.wheel]
