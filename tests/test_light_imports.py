@@ -44,6 +44,7 @@ def commands(tmp_path) -> list[list[str]]:
         ["policy", "schema"],
         ["data", "list"],
         ["data", "info", str(ratings)],
+        ["deploy", "plan", str(POLICY_DIR / "default.toml")],
     ]
 
 
