@@ -24,6 +24,8 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, spli
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.add_typer(study_app := typer.Typer(no_args_is_help=True), name="study")  # its commands: the study block below
+deploy_app = typer.Typer(no_args_is_help=True, help="Run the roles as separate processes on Flower (needs the `flower` extra).")
+app.add_typer(deploy_app, name="deploy")
 
 out = Console()
 err = Console(stderr=True)
@@ -360,6 +362,64 @@ def study_report(study_dir: Annotated[Path, typer.Argument(help="A study directo
 
     files = rebuild_report(study_dir)
     out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
+
+
+@deploy_app.command("local")
+@user_errors
+def deploy_local_cmd(
+    policy: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Client SuperNodes (overrides deployment.nodes).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Deployment and run directory.")] = Path("runs/deployed"),
+    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the server checkpoint and the nodes' state in --out.")] = False,
+):
+    """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
+
+    policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
+    rounds = policy_.federation.rounds
+    dep = Deployment(policy_, out_dir)
+    columns = [TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TextColumn("HR@10 {task.fields[hr]}"), TimeElapsedColumn()]
+    try:
+        with Progress(*columns, console=out, transient=False) as progress:
+            task = progress.add_task("deploy", total=rounds, hr="-")
+
+            def on_progress(_lines):
+                lines = (out_dir / METRICS).read_text().splitlines()
+                if lines:
+                    last = json.loads(lines[-1])
+                    progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
+
+            out.print(f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes (logs in {out_dir}/logs)")
+            dep.start()
+            dep.wait(dep.launch(resume), rounds, on_progress)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: every process stopped; `fedrecgel deploy local --out {out_dir} --resume` continues")
+        raise typer.Exit(130) from None
+    finally:
+        dep.stop()
+    summary = read_summary(out_dir)
+    out.print(_metrics_table(f"{summary.method} deployed on {policy_.deployment.nodes} nodes: {summary.wall_time_s:.1f} s", {
+        f"best ({summary.select_by})": summary.best, "final": summary.final,
+    }))
+    from fedrecgel_secure.study.plots import plot_run
+
+    curves = plot_run(out_dir)
+    out.print(f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else ""))
+
+
+@deploy_app.command("plan")
+@user_errors
+def deploy_plan_cmd(
+    policy: Annotated[Path, typer.Argument(help="Policy file (TOML) with a [deployment] section.")],
+    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
+):
+    """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, the run."""
+    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.policy import load_policy
+
+    typer.echo(plan(load_policy(policy, set_), policy.name))
 
 
 def main() -> None:

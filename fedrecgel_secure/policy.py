@@ -271,6 +271,78 @@ class PrivacyPolicy(Section):
     )
 
 
+# --------------------------------------------------------------------------- [deployment]
+
+DEPLOY = "deployment"
+
+
+class SuperLinkPolicy(Section):
+    """[deployment.superlink]: where the Flower SuperLink listens (fedrecgel deploy)."""
+
+    host: str = Field("127.0.0.1", description="Address the SuperLink binds and the SuperNodes dial.")
+    port: int = Field(
+        9091, ge=1, le=65535,
+        description="flwr 1.42 serves its Fleet, Runtime (ServerApp) and Control (flwr run) APIs on this one HTTP port;"
+        " the Control API has no authentication in this build, so only the nodes and the operator may reach it (firewall).",
+    )
+
+
+class TlsPolicy(Section):
+    """[deployment.tls]: certificates of the SuperLink and node authentication."""
+
+    enabled: bool = Field(False, description="Serve the SuperLink over TLS; false runs with --insecure (one trusted machine only).")
+    ca_cert: str | None = Field(None, description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode).")
+    server_cert: str | None = Field(None, description="PEM file of the SuperLink certificate.")
+    server_key: str | None = Field(None, description="PEM file of the SuperLink private key.")
+    node_authentication: bool = Field(False, description="Only SuperNodes whose public keys are registered with the SuperLink may connect.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsPolicy:
+        if self.enabled:
+            missing = [k for k in ("ca_cert", "server_cert", "server_key") if getattr(self, k) is None]
+            if missing:
+                raise BadInputError(f"{DEPLOY}.tls: enabled = true needs " + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing))
+        if self.node_authentication and not self.enabled:
+            raise BadInputError(f"{DEPLOY}.tls.node_authentication = true needs {DEPLOY}.tls.enabled = true")
+        return self
+
+
+class DeploymentPolicy(Section):
+    """[deployment]: how the roles run as separate processes on Flower (fedrecgel deploy).
+
+    Not part of the policy digest: the same run may resume on other addresses or machines.
+    """
+
+    nodes: int = Field(3, ge=1, description="Client SuperNodes; each hosts a shard of the users (data, embeddings, Adam state).")
+    sharding: Literal["contiguous", "round-robin"] = Field(
+        "contiguous", description="How users are spread over the nodes: contiguous blocks of ids, or user id modulo nodes."
+    )
+    key_holder: int = Field(0, ge=0, description="Index of the node that holds the HE secret key (secure-aggregation stages, later).")
+    stage_timeout: float = Field(120.0, gt=0, description="Seconds the server waits for a stage's replies; a node that misses it is dropped for the round.")
+    heartbeat: float = Field(
+        0.5, gt=0, description="Seconds between the server's polls for replies and connected nodes (Flower 1.42 has no flag for the"
+        " SuperNode heartbeat itself; a killed node is caught by stage_timeout)."
+    )
+    state_dir: str = Field("nodes/{shard}", description="Each node's state directory ({shard} is its index); relative paths are under the deployment directory.")
+    superlink: SuperLinkPolicy = Field(SuperLinkPolicy(), description="The SuperLink's address and ports.")
+    tls: TlsPolicy = Field(TlsPolicy(), description="TLS and node authentication.")
+
+    @model_validator(mode="after")
+    def _key_holder_exists(self) -> DeploymentPolicy:
+        if self.key_holder >= self.nodes:
+            raise BadInputError(f"{DEPLOY}.key_holder = {self.key_holder}: must be a node index below {DEPLOY}.nodes = {self.nodes}")
+        return self
+
+    def shard_users(self, n_users: int, shard: int):
+        """The sorted user ids node ``shard`` hosts."""
+        import numpy as np
+
+        users = np.arange(n_users)
+        if self.sharding == "round-robin":
+            return users[users % self.nodes == shard]
+        return users[users * self.nodes // max(1, n_users) == shard]
+
+
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
 
@@ -284,6 +356,7 @@ class Policy(Section):
     evaluation: EvaluationPolicy = Field(EvaluationPolicy(), description="When to evaluate, and which metric selects the best round.")
     checkpoint: CheckpointPolicy = Field(CheckpointPolicy(), description="How often the run is saved to continue after a crash.")
     privacy: PrivacyPolicy = Field(PrivacyPolicy(), description="Client-level differential privacy and secure aggregation.")
+    deployment: DeploymentPolicy = Field(DeploymentPolicy(), description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).")
 
     @model_validator(mode="after")
     def _tower_fits(self) -> Policy:
@@ -313,7 +386,8 @@ class Policy(Section):
 
     def digest(self) -> str:
         """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # [deployment] says where the roles run, not what is computed: a run may move machines and still resume
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"deployment"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

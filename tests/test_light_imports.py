@@ -45,6 +45,7 @@ def commands(tmp_path) -> list[list[str]]:
         ["data", "list"],
         ["data", "info", str(ratings)],
         ["data", "split", str(ratings), "--protocol", "authors", "--out", str(tmp_path / "split")],
+        ["deploy", "plan", str(POLICY_DIR / "default.toml")],
     ]
 
 

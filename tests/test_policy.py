@@ -154,3 +154,23 @@ def test_the_bfv_policy_loads_and_describes_its_fields():
     p = load_policy(POLICY_DIR / "bfv.toml").privacy.secure_aggregation
     assert p.scheme == "bfv" and p.bfv.params().plain_modulus.bit_length() == 59
     assert all(f.description for f in type(p.bfv).model_fields.values())
+
+
+def test_deployment_section_validates_and_shards_users_without_touching_the_digest():
+    import numpy as np
+
+    base = load_policy(None)
+    p = load_policy(None, ["deployment.nodes=4", "deployment.sharding=round-robin", "deployment.superlink.port=9500"])
+    assert p.digest() == base.digest()  # where the roles run is not what is computed: a run can move and resume
+    shards = [p.deployment.shard_users(10, s) for s in range(4)]
+    assert np.array_equal(np.sort(np.concatenate(shards)), np.arange(10)) and shards[1].tolist() == [1, 5, 9]
+    contiguous = [base.deployment.shard_users(10, s) for s in range(3)]
+    assert np.array_equal(np.concatenate(contiguous), np.arange(10))
+    for override, field in [
+        ("deployment.key_holder=3", "deployment.key_holder"),
+        ("deployment.tls.node_authentication=true", "deployment.tls.node_authentication"),
+        ("deployment.tls.enabled=true", "deployment.tls.ca_cert"),
+        ("deployment.stage_timeout=0", "deployment.stage_timeout"),
+    ]:
+        with pytest.raises(BadInputError, match=field.replace(".", r"\.")):
+            load_policy(None, [override])

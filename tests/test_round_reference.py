@@ -15,7 +15,7 @@ import torch
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.data.split import SeenIndex
-from fedrecgel_secure.federation.sampling import build_local_sets, sample_clients
+from fedrecgel_secure.federation.sampling import build_local_sets, build_local_sets_per_client, sample_clients
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
 
@@ -120,7 +120,7 @@ def test_the_server_takes_one_adam_step_on_the_mean_upload(tiny_split):
     before = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach().clone()
     rng = np.random.default_rng(policy.seed)
     clients = sample_clients(rng, tiny_split.n_users, 0.5)
-    local = build_local_sets(rng, tiny_split, trainer.seen, clients, 4)
+    local = build_local_sets_per_client(policy.seed, 1, tiny_split, trainer.seen, clients, 4)
     mean = Trainer(policy, tiny_split).engine.train_round(trainer.model, trainer.states, local).uploads.total() / clients.size
     trainer.train_round()
     after = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach()

@@ -87,7 +87,7 @@ class PerClientEngine:
     def train_round(self, model: NeuMF, states: ClientStates, local: LocalSets) -> RoundUpdate:
         dtype = model.item_embeddings.dtype
         vectors, thetas, ms, vs, steps = [], [], [], [], []
-        bce_sum = 0.0
+        bce_sum, client_bce = 0.0, []
         for c, client in enumerate(local.clients.tolist()):
             items_np, labels_np = local.of(c)
             items = torch.from_numpy(items_np)
@@ -95,7 +95,8 @@ class PerClientEngine:
             g_phi, g_theta, _ = client_update(model, states.theta[client], items, labels, self.cfg)
             vectors.append(torch.cat([g.reshape(-1) for g in g_phi]))
             with torch.no_grad():
-                bce_sum += F.binary_cross_entropy_with_logits(model(states.theta[client], items), labels, reduction="sum").item()
+                client_bce.append(F.binary_cross_entropy_with_logits(model(states.theta[client], items), labels, reduction="sum").item())
+                bce_sum += client_bce[-1]
             theta, m, v, s = private_adam_step(
                 states.theta[client], g_theta, states.exp_avg[client], states.exp_avg_sq[client], int(states.steps[client]), self.cfg.client_lr
             )
@@ -108,4 +109,4 @@ class PerClientEngine:
             steps=torch.tensor(steps, dtype=torch.int64),
         )
         uploads = DenseUploads(torch.stack(vectors), model.item_embeddings.numel())
-        return RoundUpdate(uploads=uploads, private=private, loss=bce_sum / max(1, local.items.size))
+        return RoundUpdate(uploads=uploads, private=private, loss=bce_sum / max(1, local.items.size), client_bce=client_bce)

@@ -62,3 +62,4 @@ class RoundUpdate:
     uploads: "Uploads"  # noqa: F821 - fedrecgel_secure.federation.uploads
     private: PrivateUpdate
     loss: float  # mean BCE over every local example of the round, at the unperturbed point
+    client_bce: list[float] | None = None  # each client's summed BCE, in order (per-client engine; a deployment adds them up)

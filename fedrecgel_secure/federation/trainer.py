@@ -22,9 +22,9 @@ from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, MeanAggregation, RoundInfo
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
-from fedrecgel_secure.federation.sampling import build_local_sets
+from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
-from fedrecgel_secure.federation.state import ClientStates
+from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
@@ -109,27 +109,46 @@ class Trainer:
         A round that secure aggregation skips (too few valid uploads) changes
         neither the model nor any client's state.
         """
-        clients = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
-        update = None
-        if clients.size:
-            local = self.local_sets(clients)
-            update = self.engine.train_round(self.model, self.states, local)
+        sampled = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
+        clients, update = self.client_updates(sampled)
         dim = sum(p.numel() for p in self.model.parameters())
         result = self.aggregation.aggregate(self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
+        if sampled.size > clients.size:  # a deployment's clients that did not answer in time
+            result.info.sampled = int(sampled.size)
+            result.info.dropped += int(sampled.size - clients.size)
         if result.gradient is not None:
             self.server.step(result.gradient)
             if update is not None:
                 # a client whose upload did not make it into the aggregate keeps its old state
-                self.states.commit(update.private.select(torch.from_numpy(result.contributors)))
+                self.commit_private(update, clients[result.contributors])
         self.aggregation.commit(result.info)
         self.round += 1
         return (None if update is None else update.loss), result.info
 
-    def local_sets(self, clients: np.ndarray):
-        """The sampled clients' examples for one round, under the policy's data protocol."""
-        return build_local_sets(
-            self.rng, self.split, self.seen, clients, self.policy.data.train_negatives, blocks=self.authors
+    def client_updates(self, clients: np.ndarray) -> tuple[np.ndarray, RoundUpdate | None]:
+        """The sampled clients' local training: (the clients that answered, their update), in process here.
+
+        A deployment (:mod:`fedrecgel_secure.deploy`) overrides this; since each
+        client's local set comes from its own stream, it trains every client on
+        exactly the same examples.
+        """
+        if not clients.size:
+            return clients, None
+        return clients, self.engine.train_round(self.model, self.states, self.local_sets(clients, self.round + 1))
+
+    def local_sets(self, clients: np.ndarray, round_idx: int):
+        """The clients' examples for round ``round_idx``, under the policy's data protocol, each from its own stream
+        (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
+        else is sampled or where it is trained."""
+        return build_local_sets_per_client(
+            self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives,
+            blocks=self.authors,
         )
+
+    def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
+        """Keep the new private state of the clients (ids) whose uploads are in the aggregate."""
+        positions = np.flatnonzero(np.isin(update.private.clients.numpy(), contributors))
+        self.states.commit(update.private.select(torch.from_numpy(positions)))
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
@@ -238,7 +257,7 @@ class Trainer:
             "elapsed": self.elapsed,
             "model": self.model.state_dict(),
             "server_optimizer": self.server.optimizer.state_dict(),
-            "clients": self.states.state_dict(),
+            "clients": None if self.states is None else self.states.state_dict(),  # None: they live on the deployment's nodes
             "numpy_rng": json.dumps(self.rng.bit_generator.state),
             "history": json.dumps(self.history),
             "aggregation": self.aggregation.state_dict(),
@@ -259,7 +278,8 @@ class Trainer:
         self.elapsed = float(state["elapsed"])
         self.model.load_state_dict(state["model"])
         self.server.optimizer.load_state_dict(state["server_optimizer"])
-        self.states = ClientStates.from_state_dict(state["clients"])
+        if state["clients"] is not None:
+            self.states = ClientStates.from_state_dict(state["clients"])
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
         self.aggregation.load_state_dict(state["aggregation"])

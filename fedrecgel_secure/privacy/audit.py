@@ -126,7 +126,7 @@ def audit_rounds(trainer, rounds: int = 3, *, secure: bool | None = None) -> dic
             clients = trainer.aggregation.sample(round_idx, trainer.rng, split.n_users)
             if clients.size == 0:
                 continue
-            local = trainer.local_sets(clients)
+            local = trainer.local_sets(clients, round_idx)
             uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads
             for client, view in zip(clients, server_views(trainer, round_idx, clients, uploads, secure)):
                 own = split.train_items[split.train_indptr[client] : split.train_indptr[client + 1]]

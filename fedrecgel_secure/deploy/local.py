@@ -1,0 +1,222 @@
+"""``fedrecgel deploy local``: a SuperLink and N SuperNodes on 127.0.0.1, one run to the end; and ``deploy plan``.
+
+Layout of the deployment directory ``DIR`` (also the run directory):
+
+``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
+``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
+``logs/``               one log per process            plus the run files of ``fedrecgel train``
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from fedrecgel_secure.deploy.node import state_dir_for
+from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy import Policy, load_policy
+from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
+
+POLICY_FILE = "policy.deploy.toml"
+
+APP_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedrecgel-deploy"
+version = "1.0.0"
+description = "FedRecGEL on Flower: the components live in the installed fedrecgel-secure package"
+license = "MIT"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedrecgel"
+
+[tool.flwr.app.components]
+serverapp = "fedrecgel_secure.deploy.serverapp:app"
+clientapp = "fedrecgel_secure.deploy.clientapp:app"
+
+[tool.flwr.app.config]
+policy = ""
+out = ""
+resume = false
+"""
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+def write_app(app_dir: Path) -> None:
+    app_dir.mkdir(parents=True, exist_ok=True)
+    (app_dir / "pyproject.toml").write_text(APP_PYPROJECT)
+
+
+def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_cert: str | None = None) -> None:
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    lines = ["[superlink]", 'default = "local"', "", "[superlink.local]", f'address = "{address}"']
+    lines.append("insecure = true" if insecure else f'root-certificates = "{root_cert}"')
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+def node_config(policy_file: Path, shard: int, state_dir: Path) -> str:
+    return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}"'
+
+
+def resolve_policy(out: Path, policy_path: Path | None, overrides: list[str], nodes: int | None, resume: bool) -> Policy:
+    extra = [f"deployment.nodes={nodes}"] if nodes is not None else []
+    if resume and policy_path is None and (out / POLICY_FILE).is_file():
+        policy_path = out / POLICY_FILE
+    policy = load_policy(policy_path, list(overrides) + extra)
+    if (out / CHECKPOINT).exists() and not resume:
+        raise BadInputError(f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out")
+    return policy
+
+
+class Deployment:
+    """One local deployment: start it, run the ServerApp (again, for a resume), stop it."""
+
+    def __init__(self, policy: Policy, out: Path):
+        self.policy, self.out = policy, Path(out).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.policy_file = self.out / POLICY_FILE
+        self.policy_file.write_text(policy.to_toml())
+        self.procs = Processes(self.out / "logs")
+        self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr")}
+        write_app(self.out / "app")
+
+    def start(self) -> None:
+        n = self.policy.deployment.nodes
+        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
+        port, *node_ports = free_ports(1 + n)
+        host = "127.0.0.1"
+        fleet = control = port
+        link = self.procs.start("superlink", [
+            _bin("flower-superlink"), "--insecure", "--host", host, "--port", str(port),
+            "--disable-runtime-dependency-installation", "--database", ":flwr-in-memory:",
+        ], self.env)
+        wait_for_port(host, port, 60, link)
+        write_connection(self.out / ".flwr", f"{host}:{control}")
+        for shard in range(n):
+            state_dir = state_dir_for(self.policy, self.out, shard)
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.procs.start(f"supernode-{shard}", [
+                _bin("flower-supernode"), "--insecure", "--superlink", f"{host}:{fleet}", "--host", host,
+                "--port", str(node_ports[shard]), "--node-config", node_config(self.policy_file, shard, state_dir),
+            ], self.env)
+
+    def launch(self, resume: bool) -> subprocess.Popen:
+        """Start the run (``flwr run``); the ServerApp itself is a child of the SuperLink."""
+        cfg = f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
+        self.procs.stop("flwr-run")
+        return self.procs.start("flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env)
+
+    def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
+        """Until the run's summary appears (bounded: two stages per round at the stage timeout, plus start-up)."""
+        d = self.policy.deployment
+        deadline = time.monotonic() + 120 + rounds_to_go * 2 * (d.stage_timeout + 10)
+        started = time.time()
+        summary = self.out / SUMMARY
+        seen = 0
+        while time.monotonic() < deadline:
+            if on_progress is not None and (self.out / METRICS).exists():
+                lines = (self.out / METRICS).read_text().count("\n")
+                if lines != seen:
+                    seen = lines
+                    on_progress(lines)
+            if summary.exists() and summary.stat().st_mtime >= started:
+                import json
+
+                return json.loads(summary.read_text())
+            if run.poll() is not None and not (summary.exists() and summary.stat().st_mtime >= started):
+                time.sleep(1.0)  # the summary may land just after flwr run returns
+                if not (summary.exists() and summary.stat().st_mtime >= started):
+                    raise RuntimeError(f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})")
+            time.sleep(0.5)
+        raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
+
+    def serverapp_pids(self) -> list[int]:
+        """The flwr-serverapp processes under our SuperLink (a SuperExec spawns them)."""
+        pids, todo = [], self.procs.children("superlink")
+        while todo:
+            pid = todo.pop()
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"flwr-serverapp" in cmd:
+                pids.append(pid)
+            todo += self.procs.children_of(pid)
+        return pids
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+
+
+def deploy_local(policy_path: Path | None, out: Path, nodes: int | None = None, overrides: list[str] = (), resume: bool = False,
+                 on_progress: Callable[[int], None] | None = None) -> dict:
+    policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
+    dep = Deployment(policy, out)
+    try:
+        dep.start()
+        return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
+    finally:
+        dep.stop()
+
+
+def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
+    """The commands and files of a multi-machine deployment of ``policy``."""
+    d = policy.deployment
+    s = d.superlink
+    tls = d.tls
+    link_sec = (f"--ssl-ca-certfile {tls.ca_cert} --ssl-certfile {tls.server_cert} --ssl-keyfile {tls.server_key}"
+                if tls.enabled else "--insecure")
+    node_sec = f"--root-certificates {tls.ca_cert}" if tls.enabled else "--insecure"
+    out = [
+        f"# {d.nodes} client nodes, users sharded {d.sharding}; every machine needs `pip install 'fedrecgel-secure[flower]'`,",
+        f"# the same {policy_name} and the dataset it names.",
+        "",
+        "## 1. Certificates (SuperLink machine)",
+        "# a CA and a server certificate whose SAN is the SuperLink's address, e.g. with openssl:",
+        "openssl req -x509 -newkey rsa:4096 -nodes -days 365 -subj /CN=fedrecgel-ca -keyout ca.key -out ca.pem",
+        f"openssl req -newkey rsa:4096 -nodes -subj /CN={s.host} -keyout server.key -out server.csr",
+        f"openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem -extfile <(printf 'subjectAltName=IP:{s.host}')",
+        "",
+        "## 2. SuperLink machine: one HTTP port serves the Fleet, Runtime and Control APIs in flwr 1.42;",
+        "##    the Control API has no authentication in this build: let only the nodes and the operator reach it (firewall)",
+        f"flower-superlink {link_sec} --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
+        + (" --enable-supernode-auth" if tls.node_authentication else ""),
+    ]
+    if tls.node_authentication:
+        out += ["# register each node's public key (from step 3) with the SuperLink:",
+                "flwr supernode register node-K.pub   # once per node, from the machine running flwr run"]
+    out += ["", "## 3. Node K (K = 0 .. %d), on its own machine" % (d.nodes - 1)]
+    if tls.node_authentication:
+        out += ["ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"]
+    out += [
+        f"mkdir -m 700 -p {d.state_dir.format(shard='K')}   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
+        f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
+        + ("--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub " if tls.node_authentication else "")
+        + f"--node-config 'shard=K state-dir=\"{d.state_dir.format(shard='K')}\" policy=\"{policy_name}\"'",
+        "",
+        "## 4. Start the run (from a machine that can reach the control port)",
+        "# FLWR_HOME/config.toml:",
+        "#   [superlink]\n#   default = \"deploy\"\n#   [superlink.deploy]",
+        f"#   address = \"{s.host}:{s.port}\"" + ("\n#   root-certificates = \"ca.pem\"" if tls.enabled else "\n#   insecure = true"),
+        "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
+        f"flwr run app deploy --stream --run-config 'policy=\"{policy_name}\" out=\"runs/deployed\" resume=false'",
+        "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
+        "# after a ServerApp crash, run the same command with resume=true.",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,214 @@
+"""A client node: the users of one shard, their private state on disk, and the simulator's engine.
+
+Every Flower message starts a new ``flwr-clientapp`` process, so all a node
+keeps between rounds lives in its state directory (0600 files):
+
+``identity.pem``     the node's Ed25519 identity key (generated on first start, never sent)
+``state-R.pt``       its users' embeddings and Adam moments after round R (committed)
+``pending-R.pt``     what its users computed in round R, kept until the server says who counted
+
+The server's message of round R+1 (or of an evaluation of round R) carries the
+contributors of every round since its last checkpoint, so a node rebuilds
+``state-R`` from the newest state it has and the pending updates: a node that
+missed rounds, or a server that resumed from an older checkpoint, both land on
+exactly the simulator's state. Files of rounds after the one being trained are
+from an abandoned future (a killed server) and are removed.
+
+torch is imported inside the functions, after Flower has started the process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from fedrecgel_secure.policy import Policy
+
+IDENTITY = "identity.pem"
+_FILE = re.compile(r"^(state|pending)-(\d+)\.pt$")
+
+
+def ensure_identity(state_dir: Path, shard: int) -> bytes:
+    """The node's Ed25519 public key; the private key is made on first start, 0600, and never leaves ``state_dir``."""
+    from fedrecgel_secure.privacy.secagg.identity import ClientIdentity
+
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = state_dir / IDENTITY
+    if not path.exists():
+        ClientIdentity.generate(shard).save(path)
+    return ClientIdentity.load(shard, path).public_bytes
+
+
+@dataclass
+class Node:
+    policy: Policy
+    shard: int
+    state_dir: Path
+
+    def __post_init__(self):
+        from fedrecgel_secure.data.prepare import load_split
+        from fedrecgel_secure.data.split import SeenIndex
+
+        self.state_dir = Path(self.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.split = load_split(self.policy.data)
+        self.seen = SeenIndex(self.split.seen_indptr, self.split.seen_items, self.split.n_items)
+        self.users = self.policy.deployment.shard_users(self.split.n_users, self.shard)
+        self.model, self._fresh = self._init()
+
+    # -- the model and the fresh state: the same draws as Trainer.__init__ ----------
+    def _init(self):
+        import torch
+
+        from fedrecgel_secure.federation.state import ClientStates
+        from fedrecgel_secure.model import NeuMF
+
+        p = self.policy
+        init = torch.Generator().manual_seed(p.seed)
+        model = NeuMF(self.split.n_items, p.model.gmf_dim, p.model.mlp_dim, tuple(p.model.tower)).to(getattr(torch, p.model.dtype))
+        model.reset_parameters(init)
+        theta = model.init_private(self.split.n_users, init)[torch.from_numpy(self.users)].clone()
+        return model, ClientStates.fresh(theta)
+
+    def load_shared(self, vector: np.ndarray) -> None:
+        import torch
+        from torch.nn.utils import vector_to_parameters
+
+        with torch.no_grad():
+            vector_to_parameters(torch.from_numpy(vector).to(self.model.item_embeddings.dtype), self.model.parameters())
+
+    def local_index(self, clients: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(self.users, clients)
+        if not np.array_equal(self.users[np.minimum(pos, self.users.size - 1)], clients):
+            raise ValueError(f"node {self.shard}: asked to train users it does not host")
+        return pos
+
+    # -- state on disk ---------------------------------------------------------------
+    def _files(self) -> dict[tuple[str, int], Path]:
+        out = {}
+        for f in self.state_dir.iterdir():
+            m = _FILE.match(f.name)
+            if m:
+                out[(m.group(1), int(m.group(2)))] = f
+        return out
+
+    def _save(self, path: Path, payload: dict) -> None:
+        from fedrecgel_secure.checkpoint import save_checkpoint
+
+        save_checkpoint(path, payload)
+
+    def _load(self, path: Path) -> dict:
+        from fedrecgel_secure.checkpoint import load_checkpoint
+
+        return load_checkpoint(path)
+
+    def state(self, round_idx: int, commits: dict[int, list[int]], keep_from: int):
+        """The committed state after ``round_idx``, rebuilt as needed; older files than ``keep_from`` are pruned."""
+        import torch
+
+        from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate
+
+        files = self._files()
+        have = [r for (kind, r) in files if kind == "state" and r <= round_idx]
+        base = max(have, default=0)
+        states = self._fresh if base == 0 else ClientStates.from_state_dict(self._load(files[("state", base)]))
+        for r in range(base + 1, round_idx + 1):
+            mine = np.intersect1d(np.asarray(commits.get(r, []), dtype=np.int64), self.users)
+            if mine.size:
+                if ("pending", r) not in files:
+                    raise ValueError(f"node {self.shard}: round {r} counted users of this node, but it has no pending update of that round")
+                pending = PrivateUpdate(**self._load(files[("pending", r)]))
+                positions = np.flatnonzero(np.isin(self.users[pending.clients.numpy()], mine))
+                states.commit(pending.select(torch.from_numpy(positions)))
+        if round_idx > base:
+            self._save(self.state_dir / f"state-{round_idx}.pt", states.state_dict())
+        # keep the newest state at or before the server's checkpoint and everything after it
+        files = self._files()
+        floor = max((r for (kind, r) in files if kind == "state" and r <= keep_from), default=0)
+        for (kind, r), f in files.items():
+            if r < floor:
+                f.unlink(missing_ok=True)
+        return states
+
+    def forget_after(self, round_idx: int) -> None:
+        """Remove the files of rounds after ``round_idx``: a resumed server trains them again."""
+        for (_, r), f in self._files().items():
+            if r > round_idx:
+                f.unlink(missing_ok=True)
+
+    # -- the two things a node does ------------------------------------------------------
+    def train(self, round_idx: int, clients: np.ndarray, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
+        """Round ``round_idx`` for this node's sampled ``clients``: the simulator's engine on its own local sets.
+
+        Returns per client (in ``clients`` order): the item rows its upload
+        touches, those rows, its dense mlp part, its summed BCE and its number of
+        examples. The new private state waits in ``pending-R.pt``.
+        """
+        import torch
+
+        from fedrecgel_secure.federation.sampling import build_local_sets_per_client
+        from fedrecgel_secure.federation.trainer import make_engine
+
+        self.forget_after(round_idx - 1)
+        states = self.state(round_idx - 1, commits, keep_from)
+        self.load_shared(shared)
+        local = build_local_sets_per_client(self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives)
+        local = replace(local, clients=self.local_index(clients))  # rows of this node's state table
+        update = make_engine(self.policy).train_round(self.model, states, local)
+        p = update.private
+        self._save(self.state_dir / f"pending-{round_idx}.pt", {
+            "clients": p.clients, "theta": p.theta, "exp_avg": p.exp_avg, "exp_avg_sq": p.exp_avg_sq, "steps": p.steps,
+        })
+        n_item_values = self.model.item_embeddings.numel()
+        width = self.model.item_embeddings.shape[1]
+        rows, row_item, row_owner, mlp = [], [], [], []
+        for c in range(clients.size):
+            v = update.uploads.vector(c)
+            table = v[:n_item_values].reshape(-1, width)
+            touched = torch.nonzero(table.abs().sum(1) > 0).reshape(-1)
+            rows.append(table[touched]), row_item.append(touched), mlp.append(v[n_item_values:])
+            row_owner.append(torch.full((touched.numel(),), c, dtype=torch.int64))
+        sizes = local.sizes
+        bce = update.client_bce if update.client_bce is not None else [update.loss * float(sizes.sum())] + [0.0] * (clients.size - 1)
+        return {
+            "clients": clients.astype(np.int64),
+            "rows": torch.cat(rows).numpy(), "row_item": torch.cat(row_item).numpy(), "row_owner": torch.cat(row_owner).numpy(),
+            "mlp": torch.stack(mlp).numpy(), "bce": np.asarray(bce, dtype=np.float64), "examples": sizes.astype(np.int64),
+        }
+
+    def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
+        """Scores of every hosted user's candidates (test, and validation if any), as the engine's evaluation computes them."""
+        import torch
+
+        from fedrecgel_secure.federation.evaluation import USERS_PER_PASS
+
+        states = self.state(round_idx, commits, keep_from)
+        self.load_shared(shared)
+        out = {"users": self.users.astype(np.int64)}
+        per_user = self.policy.federation.engine == "per-client"
+        with torch.no_grad():
+            for which in ("test", "val") if self.split.val_items is not None else ("test",):
+                candidates = torch.from_numpy(self.split.candidates(which)[self.users])
+                theta = states.theta
+                if per_user:
+                    scores = torch.stack([self.model(theta[u], candidates[u]) for u in range(self.users.size)])
+                else:
+                    scores = torch.cat([
+                        self.model.score_candidates(theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS])
+                        for s in range(0, self.users.size, USERS_PER_PASS)
+                    ])
+                out[which] = scores.numpy()
+        return out
+
+
+def state_dir_for(policy: Policy, base: Path, shard: int) -> Path:
+    d = Path(policy.deployment.state_dir.format(shard=shard))
+    return d if d.is_absolute() else Path(base) / d
+
+
+def private_umask() -> None:
+    os.umask(0o077)

@@ -1,0 +1,116 @@
+"""The server of a deployment: :class:`Trainer`'s round loop with the clients' work done on the nodes.
+
+Sampling, aggregation (plaintext or central DP), the server's Adam step,
+accounting, checkpoints and the run files are the simulator's own code; this
+subclass only replaces :meth:`Trainer.client_updates`, :meth:`Trainer.commit_private`
+and :meth:`Trainer.evaluate` with calls to the nodes through a :class:`Stages`
+object (Flower in production, :mod:`.stages`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from fedrecgel_secure.data.split import Split
+from fedrecgel_secure.federation.state import RoundUpdate
+from fedrecgel_secure.federation.trainer import Trainer
+from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
+from fedrecgel_secure.metrics import KS, ranking_metrics
+from fedrecgel_secure.policy import Policy
+
+
+class Stages(Protocol):
+    """One request to a set of nodes and their replies within the stage timeout (dropped nodes are absent)."""
+
+    def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]: ...
+
+    def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]: ...
+
+
+class RemoteTrainer(Trainer):
+    def __init__(self, policy: Policy, split: Split, stages: Stages):
+        super().__init__(policy, split)
+        self.states = None  # every client's private state lives on its node
+        self.stages = stages
+        self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
+        self.checkpointed = 0
+        n = policy.deployment.nodes
+        self.shard = np.empty(split.n_users, dtype=np.int64)
+        for s in range(n):
+            self.shard[policy.deployment.shard_users(split.n_users, s)] = s
+
+    def _common(self, upto: int) -> dict:
+        shared = parameters_to_vector(self.model.parameters()).detach().numpy()
+        # the whole log (a few ints per client and round): a node that was away for a while still catches up exactly
+        commits = {r: c for r, c in self.contributors.items() if r <= upto}
+        return {"shared": shared, "commits": commits, "keep_from": self.checkpointed, "digest": self.policy.digest()}
+
+    def client_updates(self, clients: np.ndarray) -> tuple[np.ndarray, RoundUpdate | None]:
+        r = self.round + 1
+        self.contributors[r] = []
+        if not clients.size:
+            return clients, None
+        per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
+        replies = self.stages.train(r, per_shard, self._common(self.round))
+        got = {}
+        for s, rep in replies.items():
+            if not np.array_equal(rep["clients"], per_shard[s]):
+                continue  # not what was asked: treated as dropped
+            for c, client in enumerate(rep["clients"].tolist()):
+                mine = rep["row_owner"] == c
+                got[client] = (rep["row_item"][mine], rep["rows"][mine], rep["mlp"][c], float(rep["bce"][c]), int(rep["examples"][c]))
+        answered = np.asarray(sorted(got), dtype=clients.dtype)
+        if not answered.size:
+            return answered, None
+        dtype = self.model.item_embeddings.dtype
+        n_items, width = self.model.item_embeddings.shape
+        bce_sum, examples = 0.0, 0
+        for c in answered.tolist():  # in client order, as the per-client engine adds them
+            bce_sum += got[c][3]
+            examples += got[c][4]
+        pieces = [got[c] for c in answered.tolist()]
+        rows = torch.from_numpy(np.concatenate([p[1] for p in pieces])).to(dtype)
+        items = torch.from_numpy(np.concatenate([p[0] for p in pieces]).astype(np.int64))
+        owner = torch.from_numpy(np.repeat(np.arange(len(pieces)), [p[0].size for p in pieces]).astype(np.int64))
+        mlp = torch.from_numpy(np.stack([p[2] for p in pieces])).to(dtype)
+        uploads = RowUploads(rows, owner, items, mlp, n_items)
+        if self.policy.federation.engine == "per-client":  # the simulator's exact holder, so sums match bit for bit
+            uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(len(pieces))]), n_items * width)
+        return answered, RoundUpdate(uploads=uploads, private=None, loss=bce_sum / max(1, examples))
+
+    def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
+        self.contributors[self.round + 1] = [int(c) for c in contributors]
+
+    def evaluate(self) -> dict[str, float]:
+        replies = self.stages.evaluate(self.round, self._common(self.round))
+        if not replies:
+            raise RuntimeError(f"round {self.round}: no node answered the evaluation within the stage timeout")
+        out = {}
+        users = np.sort(np.concatenate([rep["users"] for rep in replies.values()]))
+        if users.size < self.split.n_users:  # a node is down: the metrics cover the users that answered, and say so
+            out["eval_users"] = int(users.size)
+        for which, prefix in (("test", ""), ("val", "val_")):
+            if which == "val" and self.split.val_items is None:
+                continue
+            first = next(iter(replies.values()))[which]
+            scores = np.zeros((self.split.n_users, first.shape[1]), dtype=first.dtype)
+            for rep in replies.values():
+                scores[rep["users"]] = rep[which]
+            out.update(ranking_metrics(torch.from_numpy(scores[users]), KS, prefix))
+        return out
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["deployment"] = json.dumps({str(r): c for r, c in self.contributors.items()})
+        self.checkpointed = self.round  # nodes may drop what came before once this is on disk
+        return state
+
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        super().load_state_dict(state, source)
+        self.contributors = {int(r): c for r, c in json.loads(state["deployment"]).items()}
+        self.checkpointed = self.round

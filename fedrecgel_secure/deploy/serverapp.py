@@ -1,0 +1,39 @@
+"""The ServerApp: the simulator's round loop (:class:`RemoteTrainer`) over the connected SuperNodes.
+
+Run config: ``policy`` (a policy file every node also has), ``out`` (the run
+directory, written as by ``fedrecgel train``), ``resume`` (continue from its checkpoint).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+app = ServerApp()
+
+
+def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.stages import FlowerStages
+    from fedrecgel_secure.errors import BadInputError
+    from fedrecgel_secure.policy import load_policy
+    from fedrecgel_secure.rundir import CHECKPOINT
+
+    policy = load_policy(policy_path)
+    if (out_dir / CHECKPOINT).exists() and not resume:
+        raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
+    stages = FlowerStages(grid, policy.deployment, policy.digest())
+    stages.connect(wait=policy.deployment.stage_timeout)
+    trainer = RemoteTrainer(policy, load_split(policy.data), stages)
+    if resume and (out_dir / CHECKPOINT).exists():
+        trainer.resume_from(out_dir)
+    return trainer.run(out_dir)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    run_server(grid, Path(str(cfg["policy"])), Path(str(cfg["out"])), bool(cfg["resume"]))

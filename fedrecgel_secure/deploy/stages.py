@@ -1,0 +1,126 @@
+"""Stages over Flower's Grid: push one message per node, pull the replies until the stage timeout.
+
+Only the outstanding message ids are pulled (a pulled reply is deleted on the
+SuperLink). A node that answers with an error, answers late or not at all is
+absent from the result: the caller's dropout path. Messages carry a TTL of the
+stage timeout, so a late reply expires instead of arriving in a later stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedrecgel_secure.deploy.wire import pack, pack_json, unpack, unpack_json
+from fedrecgel_secure.policy import DeploymentPolicy
+
+ARRAYS = ("clients", "rows", "row_item", "row_owner", "mlp", "bce", "examples", "users", "test", "val")
+
+
+def to_record(payload: dict):
+    """A payload of arrays, ints, strings and JSON-able dicts as one Flower RecordDict."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    cfg = {}
+    for k, v in payload.items():
+        if isinstance(v, np.ndarray):
+            cfg["a:" + k] = pack(v)
+        elif isinstance(v, dict):
+            cfg["j:" + k] = pack_json(v)
+        else:
+            cfg[k] = v
+    return RecordDict({"payload": ConfigRecord(cfg)})
+
+
+def from_record(content) -> dict:
+    out = {}
+    for k, v in content["payload"].items():
+        if k.startswith("a:"):
+            out[k[2:]] = unpack(v)
+        elif k.startswith("j:"):
+            out[k[2:]] = unpack_json(v)
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass
+class FlowerStages:
+    grid: object
+    settings: DeploymentPolicy
+    digest: str
+    node_of: dict[int, int] = field(default_factory=dict)  # shard -> Flower node id
+    log: callable = print
+
+    def exchange(self, message_type: str, group: str, payloads: dict[int, dict]) -> dict[int, dict]:
+        """Send ``payloads[shard]`` to each shard's node; the replies that arrive in time, by shard."""
+        from flwr.app import Message
+
+        timeout = self.settings.stage_timeout
+        shards = [s for s in payloads if s in self.node_of]
+        messages = [
+            Message(to_record(payloads[s]), dst_node_id=self.node_of[s], message_type=message_type, group_id=group, ttl=timeout)
+            for s in shards
+        ]
+        ids = list(self.grid.push_messages(messages))
+        shard_of = {mid: s for mid, s in zip(ids, shards) if mid}
+        if len(shard_of) < len(shards):
+            self.log(f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink (nodes dropped)")
+        outstanding, replies = set(shard_of), {}
+        deadline = time.monotonic() + timeout
+        while outstanding and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(outstanding)):
+                mid = reply.metadata.reply_to_message_id
+                if mid not in outstanding:
+                    continue
+                outstanding.discard(mid)
+                if reply.has_error():
+                    self.log(f"{message_type} {group}: node {shard_of[mid]} failed: {reply.error.reason}")
+                    continue
+                replies[shard_of[mid]] = from_record(reply.content)
+            if outstanding:
+                time.sleep(min(self.settings.heartbeat, max(0.0, deadline - time.monotonic())))
+        if outstanding:
+            self.log(f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped (no reply within {timeout:g} s)")
+        return replies
+
+    def connect(self, wait: float) -> None:
+        """Wait (bounded) for ``nodes`` SuperNodes, ask each which shard it hosts, check it runs the same policy."""
+        deadline = time.monotonic() + wait
+        nodes = self.settings.nodes
+        while True:
+            ids = list(self.grid.get_node_ids())
+            if len(ids) >= nodes or time.monotonic() > deadline:
+                break
+            time.sleep(self.settings.heartbeat)
+        self.node_of = {-(i + 1): nid for i, nid in enumerate(ids)}  # provisional keys until they say
+        replies = self.exchange("query.hello", "hello", {k: {"digest": self.digest} for k in self.node_of})
+        node_of = {}
+        for key, rep in replies.items():
+            shard = int(rep["shard"])
+            if rep["digest"] != self.digest:
+                raise RuntimeError(f"node {shard} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})")
+            if shard in node_of:
+                raise RuntimeError(f"two nodes claim shard {shard}")
+            node_of[shard] = self.node_of[key]
+        missing = sorted(set(range(nodes)) - set(node_of))
+        if missing:
+            raise RuntimeError(f"shards {missing} have no connected node after {wait:g} s")
+        self.node_of = node_of
+
+    def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]:
+        payloads = {s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()}
+        return self.exchange("train", f"round-{round_idx}", payloads)
+
+    def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:
+        payloads = {s: {"round": round_idx, **self._wire(common)} for s in range(self.settings.nodes)}
+        return self.exchange("query.evaluate", f"eval-{round_idx}", payloads)
+
+    @staticmethod
+    def _wire(common: dict) -> dict:
+        return {
+            "shared": common["shared"], "commits": {str(r): c for r, c in common["commits"].items()},
+            "keep_from": int(common["keep_from"]), "digest": common["digest"],
+        }

@@ -1,0 +1,149 @@
+"""A real deployment on 127.0.0.1: a SuperLink, SuperNodes and the ServerApp as separate processes.
+
+Tiny data, few nodes; every wait is bounded and every process is stopped by
+PID in a ``finally``, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import write_ratings  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TIMEOUT = 40  # a stage on a loaded 2-core machine: a new clientapp process imports torch and reads the data
+
+
+def _policy(tmp_path: Path, rounds: int = 2, nodes: int = 3, timeout: float = 60, extra: str = "") -> Path:
+    ratings = write_ratings(tmp_path / "ratings.txt")
+    path = tmp_path / "policy.toml"
+    path.write_text(f"""seed = 3
+[data]
+dataset = "{ratings}"
+test_negatives = 20
+[model]
+gmf_dim = 8
+mlp_dim = 8
+tower = [16, 8]
+[federation]
+rounds = {rounds}
+fraction = 0.5
+engine = "per-client"
+[checkpoint]
+every = 1
+[deployment]
+nodes = {nodes}
+stage_timeout = {timeout}
+{extra}
+""")
+    return path
+
+
+def _simulate(policy: Path, out: Path):
+    from fedrecgel_secure.runs import open_run
+
+    trainer = open_run(out, policy)
+    trainer.run(out)
+    return trainer
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.2)
+
+
+SEEDED_CENTRAL_DP = """[privacy.dp]
+enabled = true
+mode = "central"
+noise = "seeded"
+noise_multiplier = 1.0
+clip_norm = 0.5
+"""
+
+
+@pytest.mark.parametrize("privacy", ["plaintext", "seeded-central-dp"])
+def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
+    import torch
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+
+    policy_file = _policy(tmp_path, extra=SEEDED_CENTRAL_DP if privacy != "plaintext" else "")
+    sim = _simulate(policy_file, tmp_path / "sim")
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
+    try:
+        dep.start()
+        dep.wait(dep.launch(False), 2)
+    finally:
+        dep.stop()
+    assert _metrics(out) == _metrics(tmp_path / "sim")
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+    for shard in range(3):  # each node made its own identity key, readable by it alone
+        key = out / "nodes" / str(shard) / "identity.pem"
+        assert key.stat().st_mode & 0o777 == 0o600
+    assert not dep.procs.procs
+
+
+def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, timeout=TIMEOUT), [], None, False), out)
+    try:
+        dep.start()
+        run = dep.launch(False)
+        identities = [out / "nodes" / str(s) / "identity.pem" for s in range(3)]
+        _wait_until(lambda: all(p.exists() for p in identities), 120, "the nodes never answered hello")
+        time.sleep(1.0)  # the hello replies are on their way; round 1 is next
+        victim = dep.procs.procs["supernode-1"].pid
+        os.killpg(victim, signal.SIGKILL)  # no goodbye: the SuperLink still lists the node, only the stage timeout helps
+        dep.procs.stop("supernode-1")
+        with pytest.raises(ProcessLookupError):
+            os.kill(victim, 0)
+        started = time.monotonic()
+        summary = dep.wait(run, 1)
+        assert time.monotonic() - started < TIMEOUT * 2 + 90  # two stages at the timeout, plus work; never a hang
+    finally:
+        dep.stop()
+    record = _metrics(out)[-1]
+    assert record["round"] == 1 and record["dropped"] > 0 and record["contributors"] == record["sampled"] - record["dropped"]
+    assert record["eval_users"] < 24 and summary["rounds_done"] == 1
+
+
+def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+
+    policy_file = _policy(tmp_path, rounds=3)
+    sim = tmp_path / "sim"
+    _simulate(policy_file, sim)
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
+    try:
+        dep.start()
+        run = dep.launch(False)
+        _wait_until(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1, 240, "round 1 never finished")
+        for pid in dep.serverapp_pids():
+            os.kill(pid, signal.SIGKILL)
+        dep.procs.stop("flwr-run")
+        assert run.poll() is not None
+        dep.wait(dep.launch(True), 3)
+    finally:
+        dep.stop()
+    assert _metrics(out) == _metrics(sim)
