@@ -147,3 +147,25 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
     finally:
         dep.stop()
     assert _metrics(out) == _metrics(sim)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [("privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.scheme"),
+     ("privacy.dp.enabled=true", "privacy.dp.mode")],
+)
+def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts(tmp_path, override, field):
+    import subprocess
+    import sys
+
+    extra = ["--set", override] + (
+        ["--set", "privacy.dp.mode=distributed", "--set", "privacy.dp.noise_multiplier=1.0"] if "dp" in override else []
+    )
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", "deploy", "local", str(_policy(tmp_path)), "--out", str(out), *extra],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert field in result.stderr and "cannot be deployed yet" in result.stderr
+    assert not (out / "logs").exists()  # no SuperLink or SuperNode was started

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
 from fedrecgel_secure.errors import BadInputError
@@ -79,6 +80,7 @@ def resolve_policy(out: Path, policy_path: Path | None, overrides: list[str], no
     if resume and policy_path is None and (out / POLICY_FILE).is_file():
         policy_path = out / POLICY_FILE
     policy = load_policy(policy_path, list(overrides) + extra)
+    check_deployable(policy)
     if (out / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out")
     return policy

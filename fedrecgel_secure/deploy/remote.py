@@ -17,6 +17,7 @@ import torch
 from torch.nn.utils import parameters_to_vector
 
 from fedrecgel_secure.data.split import Split
+from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
@@ -34,6 +35,7 @@ class Stages(Protocol):
 
 class RemoteTrainer(Trainer):
     def __init__(self, policy: Policy, split: Split, stages: Stages):
+        check_deployable(policy)
         super().__init__(policy, split)
         self.states = None  # every client's private state lives on its node
         self.stages = stages
