@@ -10,7 +10,8 @@ import pytest
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
-from fedrecgel_secure.privacy.audit import auc, audit_rounds, popularity_prior, precision_at_k
+from fedrecgel_secure.audit.metrics import auc, popularity_prior, precision_at_k
+from fedrecgel_secure.audit.run import audit_rounds
 
 
 def test_auc_and_precision_against_hand_computed_values():
