@@ -296,7 +296,7 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         audit = json.loads((out / row["dir"] / "audit.json").read_text())
         summary = json.loads((out / row["dir"] / "summary.json").read_text())
         assert audit["round"] == summary["rounds_done"] == 2
-        assert audit["view"] == ("individual" if scheme == "none" else "aggregate")
+        assert audit["view"] == ("upload" if scheme == "none" else "sum")
         for key in ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k"):
             assert float(row[key]) == audit[key]
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3

@@ -3,16 +3,18 @@ r"""From canary cosines to an empirical ε (Andrew et al., ICLR 2024, "One-shot 
 The cosines of the final release with the canaries that were inserted, and
 with canaries that never were, are two samples of a test statistic under the
 two neighbouring worlds. Fit a Gaussian to each, :math:`N(\mu_1, \sigma_1^2)`
-(inserted) and :math:`N(\mu_0, \sigma_0^2)` (held out); the estimate is the
-smallest ε at which that pair of distributions is (ε, δ)-indistinguishable at
-the run's δ, both ways round:
+(inserted) and :math:`N(\mu_0, \sigma_0^2)` (held out). The estimate is the ε,
+at the run's δ, of the Gaussian mechanism with sensitivity
+:math:`\mu = (\mu_1 - \mu_0)/\sigma` (σ pooled over both samples):
 
-.. math:: \delta(\varepsilon) = \max_{P, Q} \int \bigl(p(x) - e^{\varepsilon} q(x)\bigr)_+ \,dx \le \delta.
+.. math:: \delta(\varepsilon) = \Phi(-\varepsilon/\mu + \mu/2) - e^{\varepsilon}\,\Phi(-\varepsilon/\mu - \mu/2).
 
-With equal variances this is the Gaussian mechanism of sensitivity
-:math:`\mu = (\mu_1 - \mu_0)/\sigma`. The estimate is not a bound: it is the ε
-of the best Gaussian description of what a threshold test on the canaries
-sees. A bootstrap over the canaries gives its confidence interval.
+:func:`gaussian_pair_epsilon` also gives the ε of the two fitted Gaussians as
+they are (unequal variances), reported beside it: its tails extrapolate a small
+variance mismatch far out, so it runs above the equal-variance estimate.
+Neither is a bound: they are the ε of the best Gaussian description of what a
+threshold test on the canaries sees. A bootstrap over the canaries gives the
+confidence interval.
 
 :func:`lower_bound_steinke` adds a statistically valid lower bound in the
 spirit of Steinke, Nasr and Jagielski (NeurIPS 2023, "Privacy auditing with one
@@ -68,25 +70,57 @@ def _fit(x: np.ndarray) -> tuple[float, float]:
     return float(np.mean(x)), float(np.std(x, ddof=1))
 
 
+def gaussian_mechanism_delta(epsilon: float, mu: float) -> float:
+    """δ(ε) of the Gaussian mechanism with sensitivity / std = ``mu`` (Balle and Wang, 2018)."""
+    if mu <= 0:
+        return 0.0
+    return _phi(-epsilon / mu + mu / 2) - math.exp(epsilon) * _phi(-epsilon / mu - mu / 2)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+def gaussian_mechanism_epsilon(mu: float, delta: float) -> float:
+    """The smallest ε with δ(ε) ≤ ``delta`` for the Gaussian mechanism of sensitivity ``mu`` (capped)."""
+    if gaussian_mechanism_delta(0.0, mu) <= delta:
+        return 0.0
+    if gaussian_mechanism_delta(EPSILON_CAP, mu) > delta:
+        return EPSILON_CAP
+    lo, hi = 0.0, EPSILON_CAP
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gaussian_mechanism_delta(mid, mu) > delta else (lo, mid)
+    return hi
+
+
+def _pooled_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float) -> float:
+    (mu1, s1), (mu0, s0) = _fit(inserted), _fit(held_out)
+    n1, n0 = inserted.size, held_out.size
+    pooled = math.sqrt(((n1 - 1) * s1**2 + (n0 - 1) * s0**2) / (n1 + n0 - 2))
+    return gaussian_mechanism_epsilon((mu1 - mu0) / max(pooled, 1e-300), delta)
+
+
 def estimate_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float, *, bootstrap: int = 200,
                      confidence: float = 0.95, seed: int = 0) -> dict:
     """The one-run ε estimate from the cosines of inserted and held-out canaries, with a bootstrap interval."""
     inserted, held_out = np.asarray(inserted, float), np.asarray(held_out, float)
     mu1, s1 = _fit(inserted)
     mu0, s0 = _fit(held_out)
-    point = gaussian_pair_epsilon(mu1, s1, mu0, s0, delta)
+    point = _pooled_epsilon(inserted, held_out, delta)
     rng = np.random.default_rng(seed)
     boots = []
     for _ in range(bootstrap):
         a = inserted[rng.integers(0, inserted.size, inserted.size)]
         b = held_out[rng.integers(0, held_out.size, held_out.size)]
-        boots.append(gaussian_pair_epsilon(*_fit(a), *_fit(b), delta))
+        boots.append(_pooled_epsilon(a, b, delta))
     tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(boots, [tail, 1 - tail])) if boots else (point, point)
     return {
         "epsilon": point, "low": low, "high": high, "confidence": confidence, "delta": delta,
         "mu_inserted": mu1, "sigma_inserted": s1, "mu_held_out": mu0, "sigma_held_out": s0,
         "capped": point >= EPSILON_CAP,
+        "epsilon_two_gaussians": gaussian_pair_epsilon(mu1, s1, mu0, s0, delta),
     }
 
 

@@ -156,6 +156,7 @@ def canary_estimate(trainer, *, bootstrap: int = 200) -> dict | None:
         "delta": delta,
         "fit": {k: est[k] for k in ("mu_inserted", "sigma_inserted", "mu_held_out", "sigma_held_out")},
         "capped": est["capped"],
+        "empirical_epsilon_two_gaussians": est["epsilon_two_gaussians"],
         "lower_bound": lower_bound_steinke(inserted, held_out, delta),
         "red_flag": red_flag,
         "warning": (
