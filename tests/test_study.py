@@ -282,6 +282,8 @@ def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_f
 
 
 def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, data_file):
+    from fedrecgel_secure.audit.views import server_view
+
     """audit = true over a scheme × ε grid, end to end through the command: real masking and CKKS rounds, audit.json per run."""
     spec = write_study(tmp_path / "study.toml", data_file, rounds=2, seeds="[1]",
                        grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "ckks"]\n"{EPSILON_KEY}" = [inf, 8.0]')
@@ -296,7 +298,8 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         audit = json.loads((out / row["dir"] / "audit.json").read_text())
         summary = json.loads((out / row["dir"] / "summary.json").read_text())
         assert audit["round"] == summary["rounds_done"] == 2
-        assert audit["view"] == ("upload" if scheme == "none" else "sum")
+        policy = load_policy(out / row["dir"] / "policy.resolved.toml")
+        assert audit["view"] == server_view(policy) and audit["view"] in (("upload", "clipped-upload", "dp-upload") if scheme == "none" else ("sum", "dp-sum"))
         for key in ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k"):
             assert float(row[key]) == audit[key]
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
