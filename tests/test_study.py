@@ -303,11 +303,11 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         for key in ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k"):
             assert float(row[key]) == audit[key]
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
-    # the shape the audit exists to show: a plaintext upload leaks its positives, an aggregate no more than popularity
+    # the shape the audit exists to show: a plaintext upload leaks its positives, an aggregate much less
     assert float(rows["none", "inf"]["attack_auc"]) > 0.7
     for scheme in ("masking", "ckks"):
-        # the best attack on the sum does no better than the popularity prior (which a server learns anyway)
-        assert float(rows[scheme, "inf"]["attack_auc"]) <= float(rows[scheme, "inf"]["prior_auc"]) + 0.05
+        # the sum of this tiny cohort still leaks (IMIA finds rows few clients touched), but far less than an upload
+        assert float(rows[scheme, "inf"]["attack_auc"]) < float(rows["none", "inf"]["attack_auc"]) - 0.2
         assert float(rows[scheme, "inf"]["attack_precision_at_k"]) < float(rows["none", "inf"]["attack_precision_at_k"])
     report = (out / "report.md").read_text()
     assert "| attack AUC | prior AUC | attack P@k | prior P@k |" in report and "](attack_vs_epsilon.png)" in report
