@@ -38,9 +38,12 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 def precision_at_k(scores: np.ndarray, positives: np.ndarray) -> float:
     """Precision of the top k = |positives| items; ties at the cut are broken at random but reproducibly."""
     k = int(positives.sum())
-    jitter = np.random.default_rng(0).random(scores.size)  # a tie block is not broken by item id
-    top = np.lexsort((jitter, -scores))[:k]
-    return float(positives[top].mean())
+    cut = np.partition(scores, scores.size - k)[scores.size - k]  # the k-th largest score
+    above = scores > cut
+    tied = np.flatnonzero(scores == cut)
+    # a tie block at the cut is broken at random (reproducibly), not by item id
+    chosen = np.random.default_rng(0).permutation(tied)[: k - int(above.sum())]
+    return float((positives[above].sum() + positives[chosen].sum()) / k)
 
 
 def success(scores: np.ndarray, positives: np.ndarray) -> tuple[float, float]:

@@ -27,7 +27,7 @@ def _best(attacks: dict) -> str:
 
 
 def audit_rounds(trainer, rounds: int = 3, *, views: list[str] | None = None, attacks: list[str] | None = None,
-                 imia_clients: int = 24) -> dict:
+                 imia_clients: int = 8) -> dict:
     """Attack ``rounds`` fresh rounds of a trainer's current model with every attack on every view.
 
     ``views`` defaults to the server's view under the policy plus ``released``.

@@ -64,6 +64,7 @@ class RoundViews:
         self.dim, self.dtype, self.n_items, self.row_dim = dim, dtype, n_items, row_dim
         self._protected = None
         self._sums: dict[str, torch.Tensor] = {}
+        self._noised: dict[int, torch.Tensor] = {}  # dp-upload item tables (float32) per position
 
     def _items(self, vector: torch.Tensor) -> torch.Tensor:
         return vector[: self.n_items * self.row_dim].reshape(self.n_items, self.row_dim).double()
@@ -87,14 +88,29 @@ class RoundViews:
         if view == "clipped-upload":
             return self._items(self.protected().vector(pos)[: self.dim])
         if view == "dp-upload":
-            return self._items(grid_sum(self.agg.grid, self.protected(), [pos], None, slice(None))[0][: self.dim])
+            if pos not in self._noised:
+                self._noised[pos] = self._noised_vector(pos)[: self.n_items * self.row_dim].float()
+            return self._items(self._noised[pos])
         return self._items(self.total(view))
+
+    def _noised_vector(self, pos: int) -> torch.Tensor:
+        """Client ``pos``'s clipped upload plus its noise share, on the grid (float64, the shared vector)."""
+        return grid_sum(self.agg.grid, self.protected(), [pos], None, slice(None))[0][: self.dim].double()
 
     def total(self, view: str) -> torch.Tensor:
         """The round's sum as the server sees it (``sum`` or ``dp-sum``), over the whole shared vector."""
         if view not in self._sums:
             if view == "sum":
                 self._sums[view] = self.uploads.total()[: self.dim]
+            elif view == "dp-sum" and self.agg.dp.mode == "distributed":
+                # the sum of the clients' noised grid values (what the protocol adds as integers); each client's
+                # item table is kept for the dp-upload view, so that every noise share is drawn once
+                total = torch.zeros(self.dim, dtype=torch.float64)
+                for pos in range(self.clients.size):
+                    v = self._noised_vector(pos)
+                    total += v
+                    self._noised[pos] = v[: self.n_items * self.row_dim].float()
+                self._sums[view] = total
             elif view == "dp-sum":
                 noisy, _ = grid_sum(self.agg.grid, self.protected(), range(self.clients.size), self.agg.central_noise(self.round_idx, self.dim), slice(None))
                 self._sums[view] = noisy[: self.dim]
