@@ -241,21 +241,22 @@ def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estim
     fig, (ax,) = figure(6, 5)
     place = _epsilon_axis(ax, [r.epsilon for r in estimated])
     names = {r.dir: _line_label(setting, other) for setting, runs in settings for r in runs}
-    labels: set[str] = set()
+    colors: dict[str, str] = {}
+    floor = 0.05  # a log axis: an estimate of 0 is drawn at the floor
     for r in estimated:
         a = r.audit
-        x, y = place(r.epsilon), a["empirical_epsilon"]
-        err = [[max(0.0, y - a.get("empirical_epsilon_low", y))], [max(0.0, a.get("empirical_epsilon_high", y) - y)]]
+        x, y = place(r.epsilon), max(floor, a["empirical_epsilon"])
+        low, high = max(floor, a.get("empirical_epsilon_low", y)), max(floor, a.get("empirical_epsilon_high", y))
         label = names.get(r.dir, "")
-        color = "tab:red" if a.get("red_flag") else None
-        ax.errorbar([x], [y], yerr=err, marker="o", capsize=3, linestyle="none", color=color,
-                    label=None if label in labels else label)
-        labels.add(label)
+        first = label not in colors
+        colors.setdefault(label, f"C{len(colors)}")
+        ax.errorbar([x], [y], yerr=[[y - min(low, y)], [max(high, y) - y]], marker="o", capsize=3, linestyle="none",
+                    color="tab:red" if a.get("red_flag") else colors[label], label=label if first else None)
     finite = [r.epsilon for r in estimated if not math.isinf(r.epsilon)]
     if finite:
         lo, hi = min(finite) / 1.6, max(finite) * 1.6
         ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", label="empirical = accounted")
-    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
     ax.set_xlabel("accounted ε")
     ax.set_ylabel("empirical ε (canaries, 95% CI)")
     ax.grid(alpha=0.3)
