@@ -156,23 +156,16 @@ def audit(
     rounds: Annotated[int, typer.Option(help="Fresh rounds to attack.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ):
-    """Attack the run's uploads as an honest-but-curious server: can it tell which items a client trained on?"""
-    from fedrecgel_secure.privacy.audit import audit_run
+    """Attack the run as an honest-but-curious server (can it tell which items a client trained on?) and,
+    when the run inserted canaries (`privacy.audit.canaries`), estimate its epsilon empirically."""
+    from fedrecgel_secure.audit.report import render_audit
+    from fedrecgel_secure.audit.run import audit_run
 
     report = audit_run(run_dir, rounds)
     if as_json:
         print(json.dumps(report))
         return
-    table = Table(title=f"interaction-inference audit of {run_dir} (server sees: {report['view']} uploads)")
-    for col in ("", "attack", "popularity prior", "chance"):
-        table.add_column(col, justify="right")
-    for label, key in (("AUC", "auc"), ("precision@k", "precision_at_k")):
-        table.add_row(label, *(f"{report[f'{kind}_{key}']:.4f}" for kind in ("attack", "prior", "chance")))
-    out.print(table)
-    out.print(
-        f"{report['clients']} client uploads attacked, model of round {report['round']}. "
-        "The prior ranks items by other users' interactions: what the attack gains beyond it is learnt about the client."
-    )
+    render_audit(out, run_dir, report)
 
 
 @policy_app.command("validate")

@@ -264,10 +264,26 @@ class SecureAggregationPolicy(Section):
         return FixedPoint(clip_range=self.clip_range, frac_bits=self.frac_bits)
 
 
+class AuditPolicy(Section):
+    """One-run empirical privacy estimation (Andrew et al., ICLR 2024): canary clients inserted into training."""
+
+    canaries: int = Field(
+        0, ge=0, le=100_000,
+        description="Canary clients inserted into training, each Poisson-sampled like a client; as many more are drawn"
+        " but never inserted. Each upload is a fixed random direction of norm canary_norm. 0: none (no effect on training).",
+    )
+    canary_norm: float | None = Field(
+        None, gt=0, description="L2 norm of a canary upload; unset: the DP clip norm (1.0 without DP).",
+    )
+
+
 class PrivacyPolicy(Section):
     dp: DPSettings = Field(default_factory=DPSettings, description="Client-level DP-FedAvg on the shared uploads.")
     secure_aggregation: SecureAggregationPolicy = Field(
         SecureAggregationPolicy(), description="How the server sums the uploads without seeing any one of them."
+    )
+    audit: AuditPolicy = Field(
+        AuditPolicy(), description="Audit instrumentation that changes training: canary clients for an empirical epsilon."
     )
 
 
@@ -387,7 +403,10 @@ class Policy(Section):
     def digest(self) -> str:
         """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
         # [deployment] says where the roles run, not what is computed: a run may move machines and still resume
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"deployment"}), sort_keys=True, separators=(",", ":"))
+        dump = self.model_dump(mode="json", exclude={"deployment"})
+        if self.privacy.audit == AuditPolicy():  # no canaries: the digest of runs started before [privacy.audit] existed
+            del dump["privacy"]["audit"]
+        canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

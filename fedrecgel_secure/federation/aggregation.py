@@ -75,6 +75,28 @@ class Aggregate:
     info: RoundInfo
 
 
+class CanaryHook(Protocol):
+    """Audit instrumentation (:mod:`fedrecgel_secure.audit.canaries`): canary uploads added to a round's sum."""
+
+    def inserted(self, round_idx: int, dim: int, dtype) -> tuple[torch.Tensor | None, int]:
+        """The sum of this round's sampled canary uploads (None if none was sampled) and how many there are."""
+
+    def released(self, round_idx: int, gradient: torch.Tensor) -> None:
+        """The gradient the round released (canaries included)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def _with_canaries(hook: CanaryHook | None, round_idx: int, total: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``total`` plus this round's canaries, and their number (0 without a hook)."""
+    if hook is None:
+        return total, 0
+    extra, n = hook.inserted(round_idx, total.numel(), total.dtype)
+    return (total if extra is None else total + extra.to(total.dtype)), n
+
+
 class AggregationRule(Protocol):
     """What the trainer asks of an aggregation rule each round (cf. Flower's ``Strategy``)."""
 
@@ -98,6 +120,8 @@ class AggregationRule(Protocol):
 
 
 class MeanAggregation:
+    canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
+
     def __init__(self, fraction: float, summer: Summer):
         self.fraction, self.summer = fraction, summer
 
@@ -115,16 +139,21 @@ class MeanAggregation:
         info = RoundInfo.of(result, int(clients.size))
         if result.total is None:
             return Aggregate(None, result.contributors, info)
-        return Aggregate(result.total / result.contributors.size, result.contributors, info)
+        total, n_canaries = _with_canaries(self.canaries, round_idx, result.total)
+        gradient = total / (result.contributors.size + n_canaries)
+        if self.canaries is not None:
+            self.canaries.released(round_idx, gradient)
+        return Aggregate(gradient, result.contributors, info)
 
     def commit(self, info: RoundInfo) -> None:
         pass
 
     def state_dict(self) -> dict:
-        return {}
+        return {} if self.canaries is None else {"canaries": self.canaries.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if self.canaries is not None:
+            self.canaries.load_state_dict(state["canaries"])
 
 
 @dataclass
@@ -154,6 +183,8 @@ class DPFedAvg:
     z (conservative: the skip itself depends on the sample); a round in which
     nobody was sampled releases pure noise added by the server and is accounted too.
     """
+
+    canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
 
     def __init__(self, resolved: ResolvedDP, summer: Summer, grid: FixedPoint, randomness: DPRandomness):
         self.dp, self.summer, self.grid, self.randomness = resolved, summer, grid, randomness
@@ -239,7 +270,9 @@ class DPFedAvg:
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]))
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
-            gradient = mechanism.fixed_denominator_mean(total[:dim].to(dtype), self.dp.expected_clients)
+            gradient = mechanism.fixed_denominator_mean(_with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients)
+            if self.canaries is not None:
+                self.canaries.released(round_idx, gradient)
             return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
         contributions = self.protect(round_idx, clients, uploads, dim, dtype)
         participants = clients.size
@@ -264,7 +297,9 @@ class DPFedAvg:
         reached = mechanism.reached_noise_multiplier(self.dp.mode, z, participants, result.contributors.size)
         self._spent = _Spent(reached, None if self.adaptive is None else float(result.total[dim]))
         info.noise_multiplier = reached
-        gradient = mechanism.fixed_denominator_mean(result.total[:dim], self.dp.expected_clients)
+        gradient = mechanism.fixed_denominator_mean(_with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients)
+        if self.canaries is not None:
+            self.canaries.released(round_idx, gradient)
         return Aggregate(gradient, result.contributors, info)
 
     def commit(self, info: RoundInfo) -> None:
@@ -281,6 +316,7 @@ class DPFedAvg:
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "clip_norm": self.clip_norm,
             "randomness": self.randomness.state_dict(),
+            **({} if self.canaries is None else {"canaries": self.canaries.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -289,3 +325,5 @@ class DPFedAvg:
             self.adaptive.load_state_dict(state["adaptive"])
         self.clip_norm = state["clip_norm"]
         self.randomness = DPRandomness.from_state_dict(state["randomness"])
+        if self.canaries is not None:
+            self.canaries.load_state_dict(state["canaries"])

@@ -46,7 +46,7 @@ def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationR
     secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
     n_items = model.item_embeddings.numel()
     if not settings.enabled:
-        return MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed))
+        return _with_canaries(policy, MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed)), dim)
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
@@ -54,7 +54,16 @@ def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationR
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
     extra = 0 if resolved.adaptive is None else 1  # the clipped bit travels as one more coordinate
     summer = make_summer(secagg, split.n_users, dim + extra, n_items, policy.seed)
-    return DPFedAvg(resolved, summer, secagg.encoding(), randomness)
+    return _with_canaries(policy, DPFedAvg(resolved, summer, secagg.encoding(), randomness), dim)
+
+
+def _with_canaries(policy: Policy, rule, dim: int):
+    """Attach the audit canaries of ``[privacy.audit]`` (docs: README, "The privacy audit"), if any."""
+    if policy.privacy.audit.canaries:
+        from fedrecgel_secure.audit.canaries import make_canaries
+
+        rule.canaries = make_canaries(policy, rule, dim)
+    return rule
 
 
 @dataclass

@@ -123,8 +123,8 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
     for key, values in spec.grid.items():
         for value in values:
             _validated(base, spec.overrides + setting_overrides({key: value}), f"{spec_path}: {field_path(('grid', key))} = {label(value)}")
-    if spec.audit and importlib.util.find_spec("fedrecgel_secure.privacy.audit") is None:
-        raise study_error(spec_path, [("audit", "true, but this installation has no privacy audit (fedrecgel_secure.privacy.audit)")])
+    if spec.audit and importlib.util.find_spec("fedrecgel_secure.audit.run") is None:
+        raise study_error(spec_path, [("audit", "true, but this installation has no privacy audit (fedrecgel_secure.audit)")])
     runs, slugs = [], {}
     for setting, seed in expand_grid(spec.grid, spec.seeds):
         name = slug(setting)

@@ -23,7 +23,9 @@ from fedrecgel_secure.study.spec import EPSILON_KEY
 PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
 PLOT_ATTACK = "attack_vs_epsilon.png"
-TITLES = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε"}
+PLOT_EMPIRICAL = "empirical_vs_accounted_epsilon.png"
+TITLES = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε",
+          PLOT_EMPIRICAL: "empirical ε against accounted ε"}
 PLOTS_DIGEST = ".plots.sha256"  # what the study's figures were drawn from
 
 
@@ -226,4 +228,39 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
         fig.suptitle(f"{plan['name']}: attack success against ε (mean ± std over seeds)")
         fig.savefig(out_dir / PLOT_ATTACK, dpi=110)
         written.append(out_dir / PLOT_ATTACK)
+
+    estimated = [r for r in done if r.audit and isinstance(r.audit.get("empirical_epsilon"), (int, float))]
+    if estimated:
+        written.append(_plot_empirical(out_dir, plan, settings, other, estimated))
     return written
+
+
+def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estimated: list[RunRecord]) -> Path:
+    """Empirical ε (canaries, with its CI) against accounted ε, one point per run, the diagonal drawn:
+    a point above the diagonal, beyond its CI, is a red flag."""
+    fig, (ax,) = figure(6, 5)
+    place = _epsilon_axis(ax, [r.epsilon for r in estimated])
+    names = {r.dir: _line_label(setting, other) for setting, runs in settings for r in runs}
+    colors: dict[str, str] = {}
+    floor = 0.05  # a log axis: an estimate of 0 is drawn at the floor
+    for r in estimated:
+        a = r.audit
+        x, y = place(r.epsilon), max(floor, a["empirical_epsilon"])
+        low, high = max(floor, a.get("empirical_epsilon_low", y)), max(floor, a.get("empirical_epsilon_high", y))
+        label = names.get(r.dir, "")
+        first = label not in colors
+        colors.setdefault(label, f"C{len(colors)}")
+        ax.errorbar([x], [y], yerr=[[y - min(low, y)], [max(high, y) - y]], marker="o", capsize=3, linestyle="none",
+                    color="tab:red" if a.get("red_flag") else colors[label], label=label if first else None)
+    finite = [r.epsilon for r in estimated if not math.isinf(r.epsilon)]
+    if finite:
+        lo, hi = min(finite) / 1.6, max(finite) * 1.6
+        ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", label="empirical = accounted")
+    ax.set_yscale("log")
+    ax.set_xlabel("accounted ε")
+    ax.set_ylabel("empirical ε (canaries, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    ax.set_title(f"{plan['name']}: empirical against accounted ε\n(above the diagonal beyond the CI: a bug in the noise or accounting)", fontsize="small")
+    fig.savefig(out_dir / PLOT_EMPIRICAL, dpi=110)
+    return out_dir / PLOT_EMPIRICAL

@@ -20,7 +20,9 @@ from fedrecgel_secure.study.results import STATUSES, RunRecord, groups, records,
 
 RESULTS = "results.csv"
 REPORT = "report.md"
-AUDIT_COLUMNS = {"attack AUC": "attack_auc", "prior AUC": "prior_auc", "attack P@k": "attack_precision_at_k", "prior P@k": "prior_precision_at_k"}
+AUDIT_COLUMNS = {"attack AUC": "attack_auc", "prior AUC": "prior_auc", "attack P@k": "attack_precision_at_k", "prior P@k": "prior_precision_at_k",
+                 "released AUC": "released_auc"}
+CANARY_COLUMNS = {"empirical ε": "empirical_epsilon"}
 
 
 @dataclass
@@ -74,6 +76,7 @@ def _epsilon_cell(values: list[float]) -> str:
 def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
     keys = list(plan["grid"])
     audited = any(r.audit for r in runs)
+    canaries = any(r.audit and "empirical_epsilon" in r.audit for r in runs)
     finished = [r for r in runs if r.status == "finished"]
     counts = {s: sum(r.status == s for r in runs) for s in STATUSES}
     lines = [
@@ -88,7 +91,9 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
     ]
     header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10", "ε"]
     if audited:
-        header += list(AUDIT_COLUMNS)
+        header += [*AUDIT_COLUMNS, "best attack"]
+    if canaries:
+        header += list(CANARY_COLUMNS)
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for setting, group in groups(runs):
         done = [r for r in group if r.status == "finished"]
@@ -99,6 +104,9 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         cells.append(_epsilon_cell([r.epsilon for r in done]))
         if audited:
             cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in AUDIT_COLUMNS.values()]
+            cells.append(", ".join(sorted({r.audit["best_attack"] for r in done if r.audit and "best_attack" in r.audit})) or "–")
+        if canaries:
+            cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in CANARY_COLUMNS.values()]
         lines.append("| " + " | ".join(cells) + " |")
     select_by = finished[0].summary.select_by if finished else "hr@10"
     deltas = sorted({r.summary.privacy.delta for r in finished if r.summary.privacy})
@@ -113,11 +121,27 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
             " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
             f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in runs if r.audit):.4f});"
             " prior: the same metrics for items ranked by other users' interactions alone. What the attack gains beyond the prior is learnt about the client."
+            " The attack columns are the best of the audit's attacks (best attack) on the server's view; released AUC is the best attack on"
+            " the released model's round-to-round differences."
             if audited
+            else ""
+        )
+        + (
+            " Empirical ε: the one-run estimate from the run's canary clients (Andrew et al., ICLR 2024) at the run's δ;"
+            " it should stay at or below ε."
+            if canaries
             else ""
         ),
         "",
     ]
+    flagged = [r for r in finished if r.audit and r.audit.get("red_flag")]
+    if flagged:
+        lines += [
+            f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε beyond its confidence interval,"
+            " which means a bug in the noise or the accounting:** "
+            + ", ".join(f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})" for r in flagged),
+            "",
+        ]
     seeded = [r for r in finished if r.summary.privacy and r.summary.privacy.noise == "seeded"]
     if seeded:
         lines += [

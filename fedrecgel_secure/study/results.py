@@ -10,7 +10,17 @@ from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, Evaluation, 
 from fedrecgel_secure.study.plan import read_plan
 
 STATUSES = ("finished", "failed", "unfinished", "not started")
-ATTACK_KEYS = ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k", "chance_auc", "chance_precision_at_k", "view")
+# results.csv column -> audit.json key (see fedrecgel_secure.audit.run)
+ATTACK_KEYS = {
+    "attack_auc": "attack_auc", "attack_precision_at_k": "attack_precision_at_k", "attack_best": "best_attack",
+    "prior_auc": "prior_auc", "prior_precision_at_k": "prior_precision_at_k",
+    "chance_auc": "chance_auc", "chance_precision_at_k": "chance_precision_at_k", "attack_view": "view",
+    "released_auc": "released_auc", "released_precision_at_k": "released_precision_at_k",
+}
+CANARY_KEYS = {
+    "empirical_epsilon": "empirical_epsilon", "empirical_epsilon_low": "empirical_epsilon_low",
+    "empirical_epsilon_high": "empirical_epsilon_high", "audit_red_flag": "red_flag",
+}
 
 
 @dataclass
@@ -75,6 +85,7 @@ def collect_results(out_dir: str | Path) -> list[dict[str, Any]]:
 def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
     """The results.csv rows of a study's runs: the setting, then the seed, status, metrics, budget and directory."""
     audited = any(r.audit for r in runs)
+    canaries = any(r.audit and "empirical_epsilon" in r.audit for r in runs)
     rows = []
     for r in runs:
         s = r.summary if r.status == "finished" else None
@@ -98,7 +109,9 @@ def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
             "wall_time_s": s.wall_time_s if s else None,
         }
         if audited:
-            row.update({k if k.startswith(("attack", "chance", "prior")) else f"attack_{k}": (r.audit or {}).get(k) for k in ATTACK_KEYS})
+            row.update({column: (r.audit or {}).get(key) for column, key in ATTACK_KEYS.items()})
+        if canaries:
+            row.update({column: (r.audit or {}).get(key) for column, key in CANARY_KEYS.items()})
         row["dir"] = str(r.dir.relative_to(out_dir))
         row["error"] = " ".join(r.error.split()) if r.error and r.status == "failed" else None
         rows.append(row)

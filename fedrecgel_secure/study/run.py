@@ -62,7 +62,7 @@ def _run_lock(run_dir: Path):
 def _audit(run_dir: Path) -> None:
     """Audit a finished run; audit_run writes audit.json atomically, so the file exists only once the audit is complete."""
     try:
-        from fedrecgel_secure.privacy.audit import audit_run
+        from fedrecgel_secure.audit.run import audit_run
     except ImportError as e:
         raise BadInputError(f"audit = true, but the privacy audit cannot be imported ({e})") from None
     audit_run(run_dir)
