@@ -83,7 +83,9 @@ def measure(args: list[str], env: dict[str, str], repeat: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--study-dir", type=Path, help="a study directory for `study report` (default: train a tiny one)")
+    parser.add_argument(
+        "--study-dir", type=Path, help="a study directory for `study report` (default: train a tiny one)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

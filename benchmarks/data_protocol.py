@@ -50,7 +50,12 @@ def main() -> None:
         for seed in args.seeds:
             r = run(args.policy, protocol, seed, args.rounds)
             rows.append(r)
-            print(f"| {protocol} | {seed} | {r['best_round']} | " + " | ".join(f"{r[c]:.4f}" for c in cols) + f" | {r['s']:.0f} |", flush=True)
+            print(
+                f"| {protocol} | {seed} | {r['best_round']} | "
+                + " | ".join(f"{r[c]:.4f}" for c in cols)
+                + f" | {r['s']:.0f} |",
+                flush=True,
+            )
     print()
     print("| protocol | " + " | ".join(c.upper() + " (mean ± sd)" for c in cols) + " |")
     print("| --- " * (1 + len(cols)) + "|")

@@ -26,7 +26,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
     args = ap.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
-    policy = resolve_policy(args.out, None, [f"federation.rounds={args.rounds}", "checkpoint.every=1"], args.nodes, False)
+    policy = resolve_policy(
+        args.out, None, [f"federation.rounds={args.rounds}", "checkpoint.every=1"], args.nodes, False
+    )
     dep = Deployment(policy, args.out)
     start = time.perf_counter()
     try:
@@ -36,9 +38,11 @@ def main() -> None:
         dep.stop()
     total = time.perf_counter() - start
     elapsed = [json.loads(line)["elapsed_s"] for line in (args.out / "metrics.jsonl").read_text().splitlines()]
-    per_round = [b - a for a, b in zip([0.0] + elapsed, elapsed)]
-    print(f"{args.nodes} nodes, {args.rounds} rounds: seconds per round {', '.join(f'{s:.1f}' for s in per_round)};"
-          f" total wall {total:.1f} s (start-up and shutdown {total - elapsed[-1]:.1f} s)")
+    per_round = [b - a for a, b in zip([0.0, *elapsed], elapsed)]
+    print(
+        f"{args.nodes} nodes, {args.rounds} rounds: seconds per round {', '.join(f'{s:.1f}' for s in per_round)};"
+        f" total wall {total:.1f} s (start-up and shutdown {total - elapsed[-1]:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -37,10 +37,23 @@ def population(folder: Path):
 def run(split, epsilon, seed, rounds, canaries, noise_off=False) -> dict:
     privacy = {"audit": {"canaries": canaries}}
     if epsilon is not None:
-        privacy["dp"] = {"enabled": True, "mode": "central", "noise": "seeded", "clip_norm": 0.5, "delta": 1e-3,
-                         "sample_rate": 0.2, "target_epsilon": epsilon}
-    policy = Policy.model_validate({"seed": seed, "federation": {"fraction": 0.2, "rounds": rounds},
-                                    "model": {"gmf_dim": 8, "mlp_dim": 16, "tower": [16, 8]}, "privacy": privacy})
+        privacy["dp"] = {
+            "enabled": True,
+            "mode": "central",
+            "noise": "seeded",
+            "clip_norm": 0.5,
+            "delta": 1e-3,
+            "sample_rate": 0.2,
+            "target_epsilon": epsilon,
+        }
+    policy = Policy.model_validate(
+        {
+            "seed": seed,
+            "federation": {"fraction": 0.2, "rounds": rounds},
+            "model": {"gmf_dim": 8, "mlp_dim": 16, "tower": [16, 8]},
+            "privacy": privacy,
+        }
+    )
     trainer = Trainer(policy, split)
     if noise_off:
         trainer.aggregation.central_noise = lambda round_idx, dim, **kw: torch.zeros(dim, dtype=torch.float64)
@@ -59,15 +72,22 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         split = population(Path(tmp))
         print("setting | seed | accounted eps | empirical eps (95% CI) | two-Gaussian eps | lower bound | red flag | s")
-        for label, eps, off in (("no DP", None, False), ("eps 1", 1.0, False), ("eps 4", 4.0, False), ("eps 8", 8.0, False),
-                                ("eps 1, noise off", 1.0, True)):
+        for label, eps, off in (
+            ("no DP", None, False),
+            ("eps 1", 1.0, False),
+            ("eps 4", 4.0, False),
+            ("eps 8", 8.0, False),
+            ("eps 1, noise off", 1.0, True),
+        ):
             for seed in range(1, args.seeds + 1):
                 start = time.perf_counter()
                 e = run(split, eps, seed, args.rounds, args.canaries, off)
                 acc = "inf" if math.isinf(e["accounted_epsilon"]) else f"{e['accounted_epsilon']:.3g}"
-                print(f"{label} | {seed} | {acc} | {e['empirical_epsilon']:.3g} ({e['empirical_epsilon_low']:.3g}-{e['empirical_epsilon_high']:.3g})"
-                      f" | {e['empirical_epsilon_two_gaussians']:.3g} | {e['lower_bound']:.3g} | {e['red_flag']} | {time.perf_counter() - start:.1f}",
-                      flush=True)
+                print(
+                    f"{label} | {seed} | {acc} | {e['empirical_epsilon']:.3g} ({e['empirical_epsilon_low']:.3g}-{e['empirical_epsilon_high']:.3g})"
+                    f" | {e['empirical_epsilon_two_gaussians']:.3g} | {e['lower_bound']:.3g} | {e['red_flag']} | {time.perf_counter() - start:.1f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     split = load_split(load_policy().data)
-    print(f"FilmTrust: {split.n_users} clients, 10% per round; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    results = {engine: seconds_per_round(engine, split, args.rounds, args.warmup) for engine in ("per-client", "batched")}
+    print(
+        f"FilmTrust: {split.n_users} clients, 10% per round; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+    results = {
+        engine: seconds_per_round(engine, split, args.rounds, args.warmup) for engine in ("per-client", "batched")
+    }
     print(f"{'engine':<12}{'train s/round':>16}{'train+eval s/round':>22}")
     for engine, (train, total) in results.items():
         print(f"{engine:<12}{train:>16.3f}{total:>22.3f}")

@@ -26,7 +26,10 @@ from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
 
 SCHEMES = {
     "none": [],
-    "masking (k = 2 ceil(log2 n))": ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=secagg+"],
+    "masking (k = 2 ceil(log2 n))": [
+        "privacy.secure_aggregation.scheme=masking",
+        "privacy.secure_aggregation.masking.degree=secagg+",
+    ],
     "bfv": ["privacy.secure_aggregation.scheme=bfv"],
 }
 
@@ -72,15 +75,21 @@ def main() -> None:
     print(f"FilmTrust: {n} clients per round; masking degree 2*ceil(log2 n) = {2 * math.ceil(math.log2(n))}")
     results = {name: measure(o, split, args.rounds) for name, o in SCHEMES.items()}
     plain = results["none"]["round_s"]
-    print(f"{'scheme':<30}{'client s':>10}{'upload MB':>11}{'B/value':>9}{'server s':>10}{'round s':>9}{'vs plain':>10}")
+    print(
+        f"{'scheme':<30}{'client s':>10}{'upload MB':>11}{'B/value':>9}{'server s':>10}{'round s':>9}{'vs plain':>10}"
+    )
     for name, r in results.items():
         client = r.get("secagg_client_seconds", 0.0)
         upload = r.get("secagg_upload_bytes", 0.0)
         server = r.get("secagg_aggregate_seconds", 0.0) + r.get("secagg_finalize_seconds", 0.0)
-        print(f"{name:<30}{client:>10.3f}{upload / 1e6:>11.2f}{upload / r['dim']:>9.1f}{server:>10.3f}{r['round_s']:>9.2f}{r['round_s'] / plain:>9.1f}x")
+        print(
+            f"{name:<30}{client:>10.3f}{upload / 1e6:>11.2f}{upload / r['dim']:>9.1f}{server:>10.3f}{r['round_s']:>9.2f}{r['round_s'] / plain:>9.1f}x"
+        )
     gigabytes, seconds = keystream_floor(n, results["none"]["dim"], 2 * math.ceil(math.log2(n)))
-    print(f"masking floor: the clients expand {gigabytes:.2f} GB of AES-128-CTR keystream per round,"
-          f" {seconds:.2f} s at this machine's speed ({seconds / plain:.1f}x the plaintext round) before any other work")
+    print(
+        f"masking floor: the clients expand {gigabytes:.2f} GB of AES-128-CTR keystream per round,"
+        f" {seconds:.2f} s at this machine's speed ({seconds / plain:.1f}x the plaintext round) before any other work"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -18,13 +18,19 @@ from rich.table import Table
 
 from fedrecgel_secure.errors import BadInputError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="FedRecGEL federated recommendation with secure aggregation and client-level DP.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="FedRecGEL federated recommendation with secure aggregation and client-level DP.",
+)
 policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, download.")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.add_typer(study_app := typer.Typer(no_args_is_help=True), name="study")  # its commands: the study block below
-deploy_app = typer.Typer(no_args_is_help=True, help="Run the roles as separate processes on Flower (needs the `flower` extra).")
+deploy_app = typer.Typer(
+    no_args_is_help=True, help="Run the roles as separate processes on Flower (needs the `flower` extra)."
+)
 app.add_typer(deploy_app, name="deploy")
 
 out = Console()
@@ -60,11 +66,15 @@ def _metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
 @app.command()
 @user_errors
 def train(
-    policy: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
-    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
+    policy: Annotated[Path | None, typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")
+    ] = [],
     out_dir: Annotated[Path, typer.Option("--out", help="Run directory.")] = Path("runs/default"),
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")] = False,
-    seed: Annotated[Optional[int], typer.Option(help="Training seed (overrides the policy's seed).")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+    ] = False,
+    seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
@@ -80,7 +90,9 @@ def train(
         err.print(
             "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
             " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
-            " against them (research mode, for reproducible studies)", highlight=False, soft_wrap=True,
+            " against them (research mode, for reproducible studies)",
+            highlight=False,
+            soft_wrap=True,
         )
     latest = {"hr": "-", "ndcg": "-", "eps": ""}
     columns = [
@@ -112,22 +124,31 @@ def train(
 
         trainer.run(out_dir, on_round)
     summary = read_summary(out_dir)
-    out.print(_metrics_table(f"{summary.method} on {trainer.policy.data.dataset}: {summary.wall_time_s:.1f} s", {
-        f"best ({summary.select_by})": summary.best,
-        "final": summary.final,
-        "validation-selected": summary.validation_selected,
-    }))
+    out.print(
+        _metrics_table(
+            f"{summary.method} on {trainer.policy.data.dataset}: {summary.wall_time_s:.1f} s",
+            {
+                f"best ({summary.select_by})": summary.best,
+                "final": summary.final,
+                "validation-selected": summary.validation_selected,
+            },
+        )
+    )
     if summary.stopped_early:
         out.print(f"[bold yellow]stopped after round {summary.rounds_done}:[/] {summary.stopped_early}")
     if summary.privacy:
         p = summary.privacy
-        out.print(f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user ({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)")
+        out.print(
+            f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user ({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
+        )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
     from fedrecgel_secure.study.plots import plot_run
 
     curves = plot_run(out_dir)
-    out.print(f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else ""))
+    out.print(
+        f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else "")
+    )
 
 
 @app.command()
@@ -145,7 +166,10 @@ def evaluate(
         return
     rows = {"test": metrics}
     if "val_hr@10" in metrics:
-        rows["validation"] = {"round": metrics["round"], **{k[4:]: v for k, v in metrics.items() if k.startswith("val_")}}
+        rows["validation"] = {
+            "round": metrics["round"],
+            **{k[4:]: v for k, v in metrics.items() if k.startswith("val_")},
+        }
     out.print(_metrics_table(f"{run_dir}", rows))
 
 
@@ -181,7 +205,7 @@ def policy_validate(file: Annotated[Path, typer.Argument(help="Policy file (TOML
 @policy_app.command("show")
 @user_errors
 def policy_show(
-    file: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    file: Annotated[Path | None, typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
     set_: Annotated[list[str], typer.Option("--set", help="Override a field: section.key=value.")] = [],
 ):
     """Print the resolved policy, every default filled in, as TOML."""
@@ -207,7 +231,9 @@ def data_list():
     for col in ("name", "bundled", "format", "source", "description"):
         table.add_column(col)
     for info in DATASETS.values():
-        table.add_row(info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description)
+        table.add_row(
+            info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description
+        )
     out.print(table)
 
 
@@ -215,9 +241,11 @@ def data_list():
 @user_errors
 def data_info(
     name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
-    format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
+    format: Annotated[str | None, typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
-    protocol: Annotated[str, typer.Option("--protocol", help="Data protocol: clean or authors (LastFM-2K's file format differs).")] = "clean",
+    protocol: Annotated[
+        str, typer.Option("--protocol", help="Data protocol: clean or authors (LastFM-2K's file format differs).")
+    ] = "clean",
 ):
     """Users, items, interactions and sparsity after filtering."""
     from fedrecgel_secure.data.prepare import load_split
@@ -225,7 +253,9 @@ def data_info(
 
     if protocol not in ("clean", "authors"):
         raise BadInputError(f"--protocol {protocol!r}: expected 'clean' or 'authors'")
-    split = load_split(DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions, protocol=protocol))
+    split = load_split(
+        DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions, protocol=protocol)
+    )
     table = Table(title=f"{name_or_path} (users with >= {min_interactions} interactions)")
     table.add_column("users", justify="right")
     table.add_column("items", justify="right")
@@ -239,9 +269,13 @@ def data_info(
 @user_errors
 def data_split(
     name_or_path: Annotated[str, typer.Argument(help="A dataset name (see `data list`) or a file path.")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write train_interactions.csv and test_neg_interactions into.")],
-    protocol: Annotated[str, typer.Option("--protocol", help="Only 'authors': the authors' notebook procedure.")] = "authors",
-    format: Annotated[Optional[str], typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory to write train_interactions.csv and test_neg_interactions into.")
+    ],
+    protocol: Annotated[
+        str, typer.Option("--protocol", help="Only 'authors': the authors' notebook procedure.")
+    ] = "authors",
+    format: Annotated[str | None, typer.Option("--format", help="File format, when it cannot be guessed.")] = None,
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
     test_negatives: Annotated[int, typer.Option(help="Negatives per test item.")] = 99,
     seed: Annotated[int, typer.Option(help="Seed of the timestamps and the test negatives.")] = 42,
@@ -252,19 +286,29 @@ def data_split(
     from fedrecgel_secure.policy import DataPolicy
 
     if protocol != "authors":
-        raise BadInputError(f"--protocol {protocol!r}: only 'authors' writes files (the clean split lives in the cache)")
+        raise BadInputError(
+            f"--protocol {protocol!r}: only 'authors' writes files (the clean split lives in the cache)"
+        )
     from pydantic import ValidationError
 
     from fedrecgel_secure.policy import describe_errors
 
     try:
-        data = DataPolicy(dataset=name_or_path, format=format, min_interactions=min_interactions,
-                          test_negatives=test_negatives, seed=seed, protocol="authors")
+        data = DataPolicy(
+            dataset=name_or_path,
+            format=format,
+            min_interactions=min_interactions,
+            test_negatives=test_negatives,
+            seed=seed,
+            protocol="authors",
+        )
     except ValidationError as e:
         raise BadInputError(describe_errors(e, "fedrecgel data split")) from None
     split = authors_data(data)
     train, test = write_authors_files(split, out_dir)
-    out.print(f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions\nwrote {train}\nwrote {test}")
+    out.print(
+        f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions\nwrote {train}\nwrote {test}"
+    )
 
 
 @data_app.command("fetch")
@@ -277,10 +321,13 @@ def data_fetch(
     from fedrecgel_secure.data.fetch import fetch_dataset
 
     path = fetch_dataset(name, to)
-    out.print(f"downloaded {name}: {path}\ntrain on it with: fedrecgel train --set data.dataset={name} --set data.path={path}")
+    out.print(
+        f"downloaded {name}: {path}\ntrain on it with: fedrecgel train --set data.dataset={name} --set data.path={path}"
+    )
 
 
 # -- study: a grid of runs and its privacy-utility report -------------------------------
+
 
 class _StudyGroup(typer.core.TyperGroup):
     """`study STUDY.toml --out DIR` and `study report DIR` in one group.
@@ -316,7 +363,14 @@ def study_run(
     """Train every run of a study that is not finished yet (rerun to continue after a crash), then write the report."""
     from fedrecgel_secure.study import run_study
 
-    columns = [TextColumn("[bold]study"), MofNCompleteColumn(), BarColumn(), TextColumn("runs  {task.fields[last]}"), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [
+        TextColumn("[bold]study"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("runs  {task.fields[last]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
     try:
         with Progress(*columns, console=out, transient=False) as progress:
             task = None
@@ -325,23 +379,34 @@ def study_run(
                 nonlocal task
                 if task is None:
                     if done:
-                        progress.console.print(f"{done} of {total} runs already finished; continuing the others", highlight=False)
+                        progress.console.print(
+                            f"{done} of {total} runs already finished; continuing the others", highlight=False
+                        )
                     task = progress.add_task("study", total=total, completed=done, last="")
                     return
                 if outcome.status == "failed":
-                    progress.console.print(f"[bold red]failed[/] {outcome.run.name}: {outcome.error}", highlight=False, soft_wrap=True)
+                    progress.console.print(
+                        f"[bold red]failed[/] {outcome.run.name}: {outcome.error}", highlight=False, soft_wrap=True
+                    )
                 else:
-                    progress.console.print(f"{outcome.status} {outcome.run.name} ({outcome.seconds:.1f} s)", highlight=False)
+                    progress.console.print(
+                        f"{outcome.status} {outcome.run.name} ({outcome.seconds:.1f} s)", highlight=False
+                    )
                 progress.update(task, completed=done, last=outcome.run.name)
 
             outcome = run_study(study_file, out_dir, jobs=jobs, progress=on_progress)
     except KeyboardInterrupt:
-        err.print(f"interrupted: every run keeps its last checkpoint; rerun `fedrecgel study {study_file} --out {out_dir}` to continue")
+        err.print(
+            f"interrupted: every run keeps its last checkpoint; rerun `fedrecgel study {study_file} --out {out_dir}` to continue"
+        )
         raise typer.Exit(130) from None
     files = outcome.files
     out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
     if outcome.failed:
-        err.print(f"[bold red]{len(outcome.failed)} of {len(outcome.runs)} runs failed[/] (rerun the same command to retry them):", highlight=False)
+        err.print(
+            f"[bold red]{len(outcome.failed)} of {len(outcome.runs)} runs failed[/] (rerun the same command to retry them):",
+            highlight=False,
+        )
         for o in outcome.failed:
             err.print(f"  {o.run.dir}: {o.error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -360,11 +425,17 @@ def study_report(study_dir: Annotated[Path, typer.Argument(help="A study directo
 @deploy_app.command("local")
 @user_errors
 def deploy_local_cmd(
-    policy: Annotated[Optional[Path], typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
-    nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Client SuperNodes (overrides deployment.nodes).")] = None,
+    policy: Annotated[Path | None, typer.Argument(help="Policy file (TOML). Default: policies/default.toml.")] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="Client SuperNodes (overrides deployment.nodes).")
+    ] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Deployment and run directory.")] = Path("runs/deployed"),
-    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the server checkpoint and the nodes' state in --out.")] = False,
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")
+    ] = [],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the server checkpoint and the nodes' state in --out.")
+    ] = False,
 ):
     """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
     from fedrecgel_secure.deploy.local import Deployment, resolve_policy
@@ -373,7 +444,13 @@ def deploy_local_cmd(
     policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
     rounds = policy_.federation.rounds
     dep = Deployment(policy_, out_dir)
-    columns = [TextColumn("[bold]round"), MofNCompleteColumn(), BarColumn(), TextColumn("HR@10 {task.fields[hr]}"), TimeElapsedColumn()]
+    columns = [
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("HR@10 {task.fields[hr]}"),
+        TimeElapsedColumn(),
+    ]
     try:
         with Progress(*columns, console=out, transient=False) as progress:
             task = progress.add_task("deploy", total=rounds, hr="-")
@@ -393,20 +470,30 @@ def deploy_local_cmd(
     finally:
         dep.stop()
     summary = read_summary(out_dir)
-    out.print(_metrics_table(f"{summary.method} deployed on {policy_.deployment.nodes} nodes: {summary.wall_time_s:.1f} s", {
-        f"best ({summary.select_by})": summary.best, "final": summary.final,
-    }))
+    out.print(
+        _metrics_table(
+            f"{summary.method} deployed on {policy_.deployment.nodes} nodes: {summary.wall_time_s:.1f} s",
+            {
+                f"best ({summary.select_by})": summary.best,
+                "final": summary.final,
+            },
+        )
+    )
     from fedrecgel_secure.study.plots import plot_run
 
     curves = plot_run(out_dir)
-    out.print(f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else ""))
+    out.print(
+        f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else "")
+    )
 
 
 @deploy_app.command("plan")
 @user_errors
 def deploy_plan_cmd(
     policy: Annotated[Path, typer.Argument(help="Policy file (TOML) with a [deployment] section.")],
-    set_: Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")] = [],
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")
+    ] = [],
 ):
     """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, the run."""
     from fedrecgel_secure.deploy.local import plan

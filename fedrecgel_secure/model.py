@@ -47,7 +47,9 @@ class NeuMF(nn.Module):
 
     def init_private(self, n_clients: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Fresh user embeddings, N(0, 0.01) like the item embeddings."""
-        return torch.empty(n_clients, self.private_dim, dtype=self.item_embeddings.dtype).normal_(0.0, 0.01, generator=generator)
+        return torch.empty(n_clients, self.private_dim, dtype=self.item_embeddings.dtype).normal_(
+            0.0, 0.01, generator=generator
+        )
 
     def tower(self) -> dict[str, torch.Tensor]:
         """The shared parameters other than the item table, by name (the dense part of phi)."""

@@ -16,7 +16,8 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.privacy.dp.checks import FIELD as DP, fractions_sum_to_one, open_unit, positive
+from fedrecgel_secure.privacy.dp.checks import FIELD as DP
+from fedrecgel_secure.privacy.dp.checks import fractions_sum_to_one, open_unit, positive
 
 _HERE = Path(__file__).resolve().parent
 # Ready policies: installed as package data next to this file, or the top-level
@@ -29,15 +30,21 @@ class Section(BaseModel):
 
 
 class DataPolicy(Section):
-    dataset: str = Field("filmtrust", description="A registered dataset name (`fedrecgel data list`) or a path to a file.")
-    path: str | None = Field(None, description="The file to read for a non-bundled dataset; overrides the name's default.")
+    dataset: str = Field(
+        "filmtrust", description="A registered dataset name (`fedrecgel data list`) or a path to a file."
+    )
+    path: str | None = Field(
+        None, description="The file to read for a non-bundled dataset; overrides the name's default."
+    )
     format: str | None = Field(None, description="File format; guessed from the dataset name or file name when absent.")
     min_interactions: int = Field(5, ge=1, description="Users with fewer interactions are dropped.")
     test_negatives: int = Field(99, ge=1, description="Negatives ranked against each held-out item.")
     train_negatives: int = Field(4, ge=1, description="Negatives per training positive, resampled every round.")
     validation: bool = Field(False, description="Hold out the second-latest interaction as a validation item.")
     seed: int = Field(42, description="Seed of the preprocessing: random timestamps and test negatives.")
-    cache_dir: str | None = Field(None, description="Where prepared splits are cached (default: ~/.cache/fedrecgel-secure).")
+    cache_dir: str | None = Field(
+        None, description="Where prepared splits are cached (default: ~/.cache/fedrecgel-secure)."
+    )
     protocol: Literal["authors", "clean"] = Field(
         "clean",
         description="authors: the authors' exact data protocol (their seeded draws, tie rule, per-dataset holdout,"
@@ -61,11 +68,15 @@ class ModelPolicy(Section):
     gmf_dim: int = Field(32, ge=1, description="Width of the GMF user and item embeddings.")
     mlp_dim: int = Field(128, ge=1, description="Width of the MLP user and item embeddings.")
     tower: list[int] = Field([128, 64, 32], min_length=1, description="MLP widths after the 2*mlp_dim input.")
-    dtype: Literal["float32", "float64"] = Field("float32", description="Floating-point type of the model and of the clients' embeddings.")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="Floating-point type of the model and of the clients' embeddings."
+    )
 
 
 class FederationPolicy(Section):
-    rounds: int = Field(100, ge=1, description="Training rounds; each samples clients, aggregates their uploads and steps the server.")
+    rounds: int = Field(
+        100, ge=1, description="Training rounds; each samples clients, aggregates their uploads and steps the server."
+    )
     fraction: float = Field(0.1, gt=0, le=1, description="Fraction of clients sampled per round.")
     server_lr: float = Field(0.001, gt=0, description="Server Adam learning rate on the shared parameters.")
     client_lr: float = Field(0.1, gt=0, description="Client Adam learning rate on the private user embedding.")
@@ -82,7 +93,8 @@ class SamPolicy(Section):
 class EvaluationPolicy(Section):
     every: int = Field(1, ge=1, description="Evaluate every this many rounds (and after the last).")
     select_by: Literal["hr@5", "hr@10", "hr@15", "hr@20", "ndcg@5", "ndcg@10", "ndcg@15", "ndcg@20"] = Field(
-        "hr@10", description="The metric that picks the summary's best round (on the test items) and validation-selected round."
+        "hr@10",
+        description="The metric that picks the summary's best round (on the test items) and validation-selected round.",
     )
 
 
@@ -102,8 +114,12 @@ class AdaptiveClippingSettings(Section):
 
     initial: float = Field(0.1, description="Clip norm of the first round (replaces privacy.dp.clip_norm).")
     target_quantile: float = Field(0.5, description="Fraction of uploads meant to be left unclipped, in (0, 1).")
-    learning_rate: float = Field(0.2, description="Geometric rate: C changes by at most a factor exp(learning_rate) per round.")
-    clipped_count_stddev: float | None = Field(None, description="Absolute std of the noise on the clipped count; unset means m/20.")
+    learning_rate: float = Field(
+        0.2, description="Geometric rate: C changes by at most a factor exp(learning_rate) per round."
+    )
+    clipped_count_stddev: float | None = Field(
+        None, description="Absolute std of the noise on the clipped count; unset means m/20."
+    )
 
     @field_validator("initial", "learning_rate")
     @classmethod
@@ -148,17 +164,31 @@ class DPSettings(Section):
         " start and kept only in the 0600 checkpoint. seeded: derived from the policy seed, reproducible for studies,"
         " and NO guarantee against anyone who has the policy file.",
     )
-    clip_norm: float = Field(1.0, description="L2 clip norm C of each upload (with adaptive clipping: adaptive_clipping.initial).")
-    noise_multiplier: float | None = Field(None, description="z: noise std z*C on the sum. Exactly one of this and target_epsilon.")
-    target_epsilon: float | None = Field(None, description="Epsilon to reach after the planned rounds; z is calibrated from it.")
+    clip_norm: float = Field(
+        1.0, description="L2 clip norm C of each upload (with adaptive clipping: adaptive_clipping.initial)."
+    )
+    noise_multiplier: float | None = Field(
+        None, description="z: noise std z*C on the sum. Exactly one of this and target_epsilon."
+    )
+    target_epsilon: float | None = Field(
+        None, description="Epsilon to reach after the planned rounds; z is calibrated from it."
+    )
     delta: float = Field(1e-5, description="The delta of (epsilon, delta)-DP; must be below 1/number of clients.")
     max_epsilon: float | None = Field(None, description="Stop before any round that would bring epsilon above this.")
-    accountant: AccountantKind = Field("rdp", description="Opacus accountant: rdp, prv (tightest), or gdp (an approximation, not a bound).")
+    accountant: AccountantKind = Field(
+        "rdp", description="Opacus accountant: rdp, prv (tightest), or gdp (an approximation, not a bound)."
+    )
     sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
     sampler: Literal["poisson", "fixed"] = Field("poisson", description="Client sampling; DP requires poisson.")
-    per_group_clipping: bool = Field(False, description="Clip the item table and the MLP separately, the budget split by group_fractions.")
-    group_fractions: GroupFractions = Field(default_factory=GroupFractions, description="Split of C^2 between the groups.")
-    adaptive_clipping: AdaptiveClippingSettings | None = Field(None, description="Tune C to a quantile of the upload norms.")
+    per_group_clipping: bool = Field(
+        False, description="Clip the item table and the MLP separately, the budget split by group_fractions."
+    )
+    group_fractions: GroupFractions = Field(
+        default_factory=GroupFractions, description="Split of C^2 between the groups."
+    )
+    adaptive_clipping: AdaptiveClippingSettings | None = Field(
+        None, description="Tune C to a quantile of the upload norms."
+    )
 
     @field_validator("clip_norm", "noise_multiplier", "target_epsilon", "max_epsilon")
     @classmethod
@@ -199,10 +229,14 @@ class BfvPolicy(Section):
 
     poly_modulus_degree: int = Field(8192, description="Ring degree N; a ciphertext packs N grid values.")
     coeff_mod_bit_sizes: list[int] = Field(
-        [60, 60, 60], description="Prime chain (the last is SEAL's key-switching prime); its sum is capped by N at 128-bit security."
+        [60, 60, 60],
+        description="Prime chain (the last is SEAL's key-switching prime); its sum is capped by N at 128-bit security.",
     )
     plain_modulus_bits: int = Field(
-        59, ge=20, le=59, description="Bits of the plain modulus t, a prime = 1 mod 2N; sums must stay below t/2 (checked at start)."
+        59,
+        ge=20,
+        le=59,
+        description="Bits of the plain modulus t, a prime = 1 mod 2N; sums must stay below t/2 (checked at start).",
     )
 
     def params(self):
@@ -219,11 +253,16 @@ class MaskingPolicy(Section):
     """Pairwise masking (Bonawitz et al. 2017) on a SecAgg+ neighbour graph (Bell et al. 2020)."""
 
     degree: int | Literal["all", "secagg+", "auto"] = Field(
-        "auto", description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts)."
+        "auto",
+        description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts).",
     )
-    threshold: int | float | None = Field(None, description="Shamir threshold t: a count, or a fraction of the neighbours.")
+    threshold: int | float | None = Field(
+        None, description="Shamir threshold t: a count, or a fraction of the neighbours."
+    )
     consistency: float = Field(
-        2 / 3, ge=0.5, lt=1,
+        2 / 3,
+        ge=0.5,
+        lt=1,
         description="Consistency check f (malicious server): a client releases shares only after floor(f*n)+1 of the n clients "
         "in the cohort signed the same survivor set; at most n minus that many may drop out after masking.",
     )
@@ -236,25 +275,36 @@ class MaskingPolicy(Section):
 
 class SecureAggregationPolicy(Section):
     scheme: Literal["none", "bfv", "masking"] = Field(
-        "none", description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption; masking: pairwise masks."
+        "none",
+        description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption; masking: pairwise masks.",
     )
     min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
-    cover: Literal["shared", "item_embeddings"] = Field("shared", description="What goes through the protocol: the whole shared vector, or the item table alone.")
+    cover: Literal["shared", "item_embeddings"] = Field(
+        "shared", description="What goes through the protocol: the whole shared vector, or the item table alone."
+    )
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
-    clip_range: float = Field(32.0, gt=0, description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).")
-    frac_bits: int = Field(36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits.")
-    bfv: BfvPolicy = Field(BfvPolicy(), description="TenSEAL BFV parameters, used when scheme = \"bfv\".")
-    masking: MaskingPolicy = Field(MaskingPolicy(), description="Pairwise-masking parameters, used when scheme = \"masking\".")
+    clip_range: float = Field(
+        32.0,
+        gt=0,
+        description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).",
+    )
+    frac_bits: int = Field(
+        36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits."
+    )
+    bfv: BfvPolicy = Field(BfvPolicy(), description='TenSEAL BFV parameters, used when scheme = "bfv".')
+    masking: MaskingPolicy = Field(
+        MaskingPolicy(), description='Pairwise-masking parameters, used when scheme = "masking".'
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _no_ckks(cls, data: Any) -> Any:
         if isinstance(data, dict) and (data.get("scheme") == "ckks" or "ckks" in data):
-            field = "scheme = \"ckks\"" if data.get("scheme") == "ckks" else "[privacy.secure_aggregation.ckks]"
+            field = 'scheme = "ckks"' if data.get("scheme") == "ckks" else "[privacy.secure_aggregation.ckks]"
             raise BadInputError(
                 f"privacy.secure_aggregation: {field} is no longer supported: approximate CKKS decryptions let"
                 " whoever receives them solve for the secret key and decrypt single uploads (Li and Micciancio,"
-                " Eurocrypt 2021); use scheme = \"bfv\" (exact, same fixed-point grid) or \"masking\""
+                ' Eurocrypt 2021); use scheme = "bfv" (exact, same fixed-point grid) or "masking"'
             )
         return data
 
@@ -268,12 +318,16 @@ class AuditPolicy(Section):
     """One-run empirical privacy estimation (Andrew et al., ICLR 2024): canary clients inserted into training."""
 
     canaries: int = Field(
-        0, ge=0, le=100_000,
+        0,
+        ge=0,
+        le=100_000,
         description="Canary clients inserted into training, each Poisson-sampled like a client; as many more are drawn"
         " but never inserted. Each upload is a fixed random direction of norm canary_norm. 0: none (no effect on training).",
     )
     canary_norm: float | None = Field(
-        None, gt=0, description="L2 norm of a canary upload; unset: the DP clip norm (1.0 without DP).",
+        None,
+        gt=0,
+        description="L2 norm of a canary upload; unset: the DP clip norm (1.0 without DP).",
     )
 
 
@@ -283,7 +337,8 @@ class PrivacyPolicy(Section):
         SecureAggregationPolicy(), description="How the server sums the uploads without seeing any one of them."
     )
     audit: AuditPolicy = Field(
-        AuditPolicy(), description="Audit instrumentation that changes training: canary clients for an empirical epsilon."
+        AuditPolicy(),
+        description="Audit instrumentation that changes training: canary clients for an empirical epsilon.",
     )
 
 
@@ -297,7 +352,9 @@ class SuperLinkPolicy(Section):
 
     host: str = Field("127.0.0.1", description="Address the SuperLink binds and the SuperNodes dial.")
     port: int = Field(
-        9091, ge=1, le=65535,
+        9091,
+        ge=1,
+        le=65535,
         description="flwr 1.42 serves its Fleet, Runtime (ServerApp) and Control (flwr run) APIs on this one HTTP port;"
         " the Control API has no authentication in this build, so only the nodes and the operator may reach it (firewall).",
     )
@@ -306,18 +363,26 @@ class SuperLinkPolicy(Section):
 class TlsPolicy(Section):
     """[deployment.tls]: certificates of the SuperLink and node authentication."""
 
-    enabled: bool = Field(False, description="Serve the SuperLink over TLS; false runs with --insecure (one trusted machine only).")
-    ca_cert: str | None = Field(None, description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode).")
+    enabled: bool = Field(
+        False, description="Serve the SuperLink over TLS; false runs with --insecure (one trusted machine only)."
+    )
+    ca_cert: str | None = Field(
+        None, description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode)."
+    )
     server_cert: str | None = Field(None, description="PEM file of the SuperLink certificate.")
     server_key: str | None = Field(None, description="PEM file of the SuperLink private key.")
-    node_authentication: bool = Field(False, description="Only SuperNodes whose public keys are registered with the SuperLink may connect.")
+    node_authentication: bool = Field(
+        False, description="Only SuperNodes whose public keys are registered with the SuperLink may connect."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> TlsPolicy:
         if self.enabled:
             missing = [k for k in ("ca_cert", "server_cert", "server_key") if getattr(self, k) is None]
             if missing:
-                raise BadInputError(f"{DEPLOY}.tls: enabled = true needs " + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing))
+                raise BadInputError(
+                    f"{DEPLOY}.tls: enabled = true needs " + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing)
+                )
         if self.node_authentication and not self.enabled:
             raise BadInputError(f"{DEPLOY}.tls.node_authentication = true needs {DEPLOY}.tls.enabled = true")
         return self
@@ -329,24 +394,40 @@ class DeploymentPolicy(Section):
     Not part of the policy digest: the same run may resume on other addresses or machines.
     """
 
-    nodes: int = Field(3, ge=1, description="Client SuperNodes; each hosts a shard of the users (data, embeddings, Adam state).")
+    nodes: int = Field(
+        3, ge=1, description="Client SuperNodes; each hosts a shard of the users (data, embeddings, Adam state)."
+    )
     sharding: Literal["contiguous", "round-robin"] = Field(
-        "contiguous", description="How users are spread over the nodes: contiguous blocks of ids, or user id modulo nodes."
+        "contiguous",
+        description="How users are spread over the nodes: contiguous blocks of ids, or user id modulo nodes.",
     )
-    key_holder: int = Field(0, ge=0, description="Index of the node that holds the HE secret key (secure-aggregation stages, later).")
-    stage_timeout: float = Field(120.0, gt=0, description="Seconds the server waits for a stage's replies; a node that misses it is dropped for the round.")
+    key_holder: int = Field(
+        0, ge=0, description="Index of the node that holds the HE secret key (secure-aggregation stages, later)."
+    )
+    stage_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="Seconds the server waits for a stage's replies; a node that misses it is dropped for the round.",
+    )
     heartbeat: float = Field(
-        0.5, gt=0, description="Seconds between the server's polls for replies and connected nodes (Flower 1.42 has no flag for the"
-        " SuperNode heartbeat itself; a killed node is caught by stage_timeout)."
+        0.5,
+        gt=0,
+        description="Seconds between the server's polls for replies and connected nodes (Flower 1.42 has no flag for the"
+        " SuperNode heartbeat itself; a killed node is caught by stage_timeout).",
     )
-    state_dir: str = Field("nodes/{shard}", description="Each node's state directory ({shard} is its index); relative paths are under the deployment directory.")
+    state_dir: str = Field(
+        "nodes/{shard}",
+        description="Each node's state directory ({shard} is its index); relative paths are under the deployment directory.",
+    )
     superlink: SuperLinkPolicy = Field(SuperLinkPolicy(), description="The SuperLink's address and ports.")
     tls: TlsPolicy = Field(TlsPolicy(), description="TLS and node authentication.")
 
     @model_validator(mode="after")
     def _key_holder_exists(self) -> DeploymentPolicy:
         if self.key_holder >= self.nodes:
-            raise BadInputError(f"{DEPLOY}.key_holder = {self.key_holder}: must be a node index below {DEPLOY}.nodes = {self.nodes}")
+            raise BadInputError(
+                f"{DEPLOY}.key_holder = {self.key_holder}: must be a node index below {DEPLOY}.nodes = {self.nodes}"
+            )
         return self
 
     def shard_users(self, n_users: int, shard: int):
@@ -365,14 +446,27 @@ Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 class Policy(Section):
     method: Method = Field("fedrecgel", description="fedncf: no SAM; sam-shared / sam-private: SAM on one group only.")
     seed: int = Field(42, description="Seed of training: model init, client sampling, negatives.")
-    data: DataPolicy = Field(DataPolicy(), description="The dataset and how it is split into train, validation and test items.")
+    data: DataPolicy = Field(
+        DataPolicy(), description="The dataset and how it is split into train, validation and test items."
+    )
     model: ModelPolicy = Field(ModelPolicy(), description="The NeuMF model: embedding widths, MLP tower, dtype.")
-    federation: FederationPolicy = Field(FederationPolicy(), description="Rounds, client sampling, learning rates and the training engine.")
+    federation: FederationPolicy = Field(
+        FederationPolicy(), description="Rounds, client sampling, learning rates and the training engine."
+    )
     sam: SamPolicy = Field(SamPolicy(), description="Sharpness-aware minimisation radii of FedRecGEL.")
-    evaluation: EvaluationPolicy = Field(EvaluationPolicy(), description="When to evaluate, and which metric selects the best round.")
-    checkpoint: CheckpointPolicy = Field(CheckpointPolicy(), description="How often the run is saved to continue after a crash.")
-    privacy: PrivacyPolicy = Field(PrivacyPolicy(), description="Client-level differential privacy and secure aggregation.")
-    deployment: DeploymentPolicy = Field(DeploymentPolicy(), description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).")
+    evaluation: EvaluationPolicy = Field(
+        EvaluationPolicy(), description="When to evaluate, and which metric selects the best round."
+    )
+    checkpoint: CheckpointPolicy = Field(
+        CheckpointPolicy(), description="How often the run is saved to continue after a crash."
+    )
+    privacy: PrivacyPolicy = Field(
+        PrivacyPolicy(), description="Client-level differential privacy and secure aggregation."
+    )
+    deployment: DeploymentPolicy = Field(
+        DeploymentPolicy(),
+        description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).",
+    )
 
     @model_validator(mode="after")
     def _tower_fits(self) -> Policy:
@@ -404,7 +498,9 @@ class Policy(Section):
         """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
         # [deployment] says where the roles run, not what is computed: a run may move machines and still resume
         dump = self.model_dump(mode="json", exclude={"deployment"})
-        if self.privacy.audit == AuditPolicy():  # no canaries: the digest of runs started before [privacy.audit] existed
+        if (
+            self.privacy.audit == AuditPolicy()
+        ):  # no canaries: the digest of runs started before [privacy.audit] existed
             del dump["privacy"]["audit"]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()

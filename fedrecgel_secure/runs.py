@@ -17,7 +17,9 @@ from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED
 
 
-def open_run(out_dir: Path, policy_path: Path | None = None, overrides: list[str] = (), *, resume: bool = False) -> Trainer:
+def open_run(
+    out_dir: Path, policy_path: Path | None = None, overrides: list[str] = (), *, resume: bool = False
+) -> Trainer:
     """A trainer for ``out_dir``: fresh, or restored from its checkpoint with ``resume``.
 
     With ``resume`` and no policy file, the run's own resolved policy is used.
@@ -28,7 +30,9 @@ def open_run(out_dir: Path, policy_path: Path | None = None, overrides: list[str
         policy_path = out_dir / RESOLVED
     policy = load_policy(policy_path, overrides)
     if checkpoint.exists() and not resume:
-        raise BadInputError(f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out")
+        raise BadInputError(
+            f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
+        )
     trainer = Trainer(policy, load_split(policy.data))
     if resume and checkpoint.exists():
         trainer.resume_from(out_dir)

@@ -16,7 +16,9 @@ def _private_cache(tmp_path_factory):
     yield
 
 
-def write_ratings(path: Path, n_users: int = 24, n_items: int = 150, per_user: tuple[int, int] = (5, 14), seed: int = 0) -> Path:
+def write_ratings(
+    path: Path, n_users: int = 24, n_items: int = 150, per_user: tuple[int, int] = (5, 14), seed: int = 0
+) -> Path:
     """A FilmTrust-format file (``user item rating``) with random interactions."""
     rng = np.random.default_rng(seed)
     lines = []

@@ -52,7 +52,9 @@ def _ratings(path, popularity_exponent: float, seed: int = 5):
     rng = np.random.default_rng(seed)
     popularity = 1.0 / np.arange(1, 301) ** popularity_exponent
     p = popularity / popularity.sum()
-    lines = [f"{u} {i + 1} 3" for u in range(1, 201) for i in rng.choice(300, size=rng.integers(6, 16), replace=False, p=p)]
+    lines = [
+        f"{u} {i + 1} 3" for u in range(1, 201) for i in rng.choice(300, size=rng.integers(6, 16), replace=False, p=p)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return load_split(DataPolicy(dataset=str(path), test_negatives=50))
 
@@ -109,9 +111,21 @@ def test_an_aggregate_of_many_tells_no_more_than_the_prior(skewed_split):
 
 @pytest.mark.parametrize("views", [["dp-upload"], ["dp-sum", "released"]])
 def test_every_attack_falls_to_chance_on_a_view_noised_at_epsilon_1(uniform_split, views):
-    dp = {"enabled": True, "mode": "distributed", "clip_norm": 0.5, "delta": 1e-3, "target_epsilon": 1.0, "noise": "seeded"}
-    trainer = Trainer(Policy.model_validate({"federation": {"fraction": 0.5, "rounds": 1}, "model": SMALL, "privacy": {"dp": dp}}), uniform_split)
-    assert trainer.aggregation.accountant.epsilon_if_step() <= 1.0 + 1e-6  # one round at this noise spends at most epsilon = 1
+    dp = {
+        "enabled": True,
+        "mode": "distributed",
+        "clip_norm": 0.5,
+        "delta": 1e-3,
+        "target_epsilon": 1.0,
+        "noise": "seeded",
+    }
+    trainer = Trainer(
+        Policy.model_validate({"federation": {"fraction": 0.5, "rounds": 1}, "model": SMALL, "privacy": {"dp": dp}}),
+        uniform_split,
+    )
+    assert (
+        trainer.aggregation.accountant.epsilon_if_step() <= 1.0 + 1e-6
+    )  # one round at this noise spends at most epsilon = 1
     report = audit_rounds(trainer, rounds=1, views=views, imia_clients=10)
     for view in views:
         for attack, r in report["views"][view]["attacks"].items():
@@ -121,7 +135,9 @@ def test_every_attack_falls_to_chance_on_a_view_noised_at_epsilon_1(uniform_spli
 
 def test_central_dp_noise_does_not_hide_an_upload_from_the_server(uniform_split):
     """In central mode the server noises the sum after it has received every clipped upload in the clear."""
-    trainer = _trainer(uniform_split, dp={"enabled": True, "mode": "central", "clip_norm": 0.5, "delta": 1e-3, "noise_multiplier": 5.0})
+    trainer = _trainer(
+        uniform_split, dp={"enabled": True, "mode": "central", "clip_norm": 0.5, "delta": 1e-3, "noise_multiplier": 5.0}
+    )
     report = audit_rounds(trainer, 1, attacks=["norm", "touched-prior"])
     assert report["view"] == "clipped-upload" and report["attack_auc"] > 0.9
     assert abs(report["released_auc"] - 0.5) < 0.06  # what is released is noised
@@ -131,7 +147,9 @@ def test_central_dp_noise_does_not_hide_an_upload_from_the_server(uniform_split)
 
 
 def test_the_gaussian_mechanism_epsilon_matches_the_two_gaussian_integral_at_equal_variance():
-    assert gaussian_mechanism_epsilon(1.0, 1e-5) == pytest.approx(gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.0, 1e-5), rel=1e-4)
+    assert gaussian_mechanism_epsilon(1.0, 1e-5) == pytest.approx(
+        gaussian_pair_epsilon(1.0, 1.0, 0.0, 1.0, 1e-5), rel=1e-4
+    )
     assert gaussian_mechanism_epsilon(0.0, 1e-5) == 0.0
     rng = np.random.default_rng(0)
     est = estimate_epsilon(rng.normal(1, 1, 2000), rng.normal(0, 1, 2000), 1e-5, bootstrap=50)
@@ -142,10 +160,24 @@ def _canary_run(split, epsilon: float | None, seed: int, *, noise_off: bool = Fa
     q = 0.2
     privacy = {"audit": {"canaries": k}}
     if epsilon is not None:
-        privacy["dp"] = {"enabled": True, "mode": "central", "noise": "seeded", "clip_norm": 0.5, "delta": 1e-3,
-                         "sample_rate": q, "noise_multiplier": NOISE_FOR_EPSILON[epsilon]}
-    policy = Policy.model_validate({"seed": seed, "federation": {"fraction": q, "rounds": rounds}, "model": SMALL, "privacy": privacy,
-                                    "evaluation": {"every": 100}})
+        privacy["dp"] = {
+            "enabled": True,
+            "mode": "central",
+            "noise": "seeded",
+            "clip_norm": 0.5,
+            "delta": 1e-3,
+            "sample_rate": q,
+            "noise_multiplier": NOISE_FOR_EPSILON[epsilon],
+        }
+    policy = Policy.model_validate(
+        {
+            "seed": seed,
+            "federation": {"fraction": q, "rounds": rounds},
+            "model": SMALL,
+            "privacy": privacy,
+            "evaluation": {"every": 100},
+        }
+    )
     trainer = Trainer(policy, split)
     if noise_off:  # fault injection: the aggregation adds no noise while the accountant still charges every round
         assert isinstance(trainer.aggregation, DPFedAvg)
@@ -161,7 +193,12 @@ def _canary_run(split, epsilon: float | None, seed: int, *, noise_off: bool = Fa
 
 def test_canaries_are_sampled_like_clients_and_leave_training_draws_alone(uniform_split):
     plain = _trainer(uniform_split)
-    with_canaries = Trainer(Policy.model_validate({"federation": {"fraction": 0.5}, "model": SMALL, "privacy": {"audit": {"canaries": 50}}}), uniform_split)
+    with_canaries = Trainer(
+        Policy.model_validate(
+            {"federation": {"fraction": 0.5}, "model": SMALL, "privacy": {"audit": {"canaries": 50}}}
+        ),
+        uniform_split,
+    )
     assert plain.policy.digest() != with_canaries.policy.digest()
     plain.train_round(), with_canaries.train_round()
     assert plain.rng.bit_generator.state == with_canaries.rng.bit_generator.state  # same sample, same negatives
@@ -204,9 +241,22 @@ def test_audit_cli_on_a_run_directory_with_canaries(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "fedrecgel_secure.cli.main"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    sets = [f"data.dataset={data}", "data.test_negatives=30", "federation.rounds=2", "federation.fraction=0.25",
-            "model.gmf_dim=8", "model.mlp_dim=16", "model.tower=[16, 8]", "privacy.audit.canaries=20"]
-    train = subprocess.run([*cmd, "train", "--out", str(out), *(a for s in sets for a in ("--set", s))], capture_output=True, text=True, env=env)
+    sets = [
+        f"data.dataset={data}",
+        "data.test_negatives=30",
+        "federation.rounds=2",
+        "federation.fraction=0.25",
+        "model.gmf_dim=8",
+        "model.mlp_dim=16",
+        "model.tower=[16, 8]",
+        "privacy.audit.canaries=20",
+    ]
+    train = subprocess.run(
+        [*cmd, "train", "--out", str(out), *(a for s in sets for a in ("--set", s))],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert train.returncode == 0, train.stderr
     table = subprocess.run([*cmd, "audit", str(out), "--rounds", "1"], capture_output=True, text=True, env=env)
     assert table.returncode == 0, table.stderr

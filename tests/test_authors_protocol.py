@@ -16,7 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrecgel_secure.data.authors import TEST_NEG_FILE, TRAIN_FILE, authors_holdout, authors_protocol, write_authors_files
+from fedrecgel_secure.data.authors import (
+    TEST_NEG_FILE,
+    TRAIN_FILE,
+    authors_holdout,
+    authors_protocol,
+    write_authors_files,
+)
 from fedrecgel_secure.data.loaders import read_interactions, resolve_dataset
 from fedrecgel_secure.data.prepare import authors_data, load_split, resolve_source
 from fedrecgel_secure.data.split import SeenIndex
@@ -85,7 +91,9 @@ def test_filmtrust_split_under_authors_keeps_the_papers_counts_and_differs_from_
 
 def test_cli_writes_the_same_files_and_bad_input_exits_2(tmp_path):
     cmd = [sys.executable, "-m", "fedrecgel_secure.cli.main", "data", "split"]
-    ok = subprocess.run([*cmd, "filmtrust", "--protocol", "authors", "--out", tmp_path / "s"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [*cmd, "filmtrust", "--protocol", "authors", "--out", tmp_path / "s"], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     lib = write_authors_files(authors_data(DataPolicy(protocol="authors")), tmp_path / "lib")
     assert (tmp_path / "s" / TRAIN_FILE).read_bytes() == lib[0].read_bytes()
@@ -131,8 +139,10 @@ def test_qb_article_test_item_is_each_users_last_row_in_file_order(tmp_path):
 def test_lastfm_2k_reads_the_four_column_file_with_timestamps(tmp_path):
     # point 4: the authors' 4-column file (user, item, weight, timestamp), latest timestamp held out
     path = tmp_path / "lastfm.txt"
-    path.write_text("user\titem\tweight\ttimestamp\n2\t51\t13\t1300\n2\t52\t7\t1200\n2\t53\t1\t1100\n"
-                    "3\t51\t5\t10\n3\t54\t5\t30\n3\t55\t5\t20\n4\t52\t1\t5\n4\t53\t1\t6\n4\t56\t1\t7\n")
+    path.write_text(
+        "user\titem\tweight\ttimestamp\n2\t51\t13\t1300\n2\t52\t7\t1200\n2\t53\t1\t1100\n"
+        "3\t51\t5\t10\n3\t54\t5\t30\n3\t55\t5\t20\n4\t52\t1\t5\n4\t53\t1\t6\n4\t56\t1\t7\n"
+    )
     policy = DataPolicy(dataset="lastfm-2k", path=str(path), protocol="authors", min_interactions=3, test_negatives=2)
     assert resolve_source(policy)[1] == "lastfm-ts"
     assert resolve_source(DataPolicy(dataset="lastfm-2k", path=str(path)))[1] == "lastfm-hetrec"

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import write_ratings  # noqa: E402
+from conftest import write_ratings
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 40  # a stage on a loaded 2-core machine: a new clientapp process imports torch and reads the data
@@ -56,7 +56,10 @@ def _simulate(policy: Path, out: Path):
 
 
 def _metrics(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def _wait_until(cond, timeout: float, what: str) -> None:
@@ -113,7 +116,9 @@ def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_pa
         _wait_until(lambda: all(p.exists() for p in identities), 120, "the nodes never answered hello")
         time.sleep(1.0)  # the hello replies are on their way; round 1 is next
         victim = dep.procs.procs["supernode-1"].pid
-        os.killpg(victim, signal.SIGKILL)  # no goodbye: the SuperLink still lists the node, only the stage timeout helps
+        os.killpg(
+            victim, signal.SIGKILL
+        )  # no goodbye: the SuperLink still lists the node, only the stage timeout helps
         dep.procs.stop("supernode-1")
         with pytest.raises(ProcessLookupError):
             os.kill(victim, 0)
@@ -123,7 +128,11 @@ def test_a_supernode_killed_mid_round_is_dropped_within_the_stage_timeout(tmp_pa
     finally:
         dep.stop()
     record = _metrics(out)[-1]
-    assert record["round"] == 1 and record["dropped"] > 0 and record["contributors"] == record["sampled"] - record["dropped"]
+    assert (
+        record["round"] == 1
+        and record["dropped"] > 0
+        and record["contributors"] == record["sampled"] - record["dropped"]
+    )
     assert record["eval_users"] < 24 and summary["rounds_done"] == 1
 
 
@@ -138,7 +147,11 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
     try:
         dep.start()
         run = dep.launch(False)
-        _wait_until(lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1, 240, "round 1 never finished")
+        _wait_until(
+            lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1,
+            240,
+            "round 1 never finished",
+        )
         for pid in dep.serverapp_pids():
             os.kill(pid, signal.SIGKILL)
         dep.procs.stop("flwr-run")
@@ -151,8 +164,10 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
 
 @pytest.mark.parametrize(
     ("override", "field"),
-    [("privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.scheme"),
-     ("privacy.dp.enabled=true", "privacy.dp.mode")],
+    [
+        ("privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.scheme"),
+        ("privacy.dp.enabled=true", "privacy.dp.mode"),
+    ],
 )
 def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts(tmp_path, override, field):
     import subprocess
@@ -163,8 +178,20 @@ def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts
     )
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "fedrecgel_secure.cli.main", "deploy", "local", str(_policy(tmp_path)), "--out", str(out), *extra],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.cli.main",
+            "deploy",
+            "local",
+            str(_policy(tmp_path)),
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2, result.stderr
     assert field in result.stderr and "cannot be deployed yet" in result.stderr

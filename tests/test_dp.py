@@ -323,7 +323,10 @@ def test_update_noise_under_adaptive_clipping_keeps_the_total_noise_multiplier()
         ({"sample_rate": 0.0}, "privacy.dp.sample_rate"),
         ({"sample_rate": 1.5}, "privacy.dp.sample_rate"),
         ({"enabled": True}, "privacy.dp.noise_multiplier and privacy.dp.target_epsilon"),
-        ({"enabled": True, "noise_multiplier": 1.0, "target_epsilon": 1.0}, "privacy.dp.noise_multiplier and privacy.dp.target_epsilon"),
+        (
+            {"enabled": True, "noise_multiplier": 1.0, "target_epsilon": 1.0},
+            "privacy.dp.noise_multiplier and privacy.dp.target_epsilon",
+        ),
         ({"enabled": True, "noise_multiplier": 1.0, "sampler": "fixed"}, "privacy.dp.sampler.*Poisson"),
         ({"group_fractions": {"item_embeddings": 0.7, "mlp": 0.7}}, "privacy.dp.group_fractions must sum to 1"),
         ({"group_fractions": {"item_embeddings": 0.0, "mlp": 1.0}}, "privacy.dp.group_fractions.item_embeddings"),
@@ -377,7 +380,9 @@ def test_resolution_with_adaptive_clipping_splits_the_noise():
     clipping = resolved.make_adaptive_clipping()
     assert clipping.clip_norm == 0.1 and clipping.count_noise_std == pytest.approx(5.0)
     # The count's own shares in distributed mode add up to sigma_b.
-    assert noise_std("distributed", clipping.count_noise_multiplier, AdaptiveClipping.COUNT_SENSITIVITY, 100) == pytest.approx(0.5)
+    assert noise_std(
+        "distributed", clipping.count_noise_multiplier, AdaptiveClipping.COUNT_SENSITIVITY, 100
+    ) == pytest.approx(0.5)
     distributed = validate_against_population(settings.model_copy(update={"mode": "distributed"}), 6040, 100, Q)
     assert distributed.count_noise_std(100) == pytest.approx(0.5)
 
@@ -388,10 +393,18 @@ def test_resolution_with_adaptive_clipping_splits_the_noise():
         (DPSettings(enabled=True, noise_multiplier=1.0, delta=1e-3), 1000, 0.1, r"privacy\.dp\.delta.*1/1000"),
         (DPSettings(enabled=True, noise_multiplier=1.0, delta=1e-5), 1000, 0.0005, r"privacy\.dp\.sample_rate"),
         (DPSettings(enabled=True, noise_multiplier=1.0, delta=1e-5), 1000, 1.5, r"privacy\.dp\.sample_rate"),
-        (DPSettings(enabled=True, target_epsilon=1e-6, delta=1e-5), 6040, Q, r"privacy\.dp\.target_epsilon.*planned 100 rounds"),
+        (
+            DPSettings(enabled=True, target_epsilon=1e-6, delta=1e-5),
+            6040,
+            Q,
+            r"privacy\.dp\.target_epsilon.*planned 100 rounds",
+        ),
         (
             DPSettings(
-                enabled=True, noise_multiplier=3.0, delta=1e-5, adaptive_clipping=AdaptiveClippingSettings(clipped_count_stddev=1.0)
+                enabled=True,
+                noise_multiplier=3.0,
+                delta=1e-5,
+                adaptive_clipping=AdaptiveClippingSettings(clipped_count_stddev=1.0),
             ),
             6040,
             Q,

@@ -41,9 +41,21 @@ def row_uploads(draw):
     item = [draw(st.integers(0, n_items - 1)) for _ in owner]
     pairs = sorted(set(zip(owner, item)))  # one row per (client, item), as the engine makes them
     values = st.floats(-1e3, 1e3, allow_nan=False, width=64)
-    rows = torch.tensor(draw(st.lists(st.lists(values, min_size=width, max_size=width), min_size=len(pairs), max_size=len(pairs))), dtype=torch.float64).reshape(len(pairs), width)
-    rest = torch.tensor(draw(st.lists(st.lists(values, min_size=4, max_size=4), min_size=n_clients, max_size=n_clients)), dtype=torch.float64)
-    return RowUploads(rows, torch.tensor([p[0] for p in pairs], dtype=torch.long), torch.tensor([p[1] for p in pairs], dtype=torch.long), rest, n_items)
+    rows = torch.tensor(
+        draw(st.lists(st.lists(values, min_size=width, max_size=width), min_size=len(pairs), max_size=len(pairs))),
+        dtype=torch.float64,
+    ).reshape(len(pairs), width)
+    rest = torch.tensor(
+        draw(st.lists(st.lists(values, min_size=4, max_size=4), min_size=n_clients, max_size=n_clients)),
+        dtype=torch.float64,
+    )
+    return RowUploads(
+        rows,
+        torch.tensor([p[0] for p in pairs], dtype=torch.long),
+        torch.tensor([p[1] for p in pairs], dtype=torch.long),
+        rest,
+        n_items,
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -130,11 +142,20 @@ def test_an_empty_poisson_round_still_spends_privacy_and_adds_noise(tiny_split):
 
 
 def _records(d):
-    return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"} for line in (d / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+        for line in (d / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
-DP_OVERRIDES = ["federation.rounds=6", "federation.fraction=0.2", "checkpoint.every=3", "privacy.dp.enabled=true",
-                "privacy.dp.noise_multiplier=1.0", "privacy.dp.delta=1e-3"]
+DP_OVERRIDES = [
+    "federation.rounds=6",
+    "federation.fraction=0.2",
+    "checkpoint.every=3",
+    "privacy.dp.enabled=true",
+    "privacy.dp.noise_multiplier=1.0",
+    "privacy.dp.delta=1e-3",
+]
 
 
 @pytest.mark.parametrize("adaptive", [False, True])

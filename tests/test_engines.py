@@ -11,7 +11,9 @@ from fedrecgel_secure.policy import Policy
 
 
 def trained(split, engine: str, method: str, dtype: str, rounds: int = 3) -> Trainer:
-    policy = Policy.model_validate({"method": method, "model": {"dtype": dtype}, "federation": {"engine": engine, "rounds": rounds}})
+    policy = Policy.model_validate(
+        {"method": method, "model": {"dtype": dtype}, "federation": {"engine": engine, "rounds": rounds}}
+    )
     trainer = Trainer(policy, split)
     for _ in range(rounds):
         trainer.train_round()

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import write_ratings
+
 from fedrecgel_secure.policy import POLICY_DIR
 
 HEAVY = ("torch", "opacus", "tenseal")
@@ -25,7 +25,12 @@ def imported_packages(*args: str) -> set[str]:
     return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
 
 
-LIGHT_MODULES = ["fedrecgel_secure.policy", "fedrecgel_secure.rundir", "fedrecgel_secure.study.report", "fedrecgel_secure.cli.main"]
+LIGHT_MODULES = [
+    "fedrecgel_secure.policy",
+    "fedrecgel_secure.rundir",
+    "fedrecgel_secure.study.report",
+    "fedrecgel_secure.cli.main",
+]
 
 
 @pytest.mark.parametrize("module", LIGHT_MODULES)

@@ -66,8 +66,7 @@ def test_ml100k_reads_timestamps(tmp_path):
 
 def test_recbole_inter_picks_columns_by_the_name_before_the_colon(tmp_path):
     text = (
-        "item_id:token\trating:float\ttimestamp:float\tuser_id:token\n"
-        "242\t3\t881250949\t196\n302\t3\t891717742\t186\n"
+        "item_id:token\trating:float\ttimestamp:float\tuser_id:token\n242\t3\t881250949\t196\n302\t3\t891717742\t186\n"
     )
     raw = read(tmp_path, "ml-100k.inter", text, "recbole-inter")
     assert raw.users.tolist() == [196, 186]

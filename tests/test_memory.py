@@ -23,7 +23,12 @@ def test_the_synthetic_generator_gives_the_asked_shape():
 
 
 def test_a_qb_article_sized_round_and_evaluation_peak_below_2_gb():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--rounds", "1", "--json"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "memory.py"), "--rounds", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["users"] == 24_508 and report["items"] == 7_352 and report["interactions"] > 340_000

@@ -16,20 +16,37 @@ SHIPPED = sorted(POLICY_DIR.glob("*.toml"))
 
 def test_every_shipped_policy_validates():
     names = {p.name for p in SHIPPED}
-    assert {"default.toml", "fedncf.toml", "filmtrust.toml", "lastfm-2k.toml", "amazon-video.toml", "qb-article.toml"} <= names
+    assert {
+        "default.toml",
+        "fedncf.toml",
+        "filmtrust.toml",
+        "lastfm-2k.toml",
+        "amazon-video.toml",
+        "qb-article.toml",
+    } <= names
     for path in SHIPPED:
         load_policy(path)
 
 
 def test_default_is_the_authors_setting():
     p = load_policy()
-    assert (p.federation.rounds, p.federation.fraction, p.federation.server_lr, p.federation.client_lr) == (100, 0.1, 0.001, 0.1)
+    assert (p.federation.rounds, p.federation.fraction, p.federation.server_lr, p.federation.client_lr) == (
+        100,
+        0.1,
+        0.001,
+        0.1,
+    )
     assert (p.sam.rho_sh, p.sam.rho_ns, p.federation.chunk_size, p.data.train_negatives) == (0.02, 0.02, 128, 4)
     assert p.rhos() == (0.02, 0.02)
 
 
 def test_paper_policies_carry_the_authors_rhos():
-    expected = {"filmtrust": (0.0, 0.02), "lastfm-2k": (0.01, 0.01), "amazon-video": (0.01, 0.2), "qb-article": (0.02, 0.05)}
+    expected = {
+        "filmtrust": (0.0, 0.02),
+        "lastfm-2k": (0.01, 0.01),
+        "amazon-video": (0.01, 0.2),
+        "qb-article": (0.02, 0.05),
+    }
     for name, rhos in expected.items():
         assert load_policy(POLICY_DIR / f"{name}.toml").rhos() == rhos, name
 
@@ -84,8 +101,23 @@ def test_integers_are_accepted_where_floats_are_expected(tmp_path):
 
 
 def test_overrides_are_typed_and_validated():
-    p = load_policy(None, ["federation.rounds=7", "sam.rho_sh=0.5", "data.dataset=filmtrust", "model.tower=[64, 32]", "data.validation=true"])
-    assert (p.federation.rounds, p.sam.rho_sh, p.data.dataset, p.model.tower, p.data.validation) == (7, 0.5, "filmtrust", [64, 32], True)
+    p = load_policy(
+        None,
+        [
+            "federation.rounds=7",
+            "sam.rho_sh=0.5",
+            "data.dataset=filmtrust",
+            "model.tower=[64, 32]",
+            "data.validation=true",
+        ],
+    )
+    assert (p.federation.rounds, p.sam.rho_sh, p.data.dataset, p.model.tower, p.data.validation) == (
+        7,
+        0.5,
+        "filmtrust",
+        [64, 32],
+        True,
+    )
     with pytest.raises(BadInputError, match=r"(?s)--set federation.rounds=many.*federation.rounds"):
         load_policy(None, ["federation.rounds=many"])
     with pytest.raises(BadInputError, match="expected section.key=value"):
@@ -144,7 +176,9 @@ def test_the_schema_describes_every_field_of_every_section():
     assert [path for path, prop in properties.items() if not prop.get("description", "").strip()] == []
 
 
-@pytest.mark.parametrize("override", ["privacy.secure_aggregation.scheme=ckks", "privacy.secure_aggregation.ckks.global_scale_bits=38"])
+@pytest.mark.parametrize(
+    "override", ["privacy.secure_aggregation.scheme=ckks", "privacy.secure_aggregation.ckks.global_scale_bits=38"]
+)
 def test_ckks_is_refused_naming_the_field_and_the_key_leak(override):
     with pytest.raises(BadInputError, match=r"(?s)privacy\.secure_aggregation.*ckks.*Li and Micciancio"):
         load_policy(None, [override])

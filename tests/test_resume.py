@@ -37,7 +37,7 @@ def test_the_same_seed_gives_identical_metrics(straight_run, tmp_path):
 
 
 def test_another_seed_gives_other_metrics(straight_run, tmp_path):
-    open_run(tmp_path, None, OVERRIDES + ["seed=7", "federation.rounds=2"]).run(tmp_path)
+    open_run(tmp_path, None, [*OVERRIDES, "seed=7", "federation.rounds=2"]).run(tmp_path)
     assert metrics(tmp_path)[:2] != metrics(straight_run)[:2]
 
 
@@ -61,15 +61,25 @@ def test_resume_refuses_a_different_policy(straight_run, tmp_path):
 
     open_run(tmp_path, None, OVERRIDES).run(tmp_path, stop_after=5)
     with pytest.raises(BadInputError, match="different policy"):
-        open_run(tmp_path, None, OVERRIDES + ["sam.rho_sh=0.1"], resume=True)
+        open_run(tmp_path, None, [*OVERRIDES, "sam.rho_sh=0.1"], resume=True)
 
 
 def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
     # Checkpoint every 3 rounds and kill after round 4 or later: the run must go
     # back to its last checkpoint, drop the evaluations written after it, and
     # finish with exactly the uninterrupted run's metrics.
-    cmd = [sys.executable, "-m", "fedrecgel_secure.cli.main", "train", "--out", str(tmp_path),
-           "--set", "federation.rounds=10", "--set", "checkpoint.every=3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedrecgel_secure.cli.main",
+        "train",
+        "--out",
+        str(tmp_path),
+        "--set",
+        "federation.rounds=10",
+        "--set",
+        "checkpoint.every=3",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

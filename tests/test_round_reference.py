@@ -67,8 +67,12 @@ def tiny_split(tmp_path_factory):
 @pytest.mark.parametrize("method", ["fedrecgel", "fedncf", "sam-shared", "sam-private"])
 def test_one_round_matches_the_reference(tiny_split, engine, method):
     policy = Policy.model_validate(
-        {"method": method, "model": {"dtype": "float64"}, "federation": {"engine": engine, "fraction": 0.5, "chunk_size": CHUNK},
-         "sam": {"rho_sh": 0.05, "rho_ns": 0.1}}
+        {
+            "method": method,
+            "model": {"dtype": "float64"},
+            "federation": {"engine": engine, "fraction": 0.5, "chunk_size": CHUNK},
+            "sam": {"rho_sh": 0.05, "rho_ns": 0.1},
+        }
     )
     trainer = Trainer(policy, tiny_split)
     rho_sh, rho_ns = policy.rhos()
@@ -78,7 +82,9 @@ def test_one_round_matches_the_reference(tiny_split, engine, method):
     # the same draws the trainer will make
     rng = np.random.default_rng(policy.seed)
     clients = sample_clients(rng, tiny_split.n_users, 0.5)
-    local = build_local_sets(rng, tiny_split, SeenIndex(tiny_split.seen_indptr, tiny_split.seen_items, tiny_split.n_items), clients, 4)
+    local = build_local_sets(
+        rng, tiny_split, SeenIndex(tiny_split.seen_indptr, tiny_split.seen_items, tiny_split.n_items), clients, 4
+    )
     update = trainer.engine.train_round(trainer.model, trainer.states, local)
     assert sorted(update.private.clients.tolist()) == clients.tolist()
     assert (local.sizes > CHUNK).any()
@@ -121,7 +127,10 @@ def test_the_server_takes_one_adam_step_on_the_mean_upload(tiny_split):
     rng = np.random.default_rng(policy.seed)
     clients = sample_clients(rng, tiny_split.n_users, 0.5)
     local = build_local_sets_per_client(policy.seed, 1, tiny_split, trainer.seen, clients, 4)
-    mean = Trainer(policy, tiny_split).engine.train_round(trainer.model, trainer.states, local).uploads.total() / clients.size
+    mean = (
+        Trainer(policy, tiny_split).engine.train_round(trainer.model, trainer.states, local).uploads.total()
+        / clients.size
+    )
     trainer.train_round()
     after = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach()
     # Adam's first step: -lr * g / (|g| + eps) coordinate-wise

@@ -14,16 +14,36 @@ EVALUATION = {"round": 3, "loss": 0.5, "hr@10": 0.25, "ndcg@10": 0.125, "epsilon
 
 
 SPENT = PrivacySpent(
-    epsilon=1.5, delta=1e-05, noise="secure", guarantee="...", accountant="rdp", noise_multiplier=1.1, update_noise_multiplier=1.1,
-    sample_rate=0.25, expected_clients=10.0, clip_norm=0.5, mode="central", max_epsilon=2.0,
+    epsilon=1.5,
+    delta=1e-05,
+    noise="secure",
+    guarantee="...",
+    accountant="rdp",
+    noise_multiplier=1.1,
+    update_noise_multiplier=1.1,
+    sample_rate=0.25,
+    expected_clients=10.0,
+    clip_norm=0.5,
+    mode="central",
+    max_epsilon=2.0,
 )
 
 
 def summary(**changes) -> RunSummary:
     fields = dict(
-        version="0.1.0", policy_digest="ab" * 32, method="fedrecgel", rounds_done=3, rounds_planned=5, wall_time_s=1.25,
-        select_by="hr@10", data=DataShape(users=40, items=150, interactions=600), best=EVALUATION, final=EVALUATION,
-        validation_selected=None, best_each={"hr@10": 0.25}, stopped_early="privacy budget exhausted before round 4",
+        version="0.1.0",
+        policy_digest="ab" * 32,
+        method="fedrecgel",
+        rounds_done=3,
+        rounds_planned=5,
+        wall_time_s=1.25,
+        select_by="hr@10",
+        data=DataShape(users=40, items=150, interactions=600),
+        best=EVALUATION,
+        final=EVALUATION,
+        validation_selected=None,
+        best_each={"hr@10": 0.25},
+        stopped_early="privacy budget exhausted before round 4",
         privacy=SPENT,
     )
     return RunSummary(**(fields | changes))

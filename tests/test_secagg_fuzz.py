@@ -1,5 +1,6 @@
 """Every deserialiser, fed random bytes or mutations of valid payloads, raises only our error types."""
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -18,20 +19,24 @@ from fedrecgel_secure.privacy.secagg import (
     HEClient,
     IdentityDirectory,
     KeyHolder,
+    Kind,
     MaskingAggregator,
     MaskingClient,
-    Kind,
     MaskingParams,
     RejectedPayload,
     ServerIdentity,
+    he,
+    masking,
+    masking_wire,
 )
-from fedrecgel_secure.privacy.secagg import he, masking, masking_wire
 
 DIM = 100
 TAG = b"fuzz-session-tag-0123"
 # SECAGG_FUZZ_EXAMPLES raises the budget for a longer, offline fuzzing run.
 FUZZ = settings(
-    max_examples=int(os.environ.get("SECAGG_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=int(os.environ.get("SECAGG_FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 
 
@@ -67,7 +72,10 @@ def he_world():
     directory = IdentityDirectory.of(ids)
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=2, session_tag=TAG)
     public = holder.public_context()
-    clients = {c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
+    clients = {
+        c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c))
+        for c in ids
+    }
     uploads = {c: clients[c].upload(0, np.full(DIM, 0.1 * c)) for c in ids}
     agg = HEAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
     agg.begin_round(0)
@@ -75,7 +83,14 @@ def he_world():
         agg.receive(uploads[c])
     aggregate = agg.finish().serialize()
     agg.begin_round(1)
-    return {"holder": holder, "directory": directory, "public": public, "uploads": uploads, "aggregate": aggregate, "agg": agg}
+    return {
+        "holder": holder,
+        "directory": directory,
+        "public": public,
+        "uploads": uploads,
+        "aggregate": aggregate,
+        "agg": agg,
+    }
 
 
 @functools.cache
@@ -88,7 +103,14 @@ def masking_world():
     grid = FixedPoint()
     clients = {
         c: MaskingClient(
-            ids[c], directory, DIM, params, server_key=server.public_bytes, encoding=grid, min_clients=2, session_tag=TAG
+            ids[c],
+            directory,
+            DIM,
+            params,
+            server_key=server.public_bytes,
+            encoding=grid,
+            min_clients=2,
+            session_tag=TAG,
         )
         for c in ids
     }
@@ -110,12 +132,24 @@ def masking_world():
     ctx = masking._context(TAG, agg._round.round_seed)
     check = server.seal(Kind.MASK_CHECK, 0, masking_wire.encode_survivors(0, list(ids)), ctx)
     confirms = {c: Envelope.parse(clients[c].confirm(check)) for c in ids}
-    request = server.seal(Kind.MASK_REQUEST, 0, masking_wire.encode_request(0, list(ids), {c: e.signature for c, e in confirms.items()}), ctx)
+    request = server.seal(
+        Kind.MASK_REQUEST,
+        0,
+        masking_wire.encode_request(0, list(ids), {c: e.signature for c, e in confirms.items()}),
+        ctx,
+    )
     unmask = clients[0].unmask(request)
     return {
-        "announcement": announcement, "broadcast": broadcast, "inbox": inboxes[3], "check": check, "request": request,
-        "shares": Envelope.parse(shares[0]).body, "unmask": Envelope.parse(unmask).body,
-        "masked": masked[3], "clients": clients, "agg": agg,
+        "announcement": announcement,
+        "broadcast": broadcast,
+        "inbox": inboxes[3],
+        "check": check,
+        "request": request,
+        "shares": Envelope.parse(shares[0]).body,
+        "unmask": Envelope.parse(unmask).body,
+        "masked": masked[3],
+        "clients": clients,
+        "agg": agg,
     }
 
 
@@ -124,17 +158,13 @@ def body(payload):
 
 
 def only_rejections(fn, *args):
-    try:
+    with contextlib.suppress(RejectedPayload):
         fn(*args)
-    except RejectedPayload:
-        pass
 
 
 def only_bad_input(fn, *args):
-    try:
+    with contextlib.suppress(BadInputError):
         fn(*args)
-    except BadInputError:
-        pass
 
 
 @FUZZ
@@ -163,7 +193,9 @@ def test_he_aggregator_receive(data):
 @given(st.data())
 def test_he_key_holder_decrypt(data):
     w = he_world()
-    fresh = KeyHolder(w["holder"]._ctx, w["directory"], dim=DIM, min_clients=2, session_tag=TAG, tag_keys=w["holder"]._tags)
+    fresh = KeyHolder(
+        w["holder"]._ctx, w["directory"], dim=DIM, min_clients=2, session_tag=TAG, tag_keys=w["holder"]._tags
+    )
     only_rejections(fresh.decrypt, data.draw(bytes_or_mutation(w["aggregate"])))
 
 
@@ -199,10 +231,8 @@ def test_masking_aggregator_receive(data):
 def from_state(client, state, fn, *args):
     """Run one client step from a copy of a saved state: a refused message aborts the client's attempt."""
     client._round = state
-    try:
+    with contextlib.suppress(BadInputError):
         fn(*args)
-    except BadInputError:
-        pass
 
 
 @FUZZ
@@ -215,6 +245,8 @@ def test_masking_client_steps_reject_bad_aggregator_messages(data):
     from_state(client, fresh, client.share_keys, data.draw(bytes_or_mutation(w["broadcast"])))
     fresh = dataclasses.replace(saved, held={}, survivors=None)
     from_state(client, fresh, client.masked_input, data.draw(bytes_or_mutation(w["inbox"])), np.zeros(DIM))
-    from_state(client, dataclasses.replace(saved, survivors=None), client.confirm, data.draw(bytes_or_mutation(w["check"])))
+    from_state(
+        client, dataclasses.replace(saved, survivors=None), client.confirm, data.draw(bytes_or_mutation(w["check"]))
+    )
     from_state(client, dataclasses.replace(saved), client.unmask, data.draw(bytes_or_mutation(w["request"])))
     client._round = saved

@@ -38,9 +38,18 @@ def world():
     holder = KeyHolder.create(params, directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     public = holder.public_context()
     shared = ts.context_from(public)
-    clients = {c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
-               for c in identities}
-    return {"ids": identities, "dir": directory, "params": params, "holder": holder, "public": public, "clients": clients}
+    clients = {
+        c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
+        for c in identities
+    }
+    return {
+        "ids": identities,
+        "dir": directory,
+        "params": params,
+        "holder": holder,
+        "public": public,
+        "clients": clients,
+    }
 
 
 def _uploads(seed, n=N_CLIENTS, dim=DIM):
@@ -58,8 +67,16 @@ def _grid_sum(xs, noise=None):
 
 def _holder(world, min_clients=3, **kwargs):
     """A fresh key holder (own decrypted-round record) over the session's secret key."""
-    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=min_clients, session_tag=TAG, encoding=GRID,
-                     tag_keys=world["holder"]._tags, **kwargs)
+    return KeyHolder(
+        world["holder"]._ctx,
+        world["dir"],
+        dim=DIM,
+        min_clients=min_clients,
+        session_tag=TAG,
+        encoding=GRID,
+        tag_keys=world["holder"]._tags,
+        **kwargs,
+    )
 
 
 def _aggregator(world, min_clients=3):
@@ -131,15 +148,33 @@ def test_central_noise_is_added_by_the_key_holder_on_the_grid(world):
 
 def test_capacity_beyond_the_plain_modulus_is_refused(world):
     with pytest.raises(BadInputError, match="bits"):
-        KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG,
-                  encoding=FixedPoint(clip_range=2.0**20, frac_bits=36))
+        KeyHolder(
+            world["holder"]._ctx,
+            world["dir"],
+            dim=DIM,
+            min_clients=3,
+            session_tag=TAG,
+            encoding=FixedPoint(clip_range=2.0**20, frac_bits=36),
+        )
     small = BFVParams(plain_modulus_bits=30)
     with pytest.raises(BadInputError, match="privacy.secure_aggregation"):
         KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     with pytest.raises(BadInputError, match="fixed-point range"):
-        HEClient(world["ids"][0], KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG,
-                 encoding=FixedPoint(clip_range=1.0, frac_bits=20)).public_context(), DIM, encoding=GRID, session_tag=TAG,
-                 tag_key=bytes(64))
+        HEClient(
+            world["ids"][0],
+            KeyHolder.create(
+                small,
+                world["dir"],
+                dim=DIM,
+                min_clients=3,
+                session_tag=TAG,
+                encoding=FixedPoint(clip_range=1.0, frac_bits=20),
+            ).public_context(),
+            DIM,
+            encoding=GRID,
+            session_tag=TAG,
+            tag_key=bytes(64),
+        )
 
 
 def test_values_outside_the_clip_range_are_clipped_and_counted(world):
@@ -174,7 +209,7 @@ class TestTampering:
 
     def test_each_tampering_case_has_its_reason_and_valid_uploads_still_sum(self, world, caplog):
         agg, holder = _aggregator(world), _holder(world)
-        xs0, ups0 = self._round(world, 0, agg)
+        _xs0, ups0 = self._round(world, 0, agg)
         for p in ups0.values():
             agg.receive(p)
         holder.decrypt(agg.finish().serialize())
@@ -187,8 +222,14 @@ class TestTampering:
         flipped[len(flipped) // 2] ^= 1
         stranger = ClientIdentity.generate(99)
         body = Envelope.parse(ups[5]).body
-        other_dim = HEClient(world["ids"][6], world["public"], DIM + 10000, encoding=GRID, session_tag=TAG,
-                             tag_key=world["holder"].client_key(6))
+        other_dim = HEClient(
+            world["ids"][6],
+            world["public"],
+            DIM + 10000,
+            encoding=GRID,
+            session_tag=TAG,
+            tag_key=world["holder"].client_key(6),
+        )
         cases = [
             (ups[4][:-64] + bytes(64), "bad_signature"),
             (bytes(flipped), "bad_signature"),
@@ -213,20 +254,34 @@ class TestTampering:
         agg = _aggregator(world)
         agg.begin_round(0)
         tiny = FixedPoint(1.0, 10)
-        other = KeyHolder.create(BFVParams(coeff_mod_bit_sizes=(60, 60), plain_modulus_bits=20), world["dir"], dim=DIM,
-                                 min_clients=1, session_tag=TAG, encoding=tiny)
-        client = HEClient(world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG,
-                          tag_key=other.client_key(0))
+        other = KeyHolder.create(
+            BFVParams(coeff_mod_bit_sizes=(60, 60), plain_modulus_bits=20),
+            world["dir"],
+            dim=DIM,
+            min_clients=1,
+            session_tag=TAG,
+            encoding=tiny,
+        )
+        client = HEClient(
+            world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG, tag_key=other.client_key(0)
+        )
         self._expect(agg, client.upload(0, np.zeros(DIM)), "bad_ciphertext")  # SEAL refuses another parms_id
-        small = KeyHolder.create(BFVParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(36, 36, 37), plain_modulus_bits=20),
-                                 world["dir"], dim=DIM, min_clients=1, session_tag=TAG, encoding=tiny)
-        client = HEClient(world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG,
-                          tag_key=small.client_key(1))
+        small = KeyHolder.create(
+            BFVParams(poly_modulus_degree=4096, coeff_mod_bit_sizes=(36, 36, 37), plain_modulus_bits=20),
+            world["dir"],
+            dim=DIM,
+            min_clients=1,
+            session_tag=TAG,
+            encoding=tiny,
+        )
+        client = HEClient(
+            world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG, tag_key=small.client_key(1)
+        )
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
 
     def test_a_skipped_round_changes_no_state(self, world):
         agg, holder = _aggregator(world, min_clients=5), _holder(world)
-        xs0, ups0 = self._round(world, 0, agg)
+        _xs0, ups0 = self._round(world, 0, agg)
         for p in ups0.values():
             agg.receive(p)
         holder.decrypt(agg.finish().serialize())

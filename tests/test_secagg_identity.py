@@ -7,8 +7,15 @@ import stat
 import pytest
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.privacy.secagg import ClientIdentity, Envelope, IdentityDirectory, KeyFileError, Kind, RejectedPayload
-from fedrecgel_secure.privacy.secagg import shamir
+from fedrecgel_secure.privacy.secagg import (
+    ClientIdentity,
+    Envelope,
+    IdentityDirectory,
+    KeyFileError,
+    Kind,
+    RejectedPayload,
+    shamir,
+)
 from fedrecgel_secure.privacy.secagg.identity import HEADER, SIGNATURE_BYTES, open_envelope
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 

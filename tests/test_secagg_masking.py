@@ -10,9 +10,9 @@ import pytest
 from fedrecgel_secure.errors import BadInputError, ProtocolStateError
 from fedrecgel_secure.privacy.secagg import (
     ClientIdentity,
+    Envelope,
     FixedPoint,
     IdentityDirectory,
-    Envelope,
     Kind,
     MaskingAggregator,
     MaskingClient,
@@ -37,8 +37,14 @@ def make_world(n, *, params=None, encoding=GRID, min_clients=3, extra_ids=()):
     server = ServerIdentity.generate()
     clients = {
         c: MaskingClient(
-            identities[c], directory, DIM, params, server_key=server.public_bytes, encoding=encoding,
-            min_clients=min_clients, session_tag=TAG,
+            identities[c],
+            directory,
+            DIM,
+            params,
+            server_key=server.public_bytes,
+            encoding=encoding,
+            min_clients=min_clients,
+            session_tag=TAG,
         )
         for c in identities
     }

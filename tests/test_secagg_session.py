@@ -164,11 +164,15 @@ def test_bfv_aggregator_in_a_session_has_no_secret_key():
 
 def _twin_sessions(encoding=FixedPoint()):
     """A BFV and a masking session over the same clients and grid."""
-    return (make_session("bfv", DIM, CLIENTS, min_clients=8, encoding=encoding),
-            make_session("masking", DIM, CLIENTS, min_clients=8, degree="all", encoding=encoding))
+    return (
+        make_session("bfv", DIM, CLIENTS, min_clients=8, encoding=encoding),
+        make_session("masking", DIM, CLIENTS, min_clients=8, degree="all", encoding=encoding),
+    )
 
 
-@pytest.mark.parametrize("dropped", [frozenset(), frozenset(CLIENTS[::3][:6])], ids=["all", "dropouts"])  # 6 of 20: below n - T
+@pytest.mark.parametrize(
+    "dropped", [frozenset(), frozenset(CLIENTS[::3][:6])], ids=["all", "dropouts"]
+)  # 6 of 20: below n - T
 def test_bfv_and_masking_release_bit_identical_aggregates(dropped):
     bfv, masking = _twin_sessions()
     rng = np.random.default_rng(11)

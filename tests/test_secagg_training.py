@@ -24,8 +24,14 @@ def shared(trainer):
 def test_masking_gives_the_plaintext_model_after_three_filmtrust_rounds(filmtrust_split):
     # float64, so that the comparison sees the protocol and not float32 summation order
     plain, _ = trained(filmtrust_split, ["model.dtype=float64"])
-    masked, infos = trained(filmtrust_split, ["model.dtype=float64", "privacy.secure_aggregation.scheme=masking",
-                                              "privacy.secure_aggregation.masking.degree=secagg+"])
+    masked, infos = trained(
+        filmtrust_split,
+        [
+            "model.dtype=float64",
+            "privacy.secure_aggregation.scheme=masking",
+            "privacy.secure_aggregation.masking.degree=secagg+",
+        ],
+    )
     # exact after dequantisation: each value is off by at most 2^-41 per client before the server step
     assert (shared(plain) - shared(masked)).abs().max() < 1e-6
     theta_diff = (plain.states.theta - masked.states.theta).abs().max().item()
@@ -35,7 +41,11 @@ def test_masking_gives_the_plaintext_model_after_three_filmtrust_rounds(filmtrus
 
 
 def test_values_the_fixed_point_range_clips_are_counted_in_the_round_record(filmtrust_split, tmp_path):
-    overrides = ["federation.rounds=1", "privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.clip_range=0.001"]
+    overrides = [
+        "federation.rounds=1",
+        "privacy.secure_aggregation.scheme=masking",
+        "privacy.secure_aggregation.clip_range=0.001",
+    ]
     Trainer(load_policy(None, overrides), filmtrust_split).run(tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert record["clipped_values"] > 0
@@ -45,8 +55,8 @@ def test_bfv_gives_exactly_the_masking_model_after_three_filmtrust_rounds(filmtr
     # small rounds (about 25 clients) keep BFV encryption fast; float64 as above
     small = ["model.dtype=float64", "federation.fraction=0.02", "privacy.secure_aggregation.min_clients=10"]
     plain, _ = trained(filmtrust_split, small)
-    encrypted, infos = trained(filmtrust_split, small + ["privacy.secure_aggregation.scheme=bfv"])
-    masked, _ = trained(filmtrust_split, small + ["privacy.secure_aggregation.scheme=masking"])
+    encrypted, infos = trained(filmtrust_split, [*small, "privacy.secure_aggregation.scheme=bfv"])
+    masked, _ = trained(filmtrust_split, [*small, "privacy.secure_aggregation.scheme=masking"])
     # both schemes sum the same fixed-point integers exactly: the same model, bit for bit
     assert torch.equal(shared(encrypted), shared(masked))
     assert torch.equal(encrypted.states.theta, masked.states.theta)
@@ -57,20 +67,32 @@ def test_bfv_gives_exactly_the_masking_model_after_three_filmtrust_rounds(filmtr
 
 
 def test_a_round_with_too_few_uploads_is_skipped_and_changes_nothing(filmtrust_split):
-    trainer = Trainer(load_policy(None, ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.min_clients=123"]), filmtrust_split)
+    trainer = Trainer(
+        load_policy(None, ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.min_clients=123"]),
+        filmtrust_split,
+    )
     before, theta, steps = shared(trainer).clone(), trainer.states.theta.clone(), trainer.states.steps.clone()
-    loss, info = trainer.train_round()  # 122 clients are sampled, 123 are required
+    _loss, info = trainer.train_round()  # 122 clients are sampled, 123 are required
     assert "too_few" in info.skipped
-    assert torch.equal(before, shared(trainer)) and torch.equal(theta, trainer.states.theta) and torch.equal(steps, trainer.states.steps)
+    assert (
+        torch.equal(before, shared(trainer))
+        and torch.equal(theta, trainer.states.theta)
+        and torch.equal(steps, trainer.states.steps)
+    )
     assert trainer.round == 1
 
 
 def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
-    overrides = ["model.dtype=float64", "privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=all",
-                 "privacy.secure_aggregation.dropout=0.3", "privacy.secure_aggregation.min_clients=20"]
+    overrides = [
+        "model.dtype=float64",
+        "privacy.secure_aggregation.scheme=masking",
+        "privacy.secure_aggregation.masking.degree=all",
+        "privacy.secure_aggregation.dropout=0.3",
+        "privacy.secure_aggregation.min_clients=20",
+    ]
     trainer = Trainer(load_policy(None, overrides), filmtrust_split)
-    from fedrecgel_secure.federation.summers import Contributions
     from fedrecgel_secure.federation.sampling import build_local_sets
+    from fedrecgel_secure.federation.summers import Contributions
 
     # in training, only the survivors' private state moves
     steps = trainer.states.steps.clone()

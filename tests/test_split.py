@@ -92,7 +92,9 @@ def test_local_sets_hold_every_positive_with_four_negatives_shuffled(filmtrust_s
 def test_chunk_weights_make_a_sum_of_chunk_means():
     from fedrecgel_secure.federation.sampling import LocalSets
 
-    local = LocalSets(np.array([3, 8]), np.array([0, 300, 310]), np.zeros(310, dtype=np.int64), np.zeros(310, dtype=np.float32))
+    local = LocalSets(
+        np.array([3, 8]), np.array([0, 300, 310]), np.zeros(310, dtype=np.int64), np.zeros(310, dtype=np.float32)
+    )
     w = local.chunk_weights(128)
     assert np.allclose(w[:256], 1 / 128) and np.allclose(w[256:300], 1 / 44) and np.allclose(w[300:], 1 / 10)
     assert np.isclose(w.sum(), 3 + 1)  # three chunks for client 0, one for client 1

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import write_ratings
 from PIL import Image
 
-from conftest import write_ratings
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
 from fedrecgel_secure.study import EPSILON_KEY, plan_study
@@ -33,15 +33,35 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def fedrecgel(*args):
-    return subprocess.run([sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, env=ENV
+    )
 
 
-def write_study(path: Path, data: Path, *, rounds: int = ROUNDS, grid: str = f'"{EPSILON_KEY}" = [inf, 8.0]', seeds: str = "[1, 2]", overrides: tuple[str, ...] = ()) -> Path:
+def write_study(
+    path: Path,
+    data: Path,
+    *,
+    rounds: int = ROUNDS,
+    grid: str = f'"{EPSILON_KEY}" = [inf, 8.0]',
+    seeds: str = "[1, 2]",
+    overrides: tuple[str, ...] = (),
+) -> Path:
     """A study of the tiny dataset; checkpoints every round so a kill always leaves a resumable run."""
-    base = [f"data.dataset='{data}'", "data.test_negatives=30", f"federation.rounds={rounds}", "federation.fraction=0.25",
-            "checkpoint.every=1", "privacy.dp.delta=1e-3", "privacy.dp.clip_norm=0.5",  # delta < 1/40 clients
-            "privacy.dp.noise=seeded", *overrides]  # seeded: the tests compare runs draw for draw
-    path.write_text(f'name = "tiny"\nbase = "default"\noverrides = {json.dumps(base)}\nseeds = {seeds}\n[grid]\n{grid}\n')
+    base = [
+        f"data.dataset='{data}'",
+        "data.test_negatives=30",
+        f"federation.rounds={rounds}",
+        "federation.fraction=0.25",
+        "checkpoint.every=1",
+        "privacy.dp.delta=1e-3",
+        "privacy.dp.clip_norm=0.5",  # delta < 1/40 clients
+        "privacy.dp.noise=seeded",
+        *overrides,
+    ]  # seeded: the tests compare runs draw for draw
+    path.write_text(
+        f'name = "tiny"\nbase = "default"\noverrides = {json.dumps(base)}\nseeds = {seeds}\n[grid]\n{grid}\n'
+    )
     return path
 
 
@@ -56,7 +76,9 @@ def run_dirs(out: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    return write_ratings(tmp_path_factory.mktemp("data") / "ratings.txt", n_users=40, n_items=150, per_user=(5, 30), seed=0)
+    return write_ratings(
+        tmp_path_factory.mktemp("data") / "ratings.txt", n_users=40, n_items=150, per_user=(5, 30), seed=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +87,12 @@ def resumed_study(tmp_path_factory, data_file):
     root = tmp_path_factory.mktemp("study")
     spec, out = write_study(root / "study.toml", data_file), root / "out"
     with open(root / "first.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fedrecgel_secure.cli.main", "study", spec, "--out", out], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedrecgel_secure.cli.main", "study", spec, "--out", out],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
         deadline = time.monotonic() + 90
         while True:
             dirs = run_dirs(out)
@@ -75,7 +102,9 @@ def resumed_study(tmp_path_factory, data_file):
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
                 break
-            assert proc.poll() is None, f"the study ended before it could be killed midway:\n{(root / 'first.log').read_text()}"
+            assert proc.poll() is None, (
+                f"the study ended before it could be killed midway:\n{(root / 'first.log').read_text()}"
+            )
             assert time.monotonic() < deadline, "the study made no progress"
             time.sleep(0.005)
     before = {d: ((d / "summary.json").stat().st_mtime_ns, (d / "metrics.jsonl").read_bytes()) for d in done}
@@ -102,8 +131,19 @@ def test_results_csv_has_one_row_per_run_matching_its_summary(resumed_study):
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 4
-    assert {EPSILON_KEY, "seed", "status", "best_round", "best_hr@10", "best_ndcg@10", "final_hr@10", "final_ndcg@10",
-            "epsilon", "rounds_done", "wall_time_s"} <= set(rows[0])
+    assert {
+        EPSILON_KEY,
+        "seed",
+        "status",
+        "best_round",
+        "best_hr@10",
+        "best_ndcg@10",
+        "final_hr@10",
+        "final_ndcg@10",
+        "epsilon",
+        "rounds_done",
+        "wall_time_s",
+    } <= set(rows[0])
     assert [(r[EPSILON_KEY], r["seed"]) for r in rows] == [("inf", "1"), ("inf", "2"), ("8.0", "1"), ("8.0", "2")]
     for row in rows:
         summary = json.loads((out / row["dir"] / "summary.json").read_text())
@@ -120,15 +160,22 @@ def test_results_csv_has_one_row_per_run_matching_its_summary(resumed_study):
         else:
             assert float(row["epsilon"]) == summary["privacy"]["epsilon"] and 7 < summary["privacy"]["epsilon"] <= 8.0
     plan = json.loads((out / "study.resolved.json").read_text())
-    assert [(r["setting"], r["seed"], r["dir"]) for r in plan["runs"]] == [({EPSILON_KEY: r[EPSILON_KEY]}, int(r["seed"]), r["dir"]) for r in rows]
+    assert [(r["setting"], r["seed"], r["dir"]) for r in plan["runs"]] == [
+        ({EPSILON_KEY: r[EPSILON_KEY]}, int(r["seed"]), r["dir"]) for r in rows
+    ]
 
 
 def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
     out = resumed_study["out"]
     report = (out / "report.md").read_text()
-    assert "| privacy.dp.target_epsilon | seeds | best HR@10 | best NDCG@10 | final HR@10 | final NDCG@10 | ε |" in report
+    assert (
+        "| privacy.dp.target_epsilon | seeds | best HR@10 | best NDCG@10 | final HR@10 | final NDCG@10 | ε |" in report
+    )
     for eps in ("inf", "8.0"):
-        summaries = [json.loads((out / "runs" / f"{EPSILON_KEY}={eps}" / f"seed={s}" / "summary.json").read_text()) for s in (1, 2)]
+        summaries = [
+            json.loads((out / "runs" / f"{EPSILON_KEY}={eps}" / f"seed={s}" / "summary.json").read_text())
+            for s in (1, 2)
+        ]
         hr = [s["best"]["hr@10"] for s in summaries]
         line = next(line for line in report.splitlines() if line.startswith(f"| {eps} |"))
         assert f"| 2/2 | {statistics.fmean(hr):.4f} ± {statistics.stdev(hr):.4f} |" in line
@@ -208,11 +255,21 @@ def test_a_study_whose_policy_changed_is_refused_before_training(resumed_study, 
 
 def test_a_failing_run_is_recorded_and_the_others_finish(tmp_path, data_file):
     # delta = 0.5 passes the policy schema but not the population check (delta < 1/40) when training starts
-    spec = write_study(tmp_path / "study.toml", data_file, rounds=2, grid='"privacy.dp.delta" = [1e-3, 0.5]', seeds="[3]",
-                       overrides=("privacy.dp.enabled=true", "privacy.dp.target_epsilon=8.0"))
+    spec = write_study(
+        tmp_path / "study.toml",
+        data_file,
+        rounds=2,
+        grid='"privacy.dp.delta" = [1e-3, 0.5]',
+        seeds="[3]",
+        overrides=("privacy.dp.enabled=true", "privacy.dp.target_epsilon=8.0"),
+    )
     result = fedrecgel("study", spec, "--out", tmp_path / "out")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "1 of 2 runs failed" in result.stderr and "privacy.dp.delta=0.5" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        "1 of 2 runs failed" in result.stderr
+        and "privacy.dp.delta=0.5" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     with open(tmp_path / "out" / "results.csv", newline="") as f:
         rows = {r["privacy.dp.delta"]: r for r in csv.DictReader(f)}
     assert rows["0.001"]["status"] == "finished" and rows["0.001"]["rounds_done"] == "2"
@@ -230,18 +287,42 @@ def test_a_bad_study_file_is_exit_2_naming_file_and_field(tmp_path, data_file):
     assert not (tmp_path / "out" / "runs").exists()  # nothing trained
 
 
-@pytest.mark.parametrize("change, expected", [
-    (("[grid]\n", '[grid]\n"sam.rho_shh" = [0.0]\n'), r'grid\."sam\.rho_shh" = 0\.0: invalid policy\n  sam\.rho_shh: unknown key'),
-    (('"privacy.dp.target_epsilon" = [inf, 8.0]', '"privacy.dp.target_epsilon" = [inf, 0.0, "x"]'), r'grid\."privacy\.dp\.target_epsilon"\[1\]: must be a positive number'),
-    (('"privacy.dp.target_epsilon" = [inf, 8.0]', '"sam.rho_sh" = [0.0, -1.0]'), r'grid\."sam\.rho_sh" = -1\.0: invalid policy\n  sam\.rho_sh: Input should be greater than or equal to 0'),
-    (('"privacy.dp.target_epsilon" = [inf, 8.0]', '"sam.rho_sh" = [[0.0]]'), r'grid\."sam\.rho_sh"\[0\]: grid values must be TOML scalars'),
-    (('"privacy.dp.target_epsilon" = [inf, 8.0]', '"seed" = [1]'), r'grid\.seed: list the training seeds in `seeds`'),
-    (("seeds = [1, 2]", "seeds = [1, 1]"), r"seeds: repeated seed"),
-    (('base = "default"', 'base = "nowhere.toml"'), r"base: no such policy file"),
-    (('base = "default"', 'base = "dp-eps99"'), r"base: no such policy file .*a bare name is a packaged policy: .*dp-eps8"),
-    (('overrides = [', 'overrides = ["federation.rounds", '), r"overrides\[0\]: expected section.key=value"),
-    (('overrides = [', 'overrides = ["federation.roundz=3", '), r"overrides: invalid policy\n  federation.roundz: unknown key"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (
+            ("[grid]\n", '[grid]\n"sam.rho_shh" = [0.0]\n'),
+            r'grid\."sam\.rho_shh" = 0\.0: invalid policy\n  sam\.rho_shh: unknown key',
+        ),
+        (
+            ('"privacy.dp.target_epsilon" = [inf, 8.0]', '"privacy.dp.target_epsilon" = [inf, 0.0, "x"]'),
+            r'grid\."privacy\.dp\.target_epsilon"\[1\]: must be a positive number',
+        ),
+        (
+            ('"privacy.dp.target_epsilon" = [inf, 8.0]', '"sam.rho_sh" = [0.0, -1.0]'),
+            r'grid\."sam\.rho_sh" = -1\.0: invalid policy\n  sam\.rho_sh: Input should be greater than or equal to 0',
+        ),
+        (
+            ('"privacy.dp.target_epsilon" = [inf, 8.0]', '"sam.rho_sh" = [[0.0]]'),
+            r'grid\."sam\.rho_sh"\[0\]: grid values must be TOML scalars',
+        ),
+        (
+            ('"privacy.dp.target_epsilon" = [inf, 8.0]', '"seed" = [1]'),
+            r"grid\.seed: list the training seeds in `seeds`",
+        ),
+        (("seeds = [1, 2]", "seeds = [1, 1]"), r"seeds: repeated seed"),
+        (('base = "default"', 'base = "nowhere.toml"'), r"base: no such policy file"),
+        (
+            ('base = "default"', 'base = "dp-eps99"'),
+            r"base: no such policy file .*a bare name is a packaged policy: .*dp-eps8",
+        ),
+        (("overrides = [", 'overrides = ["federation.rounds", '), r"overrides\[0\]: expected section.key=value"),
+        (
+            ("overrides = [", 'overrides = ["federation.roundz=3", '),
+            r"overrides: invalid policy\n  federation.roundz: unknown key",
+        ),
+    ],
+)
 def test_study_file_errors_name_the_field(tmp_path, data_file, change, expected):
     spec = write_study(tmp_path / "study.toml", data_file)
     spec.write_text(spec.read_text().replace(*change, 1))
@@ -262,17 +343,29 @@ def test_a_bare_base_name_is_a_packaged_policy(tmp_path, data_file):
 
 
 def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_file):
-    spec = write_study(tmp_path / "study.toml", data_file,
-                       grid=f'"{EPSILON_KEY}" = [inf, 4]\n"sam.rho_sh" = [0.0, 0.02]\n"federation.engine" = ["per-client"]')
+    spec = write_study(
+        tmp_path / "study.toml",
+        data_file,
+        grid=f'"{EPSILON_KEY}" = [inf, 4]\n"sam.rho_sh" = [0.0, 0.02]\n"federation.engine" = ["per-client"]',
+    )
     plan = plan_study(spec, tmp_path / "out")
     assert [(r.slug, r.seed) for r in plan.runs] == [
         (f"{EPSILON_KEY}={eps},sam.rho_sh={rho},federation.engine=per-client", seed)
-        for eps in ("inf", "4") for rho in ("0.0", "0.02") for seed in (1, 2)
+        for eps in ("inf", "4")
+        for rho in ("0.0", "0.02")
+        for seed in (1, 2)
     ]
     assert all(r.dir == (tmp_path / "out" / "runs" / r.slug / f"seed={r.seed}").resolve() for r in plan.runs)
     off, on = plan.runs[0], plan.runs[4]
-    assert "privacy.dp.enabled=false" in off.overrides and not any(o.startswith((EPSILON_KEY, "privacy.dp.max_epsilon")) for o in off.overrides)
-    assert {"privacy.dp.enabled=true", f"{EPSILON_KEY}=4.0", "privacy.dp.max_epsilon=4.0", 'federation.engine="per-client"'} <= set(on.overrides)
+    assert "privacy.dp.enabled=false" in off.overrides and not any(
+        o.startswith((EPSILON_KEY, "privacy.dp.max_epsilon")) for o in off.overrides
+    )
+    assert {
+        "privacy.dp.enabled=true",
+        f"{EPSILON_KEY}=4.0",
+        "privacy.dp.max_epsilon=4.0",
+        'federation.engine="per-client"',
+    } <= set(on.overrides)
     assert on.overrides[-1] == "seed=1"
     policy = load_policy(None, list(on.overrides))
     assert policy.privacy.dp.enabled and policy.privacy.dp.target_epsilon == policy.privacy.dp.max_epsilon == 4.0
@@ -285,8 +378,13 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
     """audit = true over a scheme × ε grid, end to end through the command: real masking and BFV rounds, audit.json per run."""
     from fedrecgel_secure.audit.views import server_view
 
-    spec = write_study(tmp_path / "study.toml", data_file, rounds=2, seeds="[1]",
-                       grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "bfv"]\n"{EPSILON_KEY}" = [inf, 8.0]')
+    spec = write_study(
+        tmp_path / "study.toml",
+        data_file,
+        rounds=2,
+        seeds="[1]",
+        grid=f'"privacy.secure_aggregation.scheme" = ["none", "masking", "bfv"]\n"{EPSILON_KEY}" = [inf, 8.0]',
+    )
     spec.write_text(spec.read_text().replace("\nseeds", "\naudit = true\nseeds", 1))
     out = tmp_path / "out"
     result = fedrecgel("study", spec, "--out", out)
@@ -294,12 +392,14 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
     with open(out / "results.csv", newline="") as f:
         rows = {(r["privacy.secure_aggregation.scheme"], r[EPSILON_KEY]): r for r in csv.DictReader(f)}
     assert len(rows) == 6 and all(r["status"] == "finished" for r in rows.values())
-    for (scheme, eps), row in rows.items():
+    for (scheme, _eps), row in rows.items():
         audit = json.loads((out / row["dir"] / "audit.json").read_text())
         summary = json.loads((out / row["dir"] / "summary.json").read_text())
         assert audit["round"] == summary["rounds_done"] == 2
         policy = load_policy(out / row["dir"] / "policy.resolved.toml")
-        assert audit["view"] == server_view(policy) and audit["view"] in (("upload", "clipped-upload", "dp-upload") if scheme == "none" else ("sum", "dp-sum"))
+        assert audit["view"] == server_view(policy) and audit["view"] in (
+            ("upload", "clipped-upload", "dp-upload") if scheme == "none" else ("sum", "dp-sum")
+        )
         for key in ("attack_auc", "attack_precision_at_k", "prior_auc", "prior_precision_at_k"):
             assert float(row[key]) == audit[key]
         assert row["attack_view"] == audit["view"] and 0 < float(row["chance_precision_at_k"]) < 0.3
@@ -312,14 +412,22 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
     report = (out / "report.md").read_text()
     assert "| attack AUC | prior AUC | attack P@k | prior P@k |" in report and "](attack_vs_epsilon.png)" in report
     line = next(line for line in report.splitlines() if line.startswith("| none | inf |"))
-    r = {k: float(rows["none", "inf"][k]) for k in ("attack_auc", "prior_auc", "attack_precision_at_k", "prior_precision_at_k")}
-    assert f"| {r['attack_auc']:.4f} | {r['prior_auc']:.4f} | {r['attack_precision_at_k']:.4f} | {r['prior_precision_at_k']:.4f} |" in line
+    r = {
+        k: float(rows["none", "inf"][k])
+        for k in ("attack_auc", "prior_auc", "attack_precision_at_k", "prior_precision_at_k")
+    }
+    assert (
+        f"| {r['attack_auc']:.4f} | {r['prior_auc']:.4f} | {r['attack_precision_at_k']:.4f} | {r['prior_precision_at_k']:.4f} |"
+        in line
+    )
     for name in (*PLOTS, "attack_vs_epsilon.png"):
         with Image.open(out / name) as image:
             image.verify()
 
 
-@pytest.mark.parametrize("name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 16, 30), ("dp_server_lr_study.toml", 24, 100)])
+@pytest.mark.parametrize(
+    "name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 16, 30), ("dp_server_lr_study.toml", 24, 100)]
+)
 def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     """Every setting of an example study resolves to a valid policy (planning trains nothing)."""
     spec = Path(__file__).resolve().parents[1] / "examples" / name

@@ -57,8 +57,16 @@ def touched_prior_attack(table: torch.Tensor, ctx: Context) -> np.ndarray:
     return touched(table) * (prior.max() + 1.0) + prior
 
 
-def imia_scores(model, observed: torch.Tensor, candidates: np.ndarray, *, steps: int = 30, restarts: int = 2,
-                lr: float = 0.05, seed: int = 0) -> np.ndarray:
+def imia_scores(
+    model,
+    observed: torch.Tensor,
+    candidates: np.ndarray,
+    *,
+    steps: int = 30,
+    restarts: int = 2,
+    lr: float = 0.05,
+    seed: int = 0,
+) -> np.ndarray:
     """-cos(o_i, J_i(θ*)) for each candidate row, θ* the fitted shadow user embedding (see the module docstring)."""
     idx = torch.from_numpy(np.asarray(candidates, dtype=np.int64))
     tower = {k: v.detach().double() for k, v in model.tower().items()}

@@ -52,7 +52,9 @@ class Canaries:
 
     def sampled(self, round_idx: int) -> np.ndarray:
         """The inserted canaries Poisson-sampled in a round (their own stream, not the clients')."""
-        return np.flatnonzero(np.random.default_rng([self.seed, _TAG_SAMPLE, round_idx]).random(self.k) < self.sample_rate)
+        return np.flatnonzero(
+            np.random.default_rng([self.seed, _TAG_SAMPLE, round_idx]).random(self.k) < self.sample_rate
+        )
 
     def inserted(self, round_idx: int, dim: int, dtype) -> tuple[torch.Tensor | None, int]:
         if dim != self.dim:
@@ -78,8 +80,11 @@ class Canaries:
         return cos[: self.k], cos[self.k :]
 
     def state_dict(self) -> dict:
-        return {"released_sum": torch.from_numpy(self.released_sum.copy()), "times_inserted": torch.from_numpy(self.times_inserted.copy()),
-                "rounds": self.rounds}
+        return {
+            "released_sum": torch.from_numpy(self.released_sum.copy()),
+            "times_inserted": torch.from_numpy(self.times_inserted.copy()),
+            "rounds": self.rounds,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.released_sum = state["released_sum"].double().numpy().copy()

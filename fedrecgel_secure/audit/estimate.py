@@ -36,7 +36,9 @@ def _log_normal_pdf(x: np.ndarray, mu: float, sigma: float) -> np.ndarray:
     return -0.5 * ((x - mu) / sigma) ** 2 - math.log(sigma * math.sqrt(2 * math.pi))
 
 
-def gaussian_pair_delta(epsilon: float, mu1: float, sigma1: float, mu0: float, sigma0: float, grid: int = 8001) -> float:
+def gaussian_pair_delta(
+    epsilon: float, mu1: float, sigma1: float, mu0: float, sigma0: float, grid: int = 8001
+) -> float:
     """δ(ε) of the pair N(mu1, sigma1²), N(mu0, sigma0²), the larger of the two directions (numerical integration)."""
     lo = min(mu1 - 14 * sigma1, mu0 - 14 * sigma0)
     hi = max(mu1 + 14 * sigma1, mu0 + 14 * sigma0)
@@ -101,8 +103,15 @@ def _pooled_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float) ->
     return gaussian_mechanism_epsilon((mu1 - mu0) / max(pooled, 1e-300), delta)
 
 
-def estimate_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float, *, bootstrap: int = 200,
-                     confidence: float = 0.95, seed: int = 0) -> dict:
+def estimate_epsilon(
+    inserted: np.ndarray,
+    held_out: np.ndarray,
+    delta: float,
+    *,
+    bootstrap: int = 200,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict:
     """The one-run ε estimate from the cosines of inserted and held-out canaries, with a bootstrap interval."""
     inserted, held_out = np.asarray(inserted, float), np.asarray(held_out, float)
     mu1, s1 = _fit(inserted)
@@ -117,15 +126,23 @@ def estimate_epsilon(inserted: np.ndarray, held_out: np.ndarray, delta: float, *
     tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(boots, [tail, 1 - tail])) if boots else (point, point)
     return {
-        "epsilon": point, "low": low, "high": high, "confidence": confidence, "delta": delta,
-        "mu_inserted": mu1, "sigma_inserted": s1, "mu_held_out": mu0, "sigma_held_out": s0,
+        "epsilon": point,
+        "low": low,
+        "high": high,
+        "confidence": confidence,
+        "delta": delta,
+        "mu_inserted": mu1,
+        "sigma_inserted": s1,
+        "mu_held_out": mu0,
+        "sigma_held_out": s0,
         "capped": point >= EPSILON_CAP,
         "epsilon_two_gaussians": gaussian_pair_epsilon(mu1, s1, mu0, s0, delta),
     }
 
 
-def lower_bound_steinke(inserted: np.ndarray, held_out: np.ndarray, delta: float, beta: float = 0.05,
-                        guesses: int | None = None) -> float:
+def lower_bound_steinke(
+    inserted: np.ndarray, held_out: np.ndarray, delta: float, beta: float = 0.05, guesses: int | None = None
+) -> float:
     """A (1 - β)-confidence lower bound on ε from one run, after Steinke, Nasr and Jagielski (2023).
 
     The 2k canaries are a random half inserted; the auditor guesses "inserted" for

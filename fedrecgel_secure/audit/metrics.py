@@ -30,7 +30,7 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
     ranks = np.empty(x.size)
     ranks[order] = np.arange(1, x.size + 1)
     # ties share the mean of their ranks (rows no client touched are all exactly 0)
-    values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    _values, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=ranks)
     return (sums / counts)[inverse]
 

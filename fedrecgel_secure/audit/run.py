@@ -25,8 +25,9 @@ def _best(attacks: dict) -> str:
     return max(attacks, key=lambda a: (attacks[a]["auc"], attacks[a]["precision_at_k"]))
 
 
-def audit_rounds(trainer, rounds: int = 3, *, views: list[str] | None = None, attacks: list[str] | None = None,
-                 imia_clients: int = 8) -> dict:
+def audit_rounds(
+    trainer, rounds: int = 3, *, views: list[str] | None = None, attacks: list[str] | None = None, imia_clients: int = 8
+) -> dict:
     """Attack ``rounds`` fresh rounds of a trainer's current model with every attack on every view.
 
     ``views`` defaults to the server's view under the policy plus ``released``.
@@ -103,8 +104,15 @@ def audit_rounds(trainer, rounds: int = 3, *, views: list[str] | None = None, at
         raise ValueError("no client was sampled in the audited rounds")
     per_view = {}
     for view in views:
-        table = {a: {"auc": float(np.mean([s[0] for s in v])), "precision_at_k": float(np.mean([s[1] for s in v])), "clients": len(v)}
-                 for a, v in scores[view].items() if v}
+        table = {
+            a: {
+                "auc": float(np.mean([s[0] for s in v])),
+                "precision_at_k": float(np.mean([s[1] for s in v])),
+                "clients": len(v),
+            }
+            for a, v in scores[view].items()
+            if v
+        }
         per_view[view] = {"attacks": table, "best": _best(table)}
     prior_auc, prior_p = (float(x) for x in np.mean(prior_scores, axis=0))
     head_view = primary if primary in per_view else views[0]
@@ -161,7 +169,9 @@ def canary_estimate(trainer, *, bootstrap: int = 200) -> dict | None:
         "warning": (
             f"RED FLAG: the empirical epsilon ({est['epsilon']:.3g}, {est['confidence']:.0%} CI"
             f" {est['low']:.3g}-{est['high']:.3g}) exceeds the accounted epsilon ({accounted:.3g}):"
-            " the noise or the accounting is broken" if red_flag else None
+            " the noise or the accounting is broken"
+            if red_flag
+            else None
         ),
     }
 
@@ -180,7 +190,13 @@ def audit_run(run_dir: Path, rounds: int = 3) -> dict:
     estimate = canary_estimate(trainer)
     if estimate is not None:
         result["canaries"] = estimate
-        for key in ("accounted_epsilon", "empirical_epsilon", "empirical_epsilon_low", "empirical_epsilon_high", "red_flag"):
+        for key in (
+            "accounted_epsilon",
+            "empirical_epsilon",
+            "empirical_epsilon_low",
+            "empirical_epsilon_high",
+            "red_flag",
+        ):
             result[key] = estimate[key]
     atomic_write_json(Path(run_dir) / AUDIT, _json_safe(result))
     return result

@@ -112,7 +112,13 @@ class RoundViews:
                     self._noised[pos] = v[: self.n_items * self.row_dim].float()
                 self._sums[view] = total
             elif view == "dp-sum":
-                noisy, _ = grid_sum(self.agg.grid, self.protected(), range(self.clients.size), self.agg.central_noise(self.round_idx, self.dim), slice(None))
+                noisy, _ = grid_sum(
+                    self.agg.grid,
+                    self.protected(),
+                    range(self.clients.size),
+                    self.agg.central_noise(self.round_idx, self.dim),
+                    slice(None),
+                )
                 self._sums[view] = noisy[: self.dim]
             else:
                 raise ValueError(f"{view!r} is not a sum view")

@@ -88,9 +88,7 @@ def _check_members(archive: Path, members: list[str], to_dir: Path) -> None:
     root = to_dir.resolve()
     for member in members:
         if not (root / member).resolve().is_relative_to(root):
-            raise BadInputError(
-                f"{archive}: member {member!r} would be written outside {to_dir}; refusing to extract"
-            )
+            raise BadInputError(f"{archive}: member {member!r} would be written outside {to_dir}; refusing to extract")
 
 
 def _reason(error: BaseException) -> str:

@@ -33,9 +33,9 @@ import csv
 import importlib.util
 import io
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -68,18 +68,27 @@ _LAYOUTS: dict[str, _Layout] = {
     "filmtrust": _Layout(None, "none", **_USER_ITEM, columns=("user", "item", "rating"), expect="'user item rating'"),
     "lastfm-hetrec": _Layout("\t", "required", user=("userID",), item=("artistID",)),
     "ml-100k": _Layout(
-        "\t", "none", **_USER_ITEM, columns=("user", "item", "rating", "timestamp"),
+        "\t",
+        "none",
+        **_USER_ITEM,
+        columns=("user", "item", "rating", "timestamp"),
         expect="4 tab-separated fields 'user item rating timestamp'",
     ),
     "recbole-inter": _Layout("\t", "required", user=("user_id",), item=("item_id",)),
     "csv": _Layout(",", "required", user=("user", "user_id"), item=("item", "item_id")),
     "amazon": _Layout(
-        ",", "optional", **_USER_ITEM, columns=("user", "item", "rating", "timestamp"),
+        ",",
+        "optional",
+        **_USER_ITEM,
+        columns=("user", "item", "rating", "timestamp"),
         expect="4 comma-separated fields 'user,item,rating,timestamp'",
     ),
     "tenrec": _Layout(",", "required", user=("user_id",), item=("item_id",)),
     "lastfm-ts": _Layout(
-        None, "optional", **_USER_ITEM, columns=("user", "item", "weight", "timestamp"),
+        None,
+        "optional",
+        **_USER_ITEM,
+        columns=("user", "item", "weight", "timestamp"),
         expect="4 fields 'user item weight timestamp'",
     ),
 }
@@ -193,8 +202,7 @@ def _column(src: str, header_line: int, names: list[str], keys: list[str], wante
     if fmt == "csv":
         hint = "; a headerless 'user,item,rating,timestamp' file needs format 'amazon' (`--format amazon` or `--set data.format=amazon`)"
     raise BadInputError(
-        f"{src}:{header_line}: the header has no '{wanted[0]}' column "
-        f"(found: {', '.join(names)}){hint}"
+        f"{src}:{header_line}: the header has no '{wanted[0]}' column (found: {', '.join(names)}){hint}"
     )
 
 
@@ -367,17 +375,14 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
 
     path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise BadInputError(
-            f"{path}: no such file (and not a registered dataset: {', '.join(DATASETS)})"
-        )
+        raise BadInputError(f"{path}: no such file (and not a registered dataset: {', '.join(DATASETS)})")
     if path.is_dir():
         raise BadInputError(f"{path}: is a directory, expected a file")
     if fmt is None:
         fmt = _GUESS_BY_NAME.get(path.name) or _GUESS_BY_SUFFIX.get(path.suffix.lower())
     if fmt is None:
         raise BadInputError(
-            f"{path}: cannot guess the file format from its name; "
-            f"set data.format to one of: {', '.join(FORMATS)}"
+            f"{path}: cannot guess the file format from its name; set data.format to one of: {', '.join(FORMATS)}"
         )
     return path, fmt
 

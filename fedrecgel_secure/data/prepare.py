@@ -23,7 +23,9 @@ PREP_VERSION = 2  # bump when prepare_split changes what it produces
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("FEDRECGEL_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "fedrecgel-secure")
+    root = os.environ.get("FEDRECGEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "fedrecgel-secure"
+    )
     return Path(root)
 
 
@@ -48,8 +50,11 @@ def authors_data(data):
     path, fmt = resolve_source(data)
     raw = read_interactions(path, fmt)
     return authors_protocol(
-        raw, authors_holdout(fmt, raw),
-        min_interactions=data.min_interactions, test_negatives=data.test_negatives, seed=data.seed,
+        raw,
+        authors_holdout(fmt, raw),
+        min_interactions=data.min_interactions,
+        test_negatives=data.test_negatives,
+        seed=data.seed,
     )
 
 
@@ -74,10 +79,7 @@ def load_split(data, *, use_cache: bool = True) -> Split:
                 return Split.from_arrays(dict(arrays))
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt below
-    if data.protocol == "authors":
-        split = authors_data(data).to_split()
-    else:
-        split = _clean_split(data, path, fmt)
+    split = authors_data(data).to_split() if data.protocol == "authors" else _clean_split(data, path, fmt)
     if use_cache:
         try:
             cache.mkdir(parents=True, exist_ok=True)

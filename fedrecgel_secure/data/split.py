@@ -41,7 +41,9 @@ class Split:
         """Rows kept after filtering (train + test + validation), repeated user-item rows included."""
         if self.n_rows is not None:
             return int(self.n_rows)
-        return int(self.train_items.size + self.test_items.size + (0 if self.val_items is None else self.val_items.size))
+        return int(
+            self.train_items.size + self.test_items.size + (0 if self.val_items is None else self.val_items.size)
+        )
 
     @property
     def sparsity(self) -> float:
@@ -68,7 +70,7 @@ class Split:
 
     @classmethod
     def from_arrays(cls, arrays) -> Split:
-        kwargs = {f.name: arrays[f.name] if f.name in arrays else None for f in fields(cls)}
+        kwargs = {f.name: arrays.get(f.name, None) for f in fields(cls)}
         kwargs["n_users"] = int(kwargs["n_users"])
         kwargs["n_items"] = int(kwargs["n_items"])
         if kwargs["n_rows"] is not None:

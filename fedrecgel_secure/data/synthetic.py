@@ -6,10 +6,14 @@ import numpy as np
 
 from fedrecgel_secure.data.loaders import RawInteractions
 
-QB_ARTICLE_SHAPE = dict(n_users=24_508, n_items=7_352, n_interactions=348_704)  # docs/design.md, "The data": after filtering
+QB_ARTICLE_SHAPE = dict(
+    n_users=24_508, n_items=7_352, n_interactions=348_704
+)  # docs/design.md, "The data": after filtering
 
 
-def synthetic_interactions(n_users: int, n_items: int, n_interactions: int, *, min_per_user: int = 5, seed: int = 0) -> RawInteractions:
+def synthetic_interactions(
+    n_users: int, n_items: int, n_interactions: int, *, min_per_user: int = 5, seed: int = 0
+) -> RawInteractions:
     """Users with a long-tailed number of interactions (at least ``min_per_user``) over Zipf-popular items.
 
     Each user's items are distinct; the shape is met exactly unless a user
@@ -31,4 +35,6 @@ def synthetic_interactions(n_users: int, n_items: int, n_interactions: int, *, m
     first = np.searchsorted(users, np.arange(n_users))
     keep = np.arange(users.size) - first[users] < counts[users]
     users, items = users[keep], items[keep]
-    return RawInteractions(users=users, items=items, timestamps=rng.random(users.size), source=f"synthetic({n_users}x{n_items})")
+    return RawInteractions(
+        users=users, items=items, timestamps=rng.random(users.size), source=f"synthetic({n_users}x{n_items})"
+    )

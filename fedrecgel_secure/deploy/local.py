@@ -14,8 +14,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import state_dir_for
@@ -75,14 +75,18 @@ def node_config(policy_file: Path, shard: int, state_dir: Path) -> str:
     return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}"'
 
 
-def resolve_policy(out: Path, policy_path: Path | None, overrides: list[str], nodes: int | None, resume: bool) -> Policy:
+def resolve_policy(
+    out: Path, policy_path: Path | None, overrides: list[str], nodes: int | None, resume: bool
+) -> Policy:
     extra = [f"deployment.nodes={nodes}"] if nodes is not None else []
     if resume and policy_path is None and (out / POLICY_FILE).is_file():
         policy_path = out / POLICY_FILE
     policy = load_policy(policy_path, list(overrides) + extra)
     check_deployable(policy)
     if (out / CHECKPOINT).exists() and not resume:
-        raise BadInputError(f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out")
+        raise BadInputError(
+            f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
+        )
     return policy
 
 
@@ -104,25 +108,50 @@ class Deployment:
         port, *node_ports = free_ports(1 + n)
         host = "127.0.0.1"
         fleet = control = port
-        link = self.procs.start("superlink", [
-            _bin("flower-superlink"), "--insecure", "--host", host, "--port", str(port),
-            "--disable-runtime-dependency-installation", "--database", ":flwr-in-memory:",
-        ], self.env)
+        link = self.procs.start(
+            "superlink",
+            [
+                _bin("flower-superlink"),
+                "--insecure",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                ":flwr-in-memory:",
+            ],
+            self.env,
+        )
         wait_for_port(host, port, 60, link)
         write_connection(self.out / ".flwr", f"{host}:{control}")
         for shard in range(n):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self.procs.start(f"supernode-{shard}", [
-                _bin("flower-supernode"), "--insecure", "--superlink", f"{host}:{fleet}", "--host", host,
-                "--port", str(node_ports[shard]), "--node-config", node_config(self.policy_file, shard, state_dir),
-            ], self.env)
+            self.procs.start(
+                f"supernode-{shard}",
+                [
+                    _bin("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"{host}:{fleet}",
+                    "--host",
+                    host,
+                    "--port",
+                    str(node_ports[shard]),
+                    "--node-config",
+                    node_config(self.policy_file, shard, state_dir),
+                ],
+                self.env,
+            )
 
     def launch(self, resume: bool) -> subprocess.Popen:
         """Start the run (``flwr run``); the ServerApp itself is a child of the SuperLink."""
         cfg = f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
         self.procs.stop("flwr-run")
-        return self.procs.start("flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env)
+        return self.procs.start(
+            "flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env
+        )
 
     def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
         """Until the run's summary appears (bounded: two stages per round at the stage timeout, plus start-up)."""
@@ -144,7 +173,9 @@ class Deployment:
             if run.poll() is not None and not (summary.exists() and summary.stat().st_mtime >= started):
                 time.sleep(1.0)  # the summary may land just after flwr run returns
                 if not (summary.exists() and summary.stat().st_mtime >= started):
-                    raise RuntimeError(f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})")
+                    raise RuntimeError(
+                        f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})"
+                    )
             time.sleep(0.5)
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
 
@@ -166,8 +197,14 @@ class Deployment:
         self.procs.stop_all()
 
 
-def deploy_local(policy_path: Path | None, out: Path, nodes: int | None = None, overrides: list[str] = (), resume: bool = False,
-                 on_progress: Callable[[int], None] | None = None) -> dict:
+def deploy_local(
+    policy_path: Path | None,
+    out: Path,
+    nodes: int | None = None,
+    overrides: list[str] = (),
+    resume: bool = False,
+    on_progress: Callable[[int], None] | None = None,
+) -> dict:
     policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
     dep = Deployment(policy, out)
     try:
@@ -182,8 +219,11 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     d = policy.deployment
     s = d.superlink
     tls = d.tls
-    link_sec = (f"--ssl-ca-certfile {tls.ca_cert} --ssl-certfile {tls.server_cert} --ssl-keyfile {tls.server_key}"
-                if tls.enabled else "--insecure")
+    link_sec = (
+        f"--ssl-ca-certfile {tls.ca_cert} --ssl-certfile {tls.server_cert} --ssl-keyfile {tls.server_key}"
+        if tls.enabled
+        else "--insecure"
+    )
     node_sec = f"--root-certificates {tls.ca_cert}" if tls.enabled else "--insecure"
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; every machine needs `pip install 'fedrecgel-secure[flower]'`,",
@@ -201,23 +241,32 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         + (" --enable-supernode-auth" if tls.node_authentication else ""),
     ]
     if tls.node_authentication:
-        out += ["# register each node's public key (from step 3) with the SuperLink:",
-                "flwr supernode register node-K.pub   # once per node, from the machine running flwr run"]
-    out += ["", "## 3. Node K (K = 0 .. %d), on its own machine" % (d.nodes - 1)]
+        out += [
+            "# register each node's public key (from step 3) with the SuperLink:",
+            "flwr supernode register node-K.pub   # once per node, from the machine running flwr run",
+        ]
+    out += ["", f"## 3. Node K (K = 0 .. {d.nodes - 1}), on its own machine"]
     if tls.node_authentication:
-        out += ["ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"]
+        out += [
+            "ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"
+        ]
     out += [
         f"mkdir -m 700 -p {d.state_dir.format(shard='K')}   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
         f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
-        + ("--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub " if tls.node_authentication else "")
-        + f"--node-config 'shard=K state-dir=\"{d.state_dir.format(shard='K')}\" policy=\"{policy_name}\"'",
+        + (
+            "--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub "
+            if tls.node_authentication
+            else ""
+        )
+        + f'--node-config \'shard=K state-dir="{d.state_dir.format(shard="K")}" policy="{policy_name}"\'',
         "",
         "## 4. Start the run (from a machine that can reach the control port)",
         "# FLWR_HOME/config.toml:",
-        "#   [superlink]\n#   default = \"deploy\"\n#   [superlink.deploy]",
-        f"#   address = \"{s.host}:{s.port}\"" + ("\n#   root-certificates = \"ca.pem\"" if tls.enabled else "\n#   insecure = true"),
+        '#   [superlink]\n#   default = "deploy"\n#   [superlink.deploy]',
+        f'#   address = "{s.host}:{s.port}"'
+        + ('\n#   root-certificates = "ca.pem"' if tls.enabled else "\n#   insecure = true"),
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
-        f"flwr run app deploy --stream --run-config 'policy=\"{policy_name}\" out=\"runs/deployed\" resume=false'",
+        f'flwr run app deploy --stream --run-config \'policy="{policy_name}" out="runs/deployed" resume=false\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
         "# after a ServerApp crash, run the same command with resume=true.",
     ]

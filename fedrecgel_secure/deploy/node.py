@@ -69,7 +69,9 @@ class Node:
 
         p = self.policy
         init = torch.Generator().manual_seed(p.seed)
-        model = NeuMF(self.split.n_items, p.model.gmf_dim, p.model.mlp_dim, tuple(p.model.tower)).to(getattr(torch, p.model.dtype))
+        model = NeuMF(self.split.n_items, p.model.gmf_dim, p.model.mlp_dim, tuple(p.model.tower)).to(
+            getattr(torch, p.model.dtype)
+        )
         model.reset_parameters(init)
         theta = model.init_private(self.split.n_users, init)[torch.from_numpy(self.users)].clone()
         return model, ClientStates.fresh(theta)
@@ -120,7 +122,9 @@ class Node:
             mine = np.intersect1d(np.asarray(commits.get(r, []), dtype=np.int64), self.users)
             if mine.size:
                 if ("pending", r) not in files:
-                    raise ValueError(f"node {self.shard}: round {r} counted users of this node, but it has no pending update of that round")
+                    raise ValueError(
+                        f"node {self.shard}: round {r} counted users of this node, but it has no pending update of that round"
+                    )
                 pending = PrivateUpdate(**self._load(files[("pending", r)]))
                 positions = np.flatnonzero(np.isin(self.users[pending.clients.numpy()], mine))
                 states.commit(pending.select(torch.from_numpy(positions)))
@@ -129,7 +133,7 @@ class Node:
         # keep the newest state at or before the server's checkpoint and everything after it
         files = self._files()
         floor = max((r for (kind, r) in files if kind == "state" and r <= keep_from), default=0)
-        for (kind, r), f in files.items():
+        for (_kind, r), f in files.items():
             if r < floor:
                 f.unlink(missing_ok=True)
         return states
@@ -141,7 +145,9 @@ class Node:
                 f.unlink(missing_ok=True)
 
     # -- the two things a node does ------------------------------------------------------
-    def train(self, round_idx: int, clients: np.ndarray, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
+    def train(
+        self, round_idx: int, clients: np.ndarray, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int
+    ) -> dict:
         """Round ``round_idx`` for this node's sampled ``clients``: the simulator's engine on its own local sets.
 
         Returns per client (in ``clients`` order): the item rows its upload
@@ -156,13 +162,22 @@ class Node:
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
-        local = build_local_sets_per_client(self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives)
+        local = build_local_sets_per_client(
+            self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives
+        )
         local = replace(local, clients=self.local_index(clients))  # rows of this node's state table
         update = make_engine(self.policy).train_round(self.model, states, local)
         p = update.private
-        self._save(self.state_dir / f"pending-{round_idx}.pt", {
-            "clients": p.clients, "theta": p.theta, "exp_avg": p.exp_avg, "exp_avg_sq": p.exp_avg_sq, "steps": p.steps,
-        })
+        self._save(
+            self.state_dir / f"pending-{round_idx}.pt",
+            {
+                "clients": p.clients,
+                "theta": p.theta,
+                "exp_avg": p.exp_avg,
+                "exp_avg_sq": p.exp_avg_sq,
+                "steps": p.steps,
+            },
+        )
         n_item_values = self.model.item_embeddings.numel()
         width = self.model.item_embeddings.shape[1]
         rows, row_item, row_owner, mlp = [], [], [], []
@@ -173,11 +188,19 @@ class Node:
             rows.append(table[touched]), row_item.append(touched), mlp.append(v[n_item_values:])
             row_owner.append(torch.full((touched.numel(),), c, dtype=torch.int64))
         sizes = local.sizes
-        bce = update.client_bce if update.client_bce is not None else [update.loss * float(sizes.sum())] + [0.0] * (clients.size - 1)
+        bce = (
+            update.client_bce
+            if update.client_bce is not None
+            else [update.loss * float(sizes.sum())] + [0.0] * (clients.size - 1)
+        )
         return {
             "clients": clients.astype(np.int64),
-            "rows": torch.cat(rows).numpy(), "row_item": torch.cat(row_item).numpy(), "row_owner": torch.cat(row_owner).numpy(),
-            "mlp": torch.stack(mlp).numpy(), "bce": np.asarray(bce, dtype=np.float64), "examples": sizes.astype(np.int64),
+            "rows": torch.cat(rows).numpy(),
+            "row_item": torch.cat(row_item).numpy(),
+            "row_owner": torch.cat(row_owner).numpy(),
+            "mlp": torch.stack(mlp).numpy(),
+            "bce": np.asarray(bce, dtype=np.float64),
+            "examples": sizes.astype(np.int64),
         }
 
     def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
@@ -197,10 +220,14 @@ class Node:
                 if per_user:
                     scores = torch.stack([self.model(theta[u], candidates[u]) for u in range(self.users.size)])
                 else:
-                    scores = torch.cat([
-                        self.model.score_candidates(theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS])
-                        for s in range(0, self.users.size, USERS_PER_PASS)
-                    ])
+                    scores = torch.cat(
+                        [
+                            self.model.score_candidates(
+                                theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS]
+                            )
+                            for s in range(0, self.users.size, USERS_PER_PASS)
+                        ]
+                    )
                 out[which] = scores.numpy()
         return out
 

@@ -7,6 +7,7 @@ the children Flower spawns for it (flwr-serverapp, flwr-clientapp), and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -52,11 +53,8 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")
-        try:
+        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        finally:
-            log.close()
         self.procs[name] = proc
         return proc
 
@@ -65,19 +63,15 @@ class Processes:
         if proc is None:
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)  # its own session: the group id is its PID
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(timeout=grace)
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:  # children that outlived their parent still carry its group id
+        with contextlib.suppress(ProcessLookupError):  # children that outlived their parent still carry its group id
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):

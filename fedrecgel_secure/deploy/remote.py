@@ -65,7 +65,13 @@ class RemoteTrainer(Trainer):
                 continue  # not what was asked: treated as dropped
             for c, client in enumerate(rep["clients"].tolist()):
                 mine = rep["row_owner"] == c
-                got[client] = (rep["row_item"][mine], rep["rows"][mine], rep["mlp"][c], float(rep["bce"][c]), int(rep["examples"][c]))
+                got[client] = (
+                    rep["row_item"][mine],
+                    rep["rows"][mine],
+                    rep["mlp"][c],
+                    float(rep["bce"][c]),
+                    int(rep["examples"][c]),
+                )
         answered = np.asarray(sorted(got), dtype=clients.dtype)
         if not answered.size:
             return answered, None

@@ -61,13 +61,21 @@ class FlowerStages:
         timeout = self.settings.stage_timeout
         shards = [s for s in payloads if s in self.node_of]
         messages = [
-            Message(to_record(payloads[s]), dst_node_id=self.node_of[s], message_type=message_type, group_id=group, ttl=timeout)
+            Message(
+                to_record(payloads[s]),
+                dst_node_id=self.node_of[s],
+                message_type=message_type,
+                group_id=group,
+                ttl=timeout,
+            )
             for s in shards
         ]
         ids = list(self.grid.push_messages(messages))
         shard_of = {mid: s for mid, s in zip(ids, shards) if mid}
         if len(shard_of) < len(shards):
-            self.log(f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink (nodes dropped)")
+            self.log(
+                f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink (nodes dropped)"
+            )
         outstanding, replies = set(shard_of), {}
         deadline = time.monotonic() + timeout
         while outstanding and time.monotonic() < deadline:
@@ -83,7 +91,9 @@ class FlowerStages:
             if outstanding:
                 time.sleep(min(self.settings.heartbeat, max(0.0, deadline - time.monotonic())))
         if outstanding:
-            self.log(f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped (no reply within {timeout:g} s)")
+            self.log(
+                f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped (no reply within {timeout:g} s)"
+            )
         return replies
 
     def connect(self, wait: float) -> None:
@@ -101,7 +111,9 @@ class FlowerStages:
         for key, rep in replies.items():
             shard = int(rep["shard"])
             if rep["digest"] != self.digest:
-                raise RuntimeError(f"node {shard} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})")
+                raise RuntimeError(
+                    f"node {shard} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})"
+                )
             if shard in node_of:
                 raise RuntimeError(f"two nodes claim shard {shard}")
             node_of[shard] = self.node_of[key]
@@ -111,7 +123,9 @@ class FlowerStages:
         self.node_of = node_of
 
     def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]:
-        payloads = {s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()}
+        payloads = {
+            s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()
+        }
         return self.exchange("train", f"round-{round_idx}", payloads)
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:
@@ -121,6 +135,8 @@ class FlowerStages:
     @staticmethod
     def _wire(common: dict) -> dict:
         return {
-            "shared": common["shared"], "commits": {str(r): c for r, c in common["commits"].items()},
-            "keep_from": int(common["keep_from"]), "digest": common["digest"],
+            "shared": common["shared"],
+            "commits": {str(r): c for r, c in common["commits"].items()},
+            "keep_from": int(common["keep_from"]),
+            "digest": common["digest"],
         }

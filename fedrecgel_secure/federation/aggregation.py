@@ -54,8 +54,13 @@ class RoundInfo:
     @classmethod
     def of(cls, result: SumResult, sampled: int) -> RoundInfo:
         return cls(
-            sampled=sampled, contributors=int(result.contributors.size), skipped=result.skipped, cost=result.cost,
-            rejected=result.rejected, dropped=result.dropped, clipped_values=result.clipped_values,
+            sampled=sampled,
+            contributors=int(result.contributors.size),
+            skipped=result.skipped,
+            cost=result.cost,
+            rejected=result.rejected,
+            dropped=result.dropped,
+            clipped_values=result.clipped_values,
         )
 
     def record(self) -> dict:
@@ -199,7 +204,9 @@ class DPFedAvg:
         return 0 if self.adaptive is None else 1
 
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
-        return mechanism.poisson_sample(self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate)
+        return mechanism.poisson_sample(
+            self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate
+        )
 
     def budget_exhausted(self, round: int) -> str | None:
         """Why round ``round`` must not run, or None: it never overshoots max_epsilon."""
@@ -207,7 +214,9 @@ class DPFedAvg:
 
         if self.dp.max_epsilon is None or not self.accountant.would_exceed(self.dp.max_epsilon):
             return None
-        return str(BudgetExhausted(round, self.accountant.epsilon(), self.accountant.epsilon_if_step(), self.dp.max_epsilon))
+        return str(
+            BudgetExhausted(round, self.accountant.epsilon(), self.accountant.epsilon_if_step(), self.dp.max_epsilon)
+        )
 
     def clip(self, uploads: Uploads, dim: int) -> tuple[Uploads, torch.Tensor]:
         """Clipped uploads and the unclipped norms (the clipped bit needs those).
@@ -270,7 +279,9 @@ class DPFedAvg:
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]))
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
-            gradient = mechanism.fixed_denominator_mean(_with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients)
+            gradient = mechanism.fixed_denominator_mean(
+                _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
+            )
             if self.canaries is not None:
                 self.canaries.released(round_idx, gradient)
             return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
@@ -297,7 +308,9 @@ class DPFedAvg:
         reached = mechanism.reached_noise_multiplier(self.dp.mode, z, participants, result.contributors.size)
         self._spent = _Spent(reached, None if self.adaptive is None else float(result.total[dim]))
         info.noise_multiplier = reached
-        gradient = mechanism.fixed_denominator_mean(_with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients)
+        gradient = mechanism.fixed_denominator_mean(
+            _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
+        )
         if self.canaries is not None:
             self.canaries.released(round_idx, gradient)
         return Aggregate(gradient, result.contributors, info)

@@ -174,7 +174,9 @@ class BatchedEngine:
             rows = torch.zeros(b.members.size, b.n_rows, table.shape[1], dtype=dtype)
             rows[b.row_slot, b.row_pos] = table[b.row_item]
             with torch.enable_grad():
-                gt, gr, gw, bce = self._bucket_step(states.theta[clients[members]], rows, tower, b.idx, b.labels, b.weights)
+                gt, gr, gw, bce = self._bucket_step(
+                    states.theta[clients[members]], rows, tower, b.idx, b.labels, b.weights
+                )
             g_theta[members] = gt
             rest[members] = torch.cat([g.reshape(b.members.size, -1) for g in gw.values()], dim=1)
             rows_out.append(gr[b.row_slot, b.row_pos])
@@ -183,7 +185,12 @@ class BatchedEngine:
             bce_total += bce.sum().item()
 
         theta, m, v, s = adam_rows(
-            states.theta[clients], g_theta, states.exp_avg[clients], states.exp_avg_sq[clients], states.steps[clients], self.cfg.client_lr
+            states.theta[clients],
+            g_theta,
+            states.exp_avg[clients],
+            states.exp_avg_sq[clients],
+            states.steps[clients],
+            self.cfg.client_lr,
         )
         uploads = RowUploads(torch.cat(rows_out), torch.cat(owner_out), torch.cat(item_out), rest, table.shape[0])
         private = PrivateUpdate(clients=clients, theta=theta, exp_avg=m, exp_avg_sq=v, steps=s)

@@ -31,11 +31,19 @@ class ClientConfig:
     chunk_size: int = 128
 
 
-def local_loss(model: NeuMF, shared: dict[str, torch.Tensor], theta: torch.Tensor, items: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+def local_loss(
+    model: NeuMF,
+    shared: dict[str, torch.Tensor],
+    theta: torch.Tensor,
+    items: torch.Tensor,
+    labels: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
     """L = sum over consecutive chunks of the chunk's mean BCE (a sum of means)."""
     logits = functional_call(model, shared, (theta, items))
     return sum(
-        F.binary_cross_entropy_with_logits(logits[s : s + chunk], labels[s : s + chunk]) for s in range(0, items.numel(), chunk)
+        F.binary_cross_entropy_with_logits(logits[s : s + chunk], labels[s : s + chunk])
+        for s in range(0, items.numel(), chunk)
     )
 
 
@@ -56,12 +64,16 @@ def client_update(model: NeuMF, theta0: torch.Tensor, items: torch.Tensor, label
     if cfg.rho_sh > 0:
         eps = sam_direction(g_phi, cfg.rho_sh)
         perturbed = {n: (phi[n].detach() + e).requires_grad_() for n, e in zip(names, eps)}
-        g_phi = torch.autograd.grad(local_loss(model, perturbed, theta.detach(), items, labels, cfg.chunk_size), list(perturbed.values()))
+        g_phi = torch.autograd.grad(
+            local_loss(model, perturbed, theta.detach(), items, labels, cfg.chunk_size), list(perturbed.values())
+        )
     if cfg.rho_ns > 0:
         (eps,) = sam_direction([g_theta], cfg.rho_ns)
         theta_p = (theta.detach() + eps).requires_grad_()
         phi_fixed = {n: p.detach() for n, p in phi.items()}
-        (g_theta,) = torch.autograd.grad(local_loss(model, phi_fixed, theta_p, items, labels, cfg.chunk_size), [theta_p])
+        (g_theta,) = torch.autograd.grad(
+            local_loss(model, phi_fixed, theta_p, items, labels, cfg.chunk_size), [theta_p]
+        )
     return g_phi, g_theta, loss.detach()
 
 
@@ -69,7 +81,11 @@ def private_adam_step(theta: torch.Tensor, grad: torch.Tensor, exp_avg, exp_avg_
     """One torch.optim.Adam step on a client's own state (restored, stepped, read back)."""
     param = torch.nn.Parameter(theta.clone())
     opt = torch.optim.Adam([param], lr=lr)
-    opt.state[param] = {"step": torch.tensor(float(steps)), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+    opt.state[param] = {
+        "step": torch.tensor(float(steps)),
+        "exp_avg": exp_avg.clone(),
+        "exp_avg_sq": exp_avg_sq.clone(),
+    }
     param.grad = grad
     opt.step()
     state = opt.state[param]
@@ -95,10 +111,19 @@ class PerClientEngine:
             g_phi, g_theta, _ = client_update(model, states.theta[client], items, labels, self.cfg)
             vectors.append(torch.cat([g.reshape(-1) for g in g_phi]))
             with torch.no_grad():
-                client_bce.append(F.binary_cross_entropy_with_logits(model(states.theta[client], items), labels, reduction="sum").item())
+                client_bce.append(
+                    F.binary_cross_entropy_with_logits(
+                        model(states.theta[client], items), labels, reduction="sum"
+                    ).item()
+                )
                 bce_sum += client_bce[-1]
             theta, m, v, s = private_adam_step(
-                states.theta[client], g_theta, states.exp_avg[client], states.exp_avg_sq[client], int(states.steps[client]), self.cfg.client_lr
+                states.theta[client],
+                g_theta,
+                states.exp_avg[client],
+                states.exp_avg_sq[client],
+                int(states.steps[client]),
+                self.cfg.client_lr,
             )
             thetas.append(theta), ms.append(m), vs.append(v), steps.append(s)
         private = PrivateUpdate(
@@ -109,4 +134,6 @@ class PerClientEngine:
             steps=torch.tensor(steps, dtype=torch.int64),
         )
         uploads = DenseUploads(torch.stack(vectors), model.item_embeddings.numel())
-        return RoundUpdate(uploads=uploads, private=private, loss=bce_sum / max(1, local.items.size), client_bce=client_bce)
+        return RoundUpdate(
+            uploads=uploads, private=private, loss=bce_sum / max(1, local.items.size), client_bce=client_bce
+        )

@@ -55,7 +55,13 @@ class LocalSets:
 
 
 def build_local_sets(
-    rng: np.random.Generator, split: Split, seen: SeenIndex, clients: np.ndarray, n_negatives: int, *, blocks: bool = False
+    rng: np.random.Generator,
+    split: Split,
+    seen: SeenIndex,
+    clients: np.ndarray,
+    n_negatives: int,
+    *,
+    blocks: bool = False,
 ) -> LocalSets:
     """Each training positive with ``n_negatives`` fresh negatives, shuffled per client.
 
@@ -98,21 +104,40 @@ def client_rng(seed: int, round_idx: int, client: int) -> np.random.Generator:
 
 
 def build_local_sets_per_client(
-    seed: int, round_idx: int, split: Split, seen: SeenIndex, clients: np.ndarray, n_negatives: int, *, blocks: bool = False
+    seed: int,
+    round_idx: int,
+    split: Split,
+    seen: SeenIndex,
+    clients: np.ndarray,
+    n_negatives: int,
+    *,
+    blocks: bool = False,
 ) -> LocalSets:
     """:func:`build_local_sets` one client at a time, each from :func:`client_rng`, concatenated in ``clients`` order."""
     parts = [
         build_local_sets(
-            client_rng(seed, round_idx, int(c)), split, seen, np.asarray([c], dtype=clients.dtype), n_negatives, blocks=blocks
+            client_rng(seed, round_idx, int(c)),
+            split,
+            seen,
+            np.asarray([c], dtype=clients.dtype),
+            n_negatives,
+            blocks=blocks,
         )
         for c in clients
     ]
     if not parts:
-        return LocalSets(clients=clients, offsets=np.zeros(1, dtype=np.int64), items=np.zeros(0, dtype=np.int64), labels=np.zeros(0, dtype=np.float32))
+        return LocalSets(
+            clients=clients,
+            offsets=np.zeros(1, dtype=np.int64),
+            items=np.zeros(0, dtype=np.int64),
+            labels=np.zeros(0, dtype=np.float32),
+        )
     sizes = np.asarray([p.items.size for p in parts], dtype=np.int64)
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     return LocalSets(
-        clients=clients, offsets=offsets,
-        items=np.concatenate([p.items for p in parts]), labels=np.concatenate([p.labels for p in parts]),
+        clients=clients,
+        offsets=offsets,
+        items=np.concatenate([p.items for p in parts]),
+        labels=np.concatenate([p.labels for p in parts]),
     )

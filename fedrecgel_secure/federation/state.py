@@ -23,7 +23,9 @@ class ClientStates:
 
     @classmethod
     def fresh(cls, theta: torch.Tensor) -> ClientStates:
-        return cls(theta, torch.zeros_like(theta), torch.zeros_like(theta), torch.zeros(theta.shape[0], dtype=torch.int64))
+        return cls(
+            theta, torch.zeros_like(theta), torch.zeros_like(theta), torch.zeros(theta.shape[0], dtype=torch.int64)
+        )
 
     def commit(self, update: PrivateUpdate) -> None:
         rows = update.clients
@@ -37,7 +39,9 @@ class ClientStates:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, torch.Tensor]) -> ClientStates:
-        return cls(state["theta"].clone(), state["exp_avg"].clone(), state["exp_avg_sq"].clone(), state["steps"].clone())
+        return cls(
+            state["theta"].clone(), state["exp_avg"].clone(), state["exp_avg_sq"].clone(), state["steps"].clone()
+        )
 
 
 @dataclass
@@ -52,14 +56,18 @@ class PrivateUpdate:
 
     def select(self, positions: torch.Tensor) -> PrivateUpdate:
         """The updates of the clients at ``positions`` only."""
-        return PrivateUpdate(*(t[positions] for t in (self.clients, self.theta, self.exp_avg, self.exp_avg_sq, self.steps)))
+        return PrivateUpdate(
+            *(t[positions] for t in (self.clients, self.theta, self.exp_avg, self.exp_avg_sq, self.steps))
+        )
 
 
 @dataclass
 class RoundUpdate:
     """What the clients of one round produced: their uploads, their new private state, their loss."""
 
-    uploads: "Uploads"  # noqa: F821 - fedrecgel_secure.federation.uploads
+    uploads: Uploads  # noqa: F821 - fedrecgel_secure.federation.uploads
     private: PrivateUpdate
     loss: float  # mean BCE over every local example of the round, at the unperturbed point
-    client_bce: list[float] | None = None  # each client's summed BCE, in order (per-client engine; a deployment adds them up)
+    client_bce: list[float] | None = (
+        None  # each client's summed BCE, in order (per-client engine; a deployment adds them up)
+    )

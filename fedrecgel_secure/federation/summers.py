@@ -68,7 +68,11 @@ class SumResult:
 
 class Summer(Protocol):
     def __call__(
-        self, round_idx: int, contributions: Contributions, *, central_noise: torch.Tensor | None = None,
+        self,
+        round_idx: int,
+        contributions: Contributions,
+        *,
+        central_noise: torch.Tensor | None = None,
         admit: Admit | None = None,
     ) -> SumResult:
         """The sum of the contributions (plus noise shares and ``central_noise``); ``admit(client ids)`` may veto
@@ -128,9 +132,13 @@ class PlainSum:
         if contributions.total is not None:
             total = contributions.total()
         else:
-            total = sum((contributions.vector(c) for c in positions), torch.zeros(contributions.dim, dtype=contributions.dtype))
+            total = sum(
+                (contributions.vector(c) for c in positions), torch.zeros(contributions.dim, dtype=contributions.dtype)
+            )
         if central_noise is not None:
-            snapped = self.grid.decode(self.grid.encode_noise((total.double() + central_noise).numpy()).astype(np.int64))
+            snapped = self.grid.decode(
+                self.grid.encode_noise((total.double() + central_noise).numpy()).astype(np.int64)
+            )
             total = torch.from_numpy(snapped).to(contributions.dtype)
         return SumResult(total, positions)
 
@@ -170,7 +178,11 @@ class SecureSum:
         self.grid = settings.encoding()
         params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
         self.session = make_session(
-            settings.scheme, covered, range(n_clients), min_clients=settings.min_clients, params=params,
+            settings.scheme,
+            covered,
+            range(n_clients),
+            min_clients=settings.min_clients,
+            params=params,
             encoding=self.grid,
         )
 
@@ -181,13 +193,19 @@ class SecureSum:
         rng = np.random.default_rng([self.seed, round_idx])
         dropped = set()
         if self.settings.dropout > 0 and clients.size:
-            dropped = {int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)}
+            dropped = {
+                int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)
+            }
         shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
         central = None if central_noise is None else central_noise[: self.covered].numpy()
         try:
             result = self.session.run_round(
-                round_idx, _LazyVectors(clients, contributions.vector, self.covered), noise_shares=shares,
-                central_noise=central, drop_after_masking=dropped, admit=admit,
+                round_idx,
+                _LazyVectors(clients, contributions.vector, self.covered),
+                noise_shares=shares,
+                central_noise=central,
+                drop_after_masking=dropped,
+                admit=admit,
             )
         except RoundSkipped as skipped:
             for cid, reason in skipped.rejected.items():
@@ -211,7 +229,11 @@ class SecureSum:
                 clipped += over
             total = torch.cat([total, rest])
         return SumResult(
-            total, contributors, cost=SecAggCost(**result.cost), rejected=len(result.rejected), dropped=len(dropped),
+            total,
+            contributors,
+            cost=SecAggCost(**result.cost),
+            rejected=len(result.rejected),
+            dropped=len(dropped),
             clipped_values=clipped,
         )
 
@@ -222,5 +244,3 @@ def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: in
         return PlainSum(settings.encoding())
     covered = dim if settings.cover == "shared" else n_item_values
     return SecureSum(settings, n_clients, dim, covered, seed)
-
-

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -30,7 +30,14 @@ from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.rundir import (
-    CHECKPOINT, METRICS, RESOLVED, DataShape, PrivacySpent, RunSummary, atomic_write_bytes, write_summary,
+    CHECKPOINT,
+    METRICS,
+    RESOLVED,
+    DataShape,
+    PrivacySpent,
+    RunSummary,
+    atomic_write_bytes,
+    write_summary,
 )
 
 CHECKPOINT_FORMAT = 2
@@ -46,11 +53,17 @@ def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationR
     secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
     n_items = model.item_embeddings.numel()
     if not settings.enabled:
-        return _with_canaries(policy, MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed)), dim)
+        return _with_canaries(
+            policy,
+            MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed)),
+            dim,
+        )
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
-    resolved = validate_against_population(settings, split.n_users, policy.federation.rounds, policy.federation.fraction)
+    resolved = validate_against_population(
+        settings, split.n_users, policy.federation.rounds, policy.federation.fraction
+    )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
     extra = 0 if resolved.adaptive is None else 1  # the clipped bit travels as one more coordinate
     summer = make_summer(secagg, split.n_users, dim + extra, n_items, policy.seed)
@@ -77,7 +90,9 @@ class RoundEvent:
 
 def make_engine(policy: Policy):
     rho_sh, rho_ns = policy.rhos()
-    cfg = ClientConfig(rho_sh=rho_sh, rho_ns=rho_ns, client_lr=policy.federation.client_lr, chunk_size=policy.federation.chunk_size)
+    cfg = ClientConfig(
+        rho_sh=rho_sh, rho_ns=rho_ns, client_lr=policy.federation.client_lr, chunk_size=policy.federation.chunk_size
+    )
     if policy.federation.engine == "per-client":
         return PerClientEngine(cfg)
     from fedrecgel_secure.federation.batched import BatchedEngine
@@ -99,7 +114,9 @@ class Trainer:
             self.seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
         dtype = getattr(torch, policy.model.dtype)
         init = torch.Generator().manual_seed(policy.seed)
-        self.model = NeuMF(split.n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower)).to(dtype)
+        self.model = NeuMF(split.n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower)).to(
+            dtype
+        )
         self.model.reset_parameters(init)
         self.states = ClientStates.fresh(self.model.init_private(split.n_users, init))
         self.server = Server(self.model, policy.federation.server_lr)
@@ -121,7 +138,9 @@ class Trainer:
         sampled = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
         clients, update = self.client_updates(sampled)
         dim = sum(p.numel() for p in self.model.parameters())
-        result = self.aggregation.aggregate(self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype)
+        result = self.aggregation.aggregate(
+            self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype
+        )
         if sampled.size > clients.size:  # a deployment's clients that did not answer in time
             result.info.sampled = int(sampled.size)
             result.info.dropped += int(sampled.size - clients.size)
@@ -150,7 +169,12 @@ class Trainer:
         (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
         else is sampled or where it is trained."""
         return build_local_sets_per_client(
-            self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives,
+            self.policy.seed,
+            round_idx,
+            self.split,
+            self.seen,
+            clients,
+            self.policy.data.train_negatives,
             blocks=self.authors,
         )
 
@@ -163,7 +187,12 @@ class Trainer:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
 
     # -- the loop -----------------------------------------------------------
-    def run(self, out_dir: Path | None = None, on_round: Callable[[RoundEvent], None] | None = None, stop_after: int | None = None) -> dict:
+    def run(
+        self,
+        out_dir: Path | None = None,
+        on_round: Callable[[RoundEvent], None] | None = None,
+        stop_after: int | None = None,
+    ) -> dict:
         """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``.
 
         Returns the summary as written to ``summary.json``, as a plain dict
@@ -266,7 +295,9 @@ class Trainer:
             "elapsed": self.elapsed,
             "model": self.model.state_dict(),
             "server_optimizer": self.server.optimizer.state_dict(),
-            "clients": None if self.states is None else self.states.state_dict(),  # None: they live on the deployment's nodes
+            "clients": None
+            if self.states is None
+            else self.states.state_dict(),  # None: they live on the deployment's nodes
             "numpy_rng": json.dumps(self.rng.bit_generator.state),
             "history": json.dumps(self.history),
             "aggregation": self.aggregation.state_dict(),

@@ -72,13 +72,17 @@ class DenseUploads(Uploads):
 
 
 class RowUploads(Uploads):
-    def __init__(self, rows: torch.Tensor, row_owner: torch.Tensor, row_item: torch.Tensor, mlp: torch.Tensor, n_items: int):
+    def __init__(
+        self, rows: torch.Tensor, row_owner: torch.Tensor, row_item: torch.Tensor, mlp: torch.Tensor, n_items: int
+    ):
         self.rows, self.row_owner, self.row_item, self.mlp = rows, row_owner, row_item, mlp
         self.n_items = n_items
         self.num_clients = mlp.shape[0]
 
     def group_sq_norms(self) -> torch.Tensor:
-        item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype).index_add_(0, self.row_owner, self.rows.square().sum(1))
+        item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype).index_add_(
+            0, self.row_owner, self.rows.square().sum(1)
+        )
         return torch.stack([item_sq, self.mlp.square().sum(1)], dim=1)
 
     def scale_groups(self, factors: torch.Tensor) -> RowUploads:

@@ -18,7 +18,16 @@ from pydantic import ValidationError
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import POLICY_DIR, Policy, apply_overrides, describe_errors, load_policy, read_policy_data
 from fedrecgel_secure.rundir import RESOLVED, atomic_write_json, read_json
-from fedrecgel_secure.study.spec import EPSILON_KEY, StudySpec, field_path, label, load_study, setting_overrides, slug, study_error
+from fedrecgel_secure.study.spec import (
+    EPSILON_KEY,
+    StudySpec,
+    field_path,
+    label,
+    load_study,
+    setting_overrides,
+    slug,
+    study_error,
+)
 
 PLAN = "study.resolved.json"
 
@@ -60,7 +69,13 @@ class StudyPlan:
             "seeds": self.spec.seeds,
             "audit": self.spec.audit,
             "runs": [
-                {"setting": r.labels, "seed": r.seed, "dir": str(r.dir.relative_to(self.out_dir)), "overrides": list(r.overrides), "policy_digest": r.digest}
+                {
+                    "setting": r.labels,
+                    "seed": r.seed,
+                    "dir": str(r.dir.relative_to(self.out_dir)),
+                    "overrides": list(r.overrides),
+                    "policy_digest": r.digest,
+                }
                 for r in self.runs
             ],
         }
@@ -76,7 +91,9 @@ def read_plan(out_dir: Path) -> dict:
     """The plan a study directory holds (:meth:`StudyPlan.to_json`)."""
     plan = read_json(out_dir / PLAN)
     if plan is None:
-        raise BadInputError(f"{out_dir}: not a study directory (no readable {PLAN}); run `fedrecgel study STUDY.toml --out {out_dir}` first")
+        raise BadInputError(
+            f"{out_dir}: not a study directory (no readable {PLAN}); run `fedrecgel study STUDY.toml --out {out_dir}` first"
+        )
     return plan
 
 
@@ -115,24 +132,43 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
     spec = load_study(spec_path)
     base_path = _base_path(spec, spec_path)
     if not base_path.is_file():
-        raise study_error(spec_path, [("base", f"no such policy file {str(base_path)!r} (a path is relative to the study"
-                                               f" file's folder; a bare name is a packaged policy: {_packaged_policies()})")])
+        raise study_error(
+            spec_path,
+            [
+                (
+                    "base",
+                    f"no such policy file {str(base_path)!r} (a path is relative to the study"
+                    f" file's folder; a bare name is a packaged policy: {_packaged_policies()})",
+                )
+            ],
+        )
     base = read_policy_data(base_path)
     _validated(base, spec.overrides, f"{spec_path}: overrides")
     # Each grid value on its own first: the error then points at the grid entry, not at a whole run.
     for key, values in spec.grid.items():
         for value in values:
-            _validated(base, spec.overrides + setting_overrides({key: value}), f"{spec_path}: {field_path(('grid', key))} = {label(value)}")
+            _validated(
+                base,
+                spec.overrides + setting_overrides({key: value}),
+                f"{spec_path}: {field_path(('grid', key))} = {label(value)}",
+            )
     if spec.audit and importlib.util.find_spec("fedrecgel_secure.audit.run") is None:
-        raise study_error(spec_path, [("audit", "true, but this installation has no privacy audit (fedrecgel_secure.audit)")])
+        raise study_error(
+            spec_path, [("audit", "true, but this installation has no privacy audit (fedrecgel_secure.audit)")]
+        )
     runs, slugs = [], {}
     for setting, seed in expand_grid(spec.grid, spec.seeds):
         name = slug(setting)
         if slugs.setdefault(name, setting) != setting:
-            raise study_error(spec_path, [("grid", f"settings {slugs[name]!r} and {setting!r} map to the same directory name {name!r}")])
+            raise study_error(
+                spec_path,
+                [("grid", f"settings {slugs[name]!r} and {setting!r} map to the same directory name {name!r}")],
+            )
         overrides = (*spec.overrides, *setting_overrides(setting), f"seed={seed}")
         policy = _validated(base, list(overrides), f"{spec_path}: run {name} seed={seed}")
-        runs.append(PlannedRun(setting, seed, name, out_dir / "runs" / name / f"seed={seed}", overrides, policy.digest()))
+        runs.append(
+            PlannedRun(setting, seed, name, out_dir / "runs" / name / f"seed={seed}", overrides, policy.digest())
+        )
     stale = [r for r in runs if (r.dir / RESOLVED).is_file() and load_policy(r.dir / RESOLVED).digest() != r.digest]
     if stale:
         raise BadInputError(

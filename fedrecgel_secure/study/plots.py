@@ -24,8 +24,12 @@ PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
 PLOT_ATTACK = "attack_vs_epsilon.png"
 PLOT_EMPIRICAL = "empirical_vs_accounted_epsilon.png"
-TITLES = {PLOT_EPSILON: "HR@10 and NDCG@10 against ε", PLOT_ROUNDS: "HR@10 per round", PLOT_ATTACK: "attack success against ε",
-          PLOT_EMPIRICAL: "empirical ε against accounted ε"}
+TITLES = {
+    PLOT_EPSILON: "HR@10 and NDCG@10 against ε",
+    PLOT_ROUNDS: "HR@10 per round",
+    PLOT_ATTACK: "attack success against ε",
+    PLOT_EMPIRICAL: "empirical ε against accounted ε",
+}
 PLOTS_DIGEST = ".plots.sha256"  # what the study's figures were drawn from
 
 
@@ -125,7 +129,9 @@ def _epsilon_curves(ax, settings, other_keys, value: Callable[[RunRecord], float
             continue
         eps = statistics.fmean(r.epsilon for r in done) if not any(math.isinf(r.epsilon) for r in done) else math.inf
         ys = [value(r) for r in done]
-        lines.setdefault(_line_label(setting, other_keys), []).append((eps, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0))
+        lines.setdefault(_line_label(setting, other_keys), []).append(
+            (eps, statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0)
+        )
     for label, points in lines.items():
         points.sort()
         xs, ys, es = [place(p[0]) for p in points], [p[1] for p in points], [p[2] for p in points]
@@ -167,7 +173,9 @@ def plot_study(out_dir: Path, plan: dict, records: list[RunRecord]) -> list[Path
     for name in TITLES:
         (out_dir / name).unlink(missing_ok=True)  # no stale plot survives a rebuild
     written = _draw_study(out_dir, plan, records, done)
-    atomic_write_bytes(out_dir / PLOTS_DIGEST, json.dumps({"digest": digest, "plots": [p.name for p in written]}).encode())
+    atomic_write_bytes(
+        out_dir / PLOTS_DIGEST, json.dumps({"digest": digest, "plots": [p.name for p in written]}).encode()
+    )
     return written
 
 
@@ -200,7 +208,12 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
                     by_round.setdefault(rec["round"], []).append(rec["hr@10"])
         if by_round:
             xs = sorted(by_round)
-            ax.plot(xs, [statistics.fmean(by_round[x]) for x in xs], label=_line_label(setting, keys), marker="." if len(xs) < 30 else None)
+            ax.plot(
+                xs,
+                [statistics.fmean(by_round[x]) for x in xs],
+                label=_line_label(setting, keys),
+                marker="." if len(xs) < 30 else None,
+            )
     _integer_rounds(ax)
     ax.set_xlabel("round")
     ax.set_ylabel("test HR@10 (mean over seeds)")
@@ -220,7 +233,12 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
             priors = [r.audit[f"prior_{metric}"] for r in audited if f"prior_{metric}" in r.audit]
             if priors:  # the prior does not depend on the view: one line for the study
                 ax.axhline(statistics.fmean(priors), color="black", linestyle="-.", label="popularity prior")
-            ax.axhline(statistics.fmean(r.audit[f"chance_{metric}"] for r in audited), color="grey", linestyle="--", label="chance")
+            ax.axhline(
+                statistics.fmean(r.audit[f"chance_{metric}"] for r in audited),
+                color="grey",
+                linestyle="--",
+                label="chance",
+            )
             ax.set_xlabel("ε (privacy budget spent)")
             ax.set_ylabel(key.replace("_", " "))
             ax.grid(alpha=0.3)
@@ -250,8 +268,16 @@ def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estim
         label = names.get(r.dir, "")
         first = label not in colors
         colors.setdefault(label, f"C{len(colors)}")
-        ax.errorbar([x], [y], yerr=[[y - min(low, y)], [max(high, y) - y]], marker="o", capsize=3, linestyle="none",
-                    color="tab:red" if a.get("red_flag") else colors[label], label=label if first else None)
+        ax.errorbar(
+            [x],
+            [y],
+            yerr=[[y - min(low, y)], [max(high, y) - y]],
+            marker="o",
+            capsize=3,
+            linestyle="none",
+            color="tab:red" if a.get("red_flag") else colors[label],
+            label=label if first else None,
+        )
     finite = [r.epsilon for r in estimated if not math.isinf(r.epsilon)]
     if finite:
         lo, hi = min(finite) / 1.6, max(finite) * 1.6
@@ -261,6 +287,9 @@ def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estim
     ax.set_ylabel("empirical ε (canaries, 95% CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    ax.set_title(f"{plan['name']}: empirical against accounted ε\n(above the diagonal beyond the CI: a bug in the noise or accounting)", fontsize="small")
+    ax.set_title(
+        f"{plan['name']}: empirical against accounted ε\n(above the diagonal beyond the CI: a bug in the noise or accounting)",
+        fontsize="small",
+    )
     fig.savefig(out_dir / PLOT_EMPIRICAL, dpi=110)
     return out_dir / PLOT_EMPIRICAL

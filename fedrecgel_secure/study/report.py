@@ -20,8 +20,13 @@ from fedrecgel_secure.study.results import STATUSES, RunRecord, groups, records,
 
 RESULTS = "results.csv"
 REPORT = "report.md"
-AUDIT_COLUMNS = {"attack AUC": "attack_auc", "prior AUC": "prior_auc", "attack P@k": "attack_precision_at_k", "prior P@k": "prior_precision_at_k",
-                 "released AUC": "released_auc"}
+AUDIT_COLUMNS = {
+    "attack AUC": "attack_auc",
+    "prior AUC": "prior_auc",
+    "attack P@k": "attack_precision_at_k",
+    "prior P@k": "prior_precision_at_k",
+    "released AUC": "released_auc",
+}
 CANARY_COLUMNS = {"empirical ε": "empirical_epsilon"}
 
 
@@ -83,7 +88,9 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         f"# Study: {plan['name']}",
         "",
         f"Study file `{plan['study_file']}`, base policy `{plan['base']}`"
-        + (", with " + ", ".join(f"`{o}`" for o in plan["overrides"]) + " for every run." if plan["overrides"] else "."),
+        + (
+            ", with " + ", ".join(f"`{o}`" for o in plan["overrides"]) + " for every run." if plan["overrides"] else "."
+        ),
         f"{len(groups(runs))} settings × {len(plan['seeds'])} seeds ({', '.join(map(str, plan['seeds']))}) = {len(runs)} runs: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + ".",
@@ -104,9 +111,13 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         cells.append(_epsilon_cell([r.epsilon for r in done]))
         if audited:
             cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in AUDIT_COLUMNS.values()]
-            cells.append(", ".join(sorted({r.audit["best_attack"] for r in done if r.audit and "best_attack" in r.audit})) or "–")
+            cells.append(
+                ", ".join(sorted({r.audit["best_attack"] for r in done if r.audit and "best_attack" in r.audit})) or "–"
+            )
         if canaries:
-            cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in CANARY_COLUMNS.values()]
+            cells += [
+                _mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in CANARY_COLUMNS.values()
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     select_by = finished[0].summary.select_by if finished else "hr@10"
     deltas = sorted({r.summary.privacy.delta for r in finished if r.summary.privacy})
@@ -139,13 +150,16 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         lines += [
             f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε beyond its confidence interval,"
             " which means a bug in the noise or the accounting:** "
-            + ", ".join(f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})" for r in flagged),
+            + ", ".join(
+                f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})"
+                for r in flagged
+            ),
             "",
         ]
     seeded = [r for r in finished if r.summary.privacy and r.summary.privacy.noise == "seeded"]
     if seeded:
         lines += [
-            f"**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = \"seeded\"`): reproducible,"
+            f'**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = "seeded"`): reproducible,'
             " but the client sample and the noise follow from the policy's seed, so these runs give no privacy guarantee"
             " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
             "",
@@ -154,5 +168,9 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         lines += [f"![{TITLES[plot.name]}]({plot.name})", ""]
     failed = [r for r in runs if r.status == "failed"]
     if failed:
-        lines += ["## Failed runs", ""] + [f"- `runs/{r.dir.parent.name}/{r.dir.name}`: {' '.join(r.error.split())}" for r in failed] + [""]
+        lines += (
+            ["## Failed runs", ""]
+            + [f"- `runs/{r.dir.parent.name}/{r.dir.name}`: {' '.join(r.error.split())}" for r in failed]
+            + [""]
+        )
     return "\n".join(lines)

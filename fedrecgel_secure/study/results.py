@@ -6,20 +6,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, Evaluation, RunSummary, read_json, read_metrics, read_summary
+from fedrecgel_secure.rundir import (
+    AUDIT,
+    CHECKPOINT,
+    STUDY_ERROR,
+    Evaluation,
+    RunSummary,
+    read_json,
+    read_metrics,
+    read_summary,
+)
 from fedrecgel_secure.study.plan import read_plan
 
 STATUSES = ("finished", "failed", "unfinished", "not started")
 # results.csv column -> audit.json key (see fedrecgel_secure.audit.run)
 ATTACK_KEYS = {
-    "attack_auc": "attack_auc", "attack_precision_at_k": "attack_precision_at_k", "attack_best": "best_attack",
-    "prior_auc": "prior_auc", "prior_precision_at_k": "prior_precision_at_k",
-    "chance_auc": "chance_auc", "chance_precision_at_k": "chance_precision_at_k", "attack_view": "view",
-    "released_auc": "released_auc", "released_precision_at_k": "released_precision_at_k",
+    "attack_auc": "attack_auc",
+    "attack_precision_at_k": "attack_precision_at_k",
+    "attack_best": "best_attack",
+    "prior_auc": "prior_auc",
+    "prior_precision_at_k": "prior_precision_at_k",
+    "chance_auc": "chance_auc",
+    "chance_precision_at_k": "chance_precision_at_k",
+    "attack_view": "view",
+    "released_auc": "released_auc",
+    "released_precision_at_k": "released_precision_at_k",
 }
 CANARY_KEYS = {
-    "empirical_epsilon": "empirical_epsilon", "empirical_epsilon_low": "empirical_epsilon_low",
-    "empirical_epsilon_high": "empirical_epsilon_high", "audit_red_flag": "red_flag",
+    "empirical_epsilon": "empirical_epsilon",
+    "empirical_epsilon_low": "empirical_epsilon_low",
+    "empirical_epsilon_high": "empirical_epsilon_high",
+    "audit_red_flag": "red_flag",
 }
 
 
@@ -64,7 +81,9 @@ def records(out_dir: Path, plan: dict) -> list[RunRecord]:
         else:
             status = "not started"
         audit = read_json(run_dir / AUDIT) if status == "finished" else None
-        out.append(RunRecord(entry["setting"], entry["seed"], run_dir, status, summary, audit, error and error["error"]))
+        out.append(
+            RunRecord(entry["setting"], entry["seed"], run_dir, status, summary, audit, error and error["error"])
+        )
     return out
 
 

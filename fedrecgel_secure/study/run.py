@@ -55,7 +55,9 @@ def _run_lock(run_dir: Path):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise BadInputError(f"{run_dir}: another process is training this run (is another study on this directory still running?)") from None
+            raise BadInputError(
+                f"{run_dir}: another process is training this run (is another study on this directory still running?)"
+            ) from None
         yield
 
 
@@ -137,7 +139,9 @@ Progress = Callable[[int, int, RunOutcome | None], None]
 """progress(done, total, outcome): once with outcome None before training (done = runs already finished), then after each run."""
 
 
-def run_study(spec_path: str | Path, out_dir: str | Path, jobs: int = 1, progress: Progress | None = None) -> StudyOutcome:
+def run_study(
+    spec_path: str | Path, out_dir: str | Path, jobs: int = 1, progress: Progress | None = None
+) -> StudyOutcome:
     """Train every run of a study that is not finished yet, then write results.csv, report.md and the plots.
 
     Finished runs are skipped, interrupted ones resumed from their checkpoint,

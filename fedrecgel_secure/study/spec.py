@@ -19,7 +19,9 @@ EPSILON_KEY = "privacy.dp.target_epsilon"
 
 def _scalar(value: Any) -> Any:
     if not isinstance(value, (str, int, float, bool)):
-        raise ValueError(f"grid values must be TOML scalars (string, integer, float or boolean), got {type(value).__name__}")
+        raise ValueError(
+            f"grid values must be TOML scalars (string, integer, float or boolean), got {type(value).__name__}"
+        )
     return value
 
 
@@ -32,8 +34,13 @@ class StudySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1, description="Title of the report.")
-    base: str = Field("default", description='A packaged policy by name ("default", "dp-eps8", ...) or a .toml file relative to the study file\'s folder.')
-    overrides: list[str] = Field([], description="section.key=value overrides applied to every run (e.g. federation.rounds=30).")
+    base: str = Field(
+        "default",
+        description='A packaged policy by name ("default", "dp-eps8", ...) or a .toml file relative to the study file\'s folder.',
+    )
+    overrides: list[str] = Field(
+        [], description="section.key=value overrides applied to every run (e.g. federation.rounds=30)."
+    )
     grid: dict[str, Annotated[list[GridValue], Field(min_length=1)]] = Field(
         {}, description=f"Dotted policy key -> values to try; {EPSILON_KEY} = inf means DP off."
     )
@@ -76,7 +83,11 @@ def load_study(path: str | Path) -> StudySpec:
         problems = []
         for err in e.errors():
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-            if err["type"] not in ("missing", "extra_forbidden", "value_error") and "input" in err and not isinstance(err["input"], dict):
+            if (
+                err["type"] not in ("missing", "extra_forbidden", "value_error")
+                and "input" in err
+                and not isinstance(err["input"], dict)
+            ):
                 msg += f" (got {err['input']!r})"
             problems.append((field_path(err["loc"]), msg))
         raise study_error(path, problems) from None

@@ -32,7 +32,11 @@ SIGMA_B = 5.0  # the count noise; 10 clients expected per round
 
 def rule():
     settings = DPSettings(
-        enabled=True, mode="distributed", clip_norm=1.0, noise_multiplier=0.5, delta=1e-3,
+        enabled=True,
+        mode="distributed",
+        clip_norm=1.0,
+        noise_multiplier=0.5,
+        delta=1e-3,
         adaptive_clipping={"initial": 1.0, "clipped_count_stddev": SIGMA_B},
     )
     resolved = validate_against_population(settings, N_CLIENTS, 1000, 1.0)

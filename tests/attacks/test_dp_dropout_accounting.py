@@ -26,23 +26,41 @@ from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 def split(tmp_path_factory):
     from conftest import write_ratings
 
-    path = write_ratings(tmp_path_factory.mktemp("attack-dropout") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12))
+    path = write_ratings(
+        tmp_path_factory.mktemp("attack-dropout") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12)
+    )
     return load_split(DataPolicy(dataset=str(path), test_negatives=20))
 
 
 def masked_dp_policy(rounds: int, **dp) -> Policy:
-    return Policy.model_validate({
-        "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
-        "federation": {"rounds": rounds, "fraction": 0.25},
-        "privacy": {
-            "dp": {"enabled": True, "mode": "distributed", "clip_norm": 0.5, "noise_multiplier": 0.922, "delta": 1e-3} | dp,
-            # all pairs (cohorts stay below 33), threshold 1/2: 30% dropout keeps every secret recoverable
-            "secure_aggregation": {"scheme": "masking", "min_clients": 5, "dropout": 0.3, "masking": {"threshold": 0.5}},
-        },
-    })
+    return Policy.model_validate(
+        {
+            "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
+            "federation": {"rounds": rounds, "fraction": 0.25},
+            "privacy": {
+                "dp": {
+                    "enabled": True,
+                    "mode": "distributed",
+                    "clip_norm": 0.5,
+                    "noise_multiplier": 0.922,
+                    "delta": 1e-3,
+                }
+                | dp,
+                # all pairs (cohorts stay below 33), threshold 1/2: 30% dropout keeps every secret recoverable
+                "secure_aggregation": {
+                    "scheme": "masking",
+                    "min_clients": 5,
+                    "dropout": 0.3,
+                    "masking": {"threshold": 0.5},
+                },
+            },
+        }
+    )
 
 
-def test_reported_epsilon_under_thirty_percent_dropouts_is_the_epsilon_of_the_noise_that_reached_the_sum(split, tmp_path):
+def test_reported_epsilon_under_thirty_percent_dropouts_is_the_epsilon_of_the_noise_that_reached_the_sum(
+    split, tmp_path
+):
     trainer = Trainer(masked_dp_policy(12), split)
     summary = trainer.run(tmp_path)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

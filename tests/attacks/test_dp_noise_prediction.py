@@ -29,7 +29,9 @@ from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 def split(tmp_path_factory):
     from conftest import write_ratings
 
-    path = write_ratings(tmp_path_factory.mktemp("attack-noise") / "ratings.txt", n_users=80, n_items=120, per_user=(5, 15))
+    path = write_ratings(
+        tmp_path_factory.mktemp("attack-noise") / "ratings.txt", n_users=80, n_items=120, per_user=(5, 15)
+    )
     return load_split(DataPolicy(dataset=str(path), test_negatives=30))
 
 
@@ -37,10 +39,14 @@ def policy(mode: str, noise: str | None, scheme: str = "none") -> Policy:
     dp = {"enabled": True, "mode": mode, "clip_norm": 0.5, "noise_multiplier": 1.0, "delta": 1e-3}
     if noise is not None:
         dp["noise"] = noise
-    return Policy.model_validate({
-        "seed": 42, "model": {"dtype": "float64"}, "federation": {"fraction": 0.25},
-        "privacy": {"dp": dp, "secure_aggregation": {"scheme": scheme, "min_clients": 2}},
-    })
+    return Policy.model_validate(
+        {
+            "seed": 42,
+            "model": {"dtype": "float64"},
+            "federation": {"fraction": 0.25},
+            "privacy": {"dp": dp, "secure_aggregation": {"scheme": scheme, "min_clients": 2}},
+        }
+    )
 
 
 def released_round(trainer: Trainer, round_idx: int = 1):
@@ -58,7 +64,9 @@ def released_round(trainer: Trainer, round_idx: int = 1):
 def attack(p: Policy, trainer: Trainer, clients: np.ndarray, dim: int, round_idx: int = 1):
     """The adversary's replay: the sample and the noise as the code draws them from the policy alone."""
     guess = DPRandomness.from_seed(p.seed)
-    predicted_sample = mechanism.poisson_sample(guess.uniform("sample", round_idx, 0, trainer.split.n_users).numpy(), 0.25)
+    predicted_sample = mechanism.poisson_sample(
+        guess.uniform("sample", round_idx, 0, trainer.split.n_users).numpy(), 0.25
+    )
     resolved = trainer.aggregation.dp
     if p.privacy.dp.mode == "central":
         noise = guess.normal("update-noise", round_idx, 0, dim, resolved.update_noise_multiplier * 0.5)

@@ -51,13 +51,22 @@ def world():
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     public = holder.public_context()
     shared = ts.context_from(public)
-    clients = {c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids}
+    clients = {
+        c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
+    }
     return {"ids": ids, "dir": directory, "holder": holder, "public": public, "clients": clients}
 
 
 def fresh_holder(world):
-    return KeyHolder(world["holder"]._ctx, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID,
-                     tag_keys=world["holder"]._tags)
+    return KeyHolder(
+        world["holder"]._ctx,
+        world["dir"],
+        dim=DIM,
+        min_clients=3,
+        session_tag=TAG,
+        encoding=GRID,
+        tag_keys=world["holder"]._tags,
+    )
 
 
 class Round:
@@ -139,7 +148,7 @@ def test_proofs_that_are_not_this_rounds_signatures_over_the_uploads_are_refused
     proofs = [r.proofs[c] for c in range(N)]
     # a digest that is not the one the client signed (e.g. of a ciphertext the aggregator made)
     other = ContributionProof(0, bytes(32), proofs[0].signature)
-    refused(holder, r.forge(r.sum_of(list(range(N))), [other] + proofs[1:]), "bad_signature")
+    refused(holder, r.forge(r.sum_of(list(range(N))), [other, *proofs[1:]]), "bad_signature")
     # proofs of an earlier round, replayed with this round's number: signatures are round-bound
     stale = [earlier.proofs[c] for c in range(N)]
     refused(holder, r.forge(r.sum_of(list(range(N))), stale), "bad_signature")
@@ -147,7 +156,7 @@ def test_proofs_that_are_not_this_rounds_signatures_over_the_uploads_are_refused
     stranger = ClientIdentity.generate(77).seal
     env = Envelope.parse(stranger(1, 5, b"x", TAG))
     ghost = ContributionProof(77, env.digest, env.signature)
-    refused(holder, r.forge(r.sum_of(list(range(N))), proofs[:2] + [ghost]), "unknown_client")
+    refused(holder, r.forge(r.sum_of(list(range(N))), [*proofs[:2], ghost]), "unknown_client")
     assert np.array_equal(holder.decrypt(r.aggregate.serialize()), r.grid(range(N)))  # the honest one still goes
 
 

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import tenseal as ts
 import tenseal.sealapi as sealapi
-
 from he_lattice import Negacyclic, centred, crt, seal_polys
 
 from fedrecgel_secure.privacy.secagg import BFVParams, FixedPoint, make_session
@@ -38,7 +37,9 @@ GRID = FixedPoint()
 
 def _solve_key(ntts, c0, c1, rhs):
     """s = (rhs − c0) / c1 per prime, in the NTT domain: the Li–Micciancio linear solve."""
-    return [(ntt.forward(r) - ntt.forward(a)) * ntt.inv(ntt.forward(b)) % ntt.q for ntt, a, b, r in zip(ntts, c0, c1, rhs)]
+    return [
+        (ntt.forward(r) - ntt.forward(a)) * ntt.inv(ntt.forward(b)) % ntt.q for ntt, a, b, r in zip(ntts, c0, c1, rhs)
+    ]
 
 
 def _decrypt_with(ntts, key_hat, c0, c1, t):
@@ -66,6 +67,7 @@ def observed():
         def intercept(client, payload):
             seen[round_idx, client] = payload
             return payload
+
         return intercept
 
     xs0 = {c: rng.normal(0.0, 1.0, DIM) for c in CLIENTS}
@@ -100,9 +102,15 @@ def observed():
     for k, p in enumerate(primes):
         assert (sum(x[:, k] for x in parts) % p == ciphertext(0, CLIENTS)[:, k].astype(object)).all()
     return {
-        "session": session, "ctx": ctx, "t": agg.params.plain_modulus, "primes": primes, "released": released,
-        "aggregate": ciphertext(0, CLIENTS), "victim": ciphertext(1, [3]),
-        "aggregate_slots": oracle(0, CLIENTS), "victim_slots": oracle(1, [3]),
+        "session": session,
+        "ctx": ctx,
+        "t": agg.params.plain_modulus,
+        "primes": primes,
+        "released": released,
+        "aggregate": ciphertext(0, CLIENTS),
+        "victim": ciphertext(1, [3]),
+        "aggregate_slots": oracle(0, CLIENTS),
+        "victim_slots": oracle(1, [3]),
     }
 
 
@@ -150,8 +158,10 @@ def test_control_the_solver_recovers_the_key_when_the_release_contains_the_error
         c1 = [rng.integers(0, p, N, dtype=np.uint64) for p in primes]
         e = rng.normal(0, 3.2, N).round().astype(np.int64)
         body = [(q * int(v) + t // 2) // t for v in msg]
-        c0 = [ntt.inverse((ntt.forward([(b + int(x)) % p for b, x in zip(body, e)]) - ntt.forward(c) * sh) % p)
-              for ntt, c, sh, p in zip(ntts, c1, s_hat, primes)]
+        c0 = [
+            ntt.inverse((ntt.forward([(b + int(x)) % p for b, x in zip(body, e)]) - ntt.forward(c) * sh) % p)
+            for ntt, c, sh, p in zip(ntts, c1, s_hat, primes)
+        ]
         return c0, c1, [(b + int(x)) % q for b, x in zip(body, e)]
 
     m = rng.integers(0, t, N)

@@ -62,8 +62,14 @@ class Server:
         self.key = ServerIdentity.generate()
         self.clients = {
             c: MaskingClient(
-                self.ids[c], self.directory, DIM, params, server_key=self.key.public_bytes, encoding=GRID,
-                min_clients=MIN_CLIENTS, session_tag=TAG,
+                self.ids[c],
+                self.directory,
+                DIM,
+                params,
+                server_key=self.key.public_bytes,
+                encoding=GRID,
+                min_clients=MIN_CLIENTS,
+                session_tag=TAG,
             )
             for c in self.ids
         }
@@ -230,7 +236,9 @@ def test_a_cohort_shrunk_below_min_clients_or_padded_with_strangers_is_refused()
     two = encode_adverts(0, s.seed, [s.adverts[V], s.adverts[1]])  # k = 1, t = 1: the shares would be the secrets
     refused(s.clients[V].share_keys, s.sign(Kind.MASK_COHORT, two), reason="too_few_contributors")
     refused(s.clients[1].share_keys, s.sign(Kind.MASK_COHORT, two), reason="too_few_contributors")
-    stranger = ClientIdentity.generate(77).seal(Kind.MASK_ADVERTISE, 0, bytes(Envelope.parse(s.adverts[2]).body), _context(TAG, s.seed))
+    stranger = ClientIdentity.generate(77).seal(
+        Kind.MASK_ADVERTISE, 0, bytes(Envelope.parse(s.adverts[2]).body), _context(TAG, s.seed)
+    )
     padded = encode_adverts(0, s.seed, [s.adverts[c] for c in (2, 3, 4, 5)] + [stranger])
     refused(s.clients[2].share_keys, s.sign(Kind.MASK_COHORT, padded), reason="unknown_client")
     without = encode_adverts(0, s.seed, [s.adverts[c] for c in range(4, N)])
@@ -251,8 +259,12 @@ def test_unsigned_forged_or_misdirected_server_messages_are_refused():
     refused(client.advertise, other_tag, reason="bad_signature")
     inboxes = s.share()
     refused(s.clients[1].masked_input, inboxes[2], s.xs[1], reason="not_in_cohort")  # someone else's inbox
-    refused(s.clients[3].masked_input, s.sign(Kind.MASK_CHECK, bytes(Envelope.parse(inboxes[3]).body)), s.xs[3],
-            reason="wrong_kind")
+    refused(
+        s.clients[3].masked_input,
+        s.sign(Kind.MASK_CHECK, bytes(Envelope.parse(inboxes[3]).body)),
+        s.xs[3],
+        reason="wrong_kind",
+    )
 
 
 def test_a_split_view_of_the_survivors_fails_the_consistency_check():
@@ -270,7 +282,9 @@ def test_a_split_view_of_the_survivors_fails_the_consistency_check():
     for c in group_a:
         refused(s.clients[c].unmask, s.sign(Kind.MASK_REQUEST, encode_request(0, with_v, sigs)), reason="inconsistent")
     for c in group_b:
-        refused(s.clients[c].unmask, s.sign(Kind.MASK_REQUEST, encode_request(0, without_v, sigs)), reason="inconsistent")
+        refused(
+            s.clients[c].unmask, s.sign(Kind.MASK_REQUEST, encode_request(0, without_v, sigs)), reason="inconsistent"
+        )
     assert s.shares == {}
     s.assert_victim_safe()
 
@@ -301,7 +315,9 @@ def test_a_zero_or_low_order_key_advert_is_rejected_and_the_round_completes(key)
     for c in s.clients:
         if c == 5:
             good = s.clients[5].advertise(ann)
-            bad = s.ids[5].seal(Kind.MASK_ADVERTISE, 0, bytes(Envelope.parse(good).body)[:32] + key, _context(TAG, seed))
+            bad = s.ids[5].seal(
+                Kind.MASK_ADVERTISE, 0, bytes(Envelope.parse(good).body)[:32] + key, _context(TAG, seed)
+            )
             with pytest.raises(RejectedPayload) as err:
                 s.agg.receive(bad)
             assert err.value.reason == "bad_key"

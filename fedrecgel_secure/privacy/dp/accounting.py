@@ -23,6 +23,7 @@ from fedrecgel_secure.policy import AccountantKind
 
 from .checks import FIELD, open_unit, positive
 
+
 class BudgetExhausted(Exception):
     """Running round ``round`` would push epsilon above ``privacy.dp.max_epsilon``.
 
@@ -84,7 +85,11 @@ class PrivacyAccountant:
 
     def step(self, noise_multiplier: float | None = None) -> None:
         """Account one round, whether or not any client was sampled in it, at ``noise_multiplier`` (default: z)."""
-        z = self.noise_multiplier if noise_multiplier is None else positive(noise_multiplier, "the round's noise multiplier")
+        z = (
+            self.noise_multiplier
+            if noise_multiplier is None
+            else positive(noise_multiplier, "the round's noise multiplier")
+        )
         if self.kind == "gdp" and z != self.noise_multiplier:
             raise BadInputError(
                 f"{FIELD}.accountant = 'gdp' cannot compose a round whose noise fell short of z (z_t = {z:.4g});"
@@ -185,4 +190,3 @@ def calibrate_noise_multiplier(
     if not (math.isfinite(z) and z > 0):
         raise BadInputError(unreachable)
     return float(z)
-

@@ -18,7 +18,9 @@ def positive(value: float, field: str) -> float:
 
 def open_unit(value: float, field: str, *, closed_right: bool = False) -> float:
     upper_ok = value <= 1 if closed_right else value < 1
-    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0 and upper_ok):
+    if isinstance(value, bool) or not (
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0 and upper_ok
+    ):
         interval = "(0, 1]" if closed_right else "(0, 1)"
         raise BadInputError(f"{field} must lie in {interval}, got {value!r}")
     return float(value)

@@ -60,7 +60,9 @@ def group_clip_factors(group_norms: torch.Tensor, group_clip: torch.Tensor) -> t
     """
     check_norms(group_norms)
     if group_norms.dim() != 2 or group_clip.shape != group_norms.shape[1:]:
-        raise ValueError(f"group norms {tuple(group_norms.shape)} and group clip norms {tuple(group_clip.shape)} do not match")
+        raise ValueError(
+            f"group norms {tuple(group_norms.shape)} and group clip norms {tuple(group_clip.shape)} do not match"
+        )
     if not bool(torch.all(group_clip > 0)):
         raise BadInputError(f"{FIELD}: every per-group clip norm must be > 0, got {group_clip.tolist()}")
     group_clip = group_clip.to(group_norms.dtype)
@@ -96,7 +98,9 @@ def noise_std(mode: Mode, noise_multiplier: float, clip_norm: float, participant
     if mode != "distributed":
         raise BadInputError(f"{FIELD}.mode must be 'central' or 'distributed', got {mode!r}")
     if participants < 1:
-        raise ValueError("distributed noise needs at least one client to add it; with nobody sampled the server adds z*C")
+        raise ValueError(
+            "distributed noise needs at least one client to add it; with nobody sampled the server adds z*C"
+        )
     return z * c / math.sqrt(participants)
 
 

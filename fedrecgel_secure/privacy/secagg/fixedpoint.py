@@ -57,7 +57,7 @@ class FixedPoint:
     @property
     def limit(self) -> int:
         """Largest |integer| a client may hand over: R · 2^f."""
-        return int(math.floor(self.clip_range * self.scale))
+        return math.floor(self.clip_range * self.scale)
 
     def encode(self, x: np.ndarray, noise: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Integers (int64) of ``x`` plus its rounded ``noise`` share, clipped to ±R·2^f; and how many were clipped."""

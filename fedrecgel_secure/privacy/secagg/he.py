@@ -86,9 +86,9 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
+from . import he_tags
 from .errors import Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from . import he_tags
 from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
     _AGG_HEAD,
     _U32,
@@ -124,8 +124,6 @@ log = logging.getLogger("fedrecgel_secure.secagg")
 # secret (HomomorphicEncryption.org standard, Albrecht et al. 2018, Table 1).
 MAX_MODULUS_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
 HE_UPLOAD = Kind.HE_UPLOAD
-
-
 
 
 def is_prime(n: int) -> bool:
@@ -189,7 +187,9 @@ class BFVParams:
         if isinstance(t, bool) or not isinstance(t, int) or not 20 <= t <= 59:
             raise BadInputError(f"bfv.plain_modulus_bits must be an integer in [20, 59] (SEAL rejects 60), got {t!r}")
         if t >= sum(bits[:-1]) - 20:
-            raise BadInputError(f"bfv.plain_modulus_bits {t} leaves no room for noise below the {sum(bits[:-1])}-bit modulus")
+            raise BadInputError(
+                f"bfv.plain_modulus_bits {t} leaves no room for noise below the {sum(bits[:-1])}-bit modulus"
+            )
 
     @cached_property
     def plain_modulus(self) -> int:
@@ -198,8 +198,11 @@ class BFVParams:
     def context(self) -> ts.Context:
         """A fresh secret context (for the key holder)."""
         return ts.context(
-            ts.SCHEME_TYPE.BFV, poly_modulus_degree=self.poly_modulus_degree, plain_modulus=self.plain_modulus,
-            coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes), n_threads=1,
+            ts.SCHEME_TYPE.BFV,
+            poly_modulus_degree=self.poly_modulus_degree,
+            plain_modulus=self.plain_modulus,
+            coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
+            n_threads=1,
         )
 
 
@@ -211,11 +214,19 @@ class HEClient:
     """
 
     def __init__(
-        self, identity: ClientIdentity, public_context: bytes | ts.Context, dim: int, *, encoding: FixedPoint,
-        session_tag: bytes, tag_key: bytes,
+        self,
+        identity: ClientIdentity,
+        public_context: bytes | ts.Context,
+        dim: int,
+        *,
+        encoding: FixedPoint,
+        session_tag: bytes,
+        tag_key: bytes,
     ) -> None:
         # A loaded context is accepted so that simulated clients can share one; it must still be public.
-        ctx = public_context if isinstance(public_context, ts.Context) else load_context(public_context, "client context")
+        ctx = (
+            public_context if isinstance(public_context, ts.Context) else load_context(public_context, "client context")
+        )
         if ctx.is_private():
             raise BadInputError("a client must get the public context, not one with the secret key")
         self._ctx = ctx
@@ -230,7 +241,10 @@ class HEClient:
             raise BadInputError(f"tag_key must be the {he_tags.CLIENT_KEY_BYTES} bytes the key holder issued")
         self._pad_key = bytes(tag_key[he_tags.KEY_BYTES :])
         self._alpha = he_tags.alpha(
-            bytes(tag_key[: he_tags.KEY_BYTES]), n_chunks(dim, self.params), self.params.data_slots, self.params.plain_modulus
+            bytes(tag_key[: he_tags.KEY_BYTES]),
+            n_chunks(dim, self.params),
+            self.params.data_slots,
+            self.params.plain_modulus,
         )
         self.last_clipped = 0
 
@@ -277,7 +291,9 @@ class HEAggregator:
     ) -> None:
         ctx = load_context(public_context, "aggregator context")
         if ctx.is_private():
-            raise BadInputError("the aggregator was given a context that contains the secret key; give it the public context")
+            raise BadInputError(
+                "the aggregator was given a context that contains the secret key; give it the public context"
+            )
         if min_clients < 1:
             raise BadInputError(f"min_clients must be >= 1, got {min_clients}")
         self._ctx = ctx
@@ -301,7 +317,9 @@ class HEAggregator:
         except OSError as exc:
             raise BadInputError(f"{path}: cannot read public context ({exc.strerror})") from None
         if data.startswith(b"FRHEKEY1"):
-            raise BadInputError(f"{path} is the key holder's file and contains the secret key; give the aggregator the public context")
+            raise BadInputError(
+                f"{path} is the key holder's file and contains the secret key; give the aggregator the public context"
+            )
         return cls(data, directory, dim, min_clients=min_clients, session_tag=session_tag)
 
     @property
@@ -325,7 +343,10 @@ class HEAggregator:
         try:
             env = Envelope.parse(payload, zero_copy=True)
             check_header(
-                env, directory=self.directory, kind=HE_UPLOAD, round_idx=self._round,
+                env,
+                directory=self.directory,
+                kind=HE_UPLOAD,
+                round_idx=self._round,
                 completed_round=self.last_completed_round,
             )
             # Hashing releases the GIL while TenSEAL's loader does not, so the body is hashed in a
@@ -361,7 +382,9 @@ class HEAggregator:
             detail = f"round {self._round}: {len(self._proofs)} valid uploads, {self.min_clients} required"
             self._round, self._proofs, self._sum = None, {}, None
             raise RoundSkipped("too_few_clients", detail)
-        aggregate = EncryptedAggregate(self._round, self.dim, [self._proofs[c] for c in sorted(self._proofs)], self._sum)
+        aggregate = EncryptedAggregate(
+            self._round, self.dim, [self._proofs[c] for c in sorted(self._proofs)], self._sum
+        )
         self.last_completed_round = self._round
         self._round, self._proofs, self._sum = None, {}, None
         return aggregate

@@ -37,9 +37,9 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
+from . import he_tags
 from .errors import Reason, RejectedPayload
 from .fixedpoint import FixedPoint
-from . import he_tags
 from .he import (
     HE_UPLOAD,
     BFVParams,
@@ -64,8 +64,16 @@ class KeyHolder:
     """Holds the BFV secret key; decrypts one checked aggregate per round, of the registered dimension."""
 
     def __init__(
-        self, context: ts.Context, directory: IdentityDirectory, *, dim: int, min_clients: int, session_tag: bytes,
-        encoding: FixedPoint = FixedPoint(), noise_std: float = 0.0, max_clients: int | None = None,
+        self,
+        context: ts.Context,
+        directory: IdentityDirectory,
+        *,
+        dim: int,
+        min_clients: int,
+        session_tag: bytes,
+        encoding: FixedPoint = FixedPoint(),
+        noise_std: float = 0.0,
+        max_clients: int | None = None,
         tag_keys: he_tags.TagKeys | None = None,
     ) -> None:
         if not context.is_private():
@@ -108,7 +116,9 @@ class KeyHolder:
 
     def save(self, path: str | Path) -> None:
         """Write the secret context and tag master key to a 0600 file (refused on load if others can read it)."""
-        secret = self._ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False)
+        secret = self._ctx.serialize(
+            save_public_key=True, save_secret_key=True, save_galois_keys=False, save_relin_keys=False
+        )
         write_private_file(path, _KEY_FILE_MAGIC + self._tags.master + secret)
 
     def client_key(self, client_id: int) -> bytes:
@@ -118,7 +128,9 @@ class KeyHolder:
 
     def public_context(self) -> bytes:
         """Context for clients and the aggregator: encrypts, cannot decrypt."""
-        return self._ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
+        return self._ctx.serialize(
+            save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+        )
 
     def write_public_context(self, path: str | Path) -> None:
         write_public_file(path, self.public_context())
@@ -139,7 +151,8 @@ class KeyHolder:
         round_idx, dim, proofs, offset, count = parse_aggregate(data)
         if round_idx <= self.last_decrypted_round:
             raise RejectedPayload(
-                Reason.REPLAY, f"round {round_idx}: an aggregate of round {self.last_decrypted_round} was already released"
+                Reason.REPLAY,
+                f"round {round_idx}: an aggregate of round {self.last_decrypted_round} was already released",
             )
         if dim != self.dim or count != n_chunks(self.dim, self.params):
             raise RejectedPayload(
@@ -155,7 +168,9 @@ class KeyHolder:
         for proof in proofs:
             if proof.client_id in seen:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, "client listed twice in the aggregate", proof.client_id)
-            self.directory.verify(self.session_tag, HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature)
+            self.directory.verify(
+                self.session_tag, HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature
+            )
             seen.add(proof.client_id)
         chunks = read_chunks(data, offset, count, max_chunk_bytes(self.params), None)
         vectors = load_vectors(self._ctx, self.params, chunks, None)

@@ -86,11 +86,11 @@ def inner(alpha_limbs: np.ndarray, rows: np.ndarray, t: int) -> list[int]:
     v = _limbs(np.asarray(rows, dtype=np.int64) % t)
     sums = [[(alpha_limbs[i] * v[j]).sum(axis=1) for j in range(3)] for i in range(3)]
     return [
-        sum(int(sums[i][j][c]) << (_LIMB * (i + j)) for i in range(3) for j in range(3)) % t for c in range(rows.shape[0])
+        sum(int(sums[i][j][c]) << (_LIMB * (i + j)) for i in range(3) for j in range(3)) % t
+        for c in range(rows.shape[0])
     ]
 
 
 def pad(pad_key: bytes, session_tag: bytes, round_idx: int, chunk: int, t: int) -> int:
     msg = struct.pack(">H", len(session_tag)) + session_tag + struct.pack(">QI", round_idx, chunk)
     return int.from_bytes(hmac.new(pad_key, msg, hashlib.sha512).digest(), "big") % t
-

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tenseal as ts
-import tenseal.sealapi  # noqa: F401  registers SEAL's Modulus type, read by _params_of
+import tenseal.sealapi
 
 from fedrecgel_secure.errors import BadInputError
 
@@ -96,7 +96,9 @@ def load_context(data: bytes, what: str) -> ts.Context:
     return ctx
 
 
-def read_chunks(body: bytes | memoryview, offset: int, count: int, max_chunk: int, client_id: int | None) -> list[bytes]:
+def read_chunks(
+    body: bytes | memoryview, offset: int, count: int, max_chunk: int, client_id: int | None
+) -> list[bytes]:
     chunks = []
     for _ in range(count):
         if offset + 4 > len(body):
@@ -145,7 +147,9 @@ def frame(chunks: list[bytes]) -> bytes:
     return b"".join(_U32.pack(len(c)) + c for c in chunks)
 
 
-def decode_upload(body: bytes | memoryview, ctx: ts.Context, params: ContextInfo, dim: int, client_id: int | None = None) -> list:
+def decode_upload(
+    body: bytes | memoryview, ctx: ts.Context, params: ContextInfo, dim: int, client_id: int | None = None
+) -> list:
     """Parse an upload body into BFV vectors; raises only :class:`RejectedPayload`."""
     if len(body) < _UPLOAD_HEAD.size:
         raise RejectedPayload(Reason.TRUNCATED, "upload body shorter than its header", client_id)
@@ -168,7 +172,7 @@ def encrypt_ints(ctx: ts.Context, params: ContextInfo, dim: int, chunks: np.ndar
     blobs = []
     for row, tag in zip(chunks, tags):
         tag = tag - t if tag > t // 2 else tag  # SEAL maps a negative v to t + v
-        blobs.append(ts.bfv_vector(ctx, row.tolist() + [tag]).serialize())
+        blobs.append(ts.bfv_vector(ctx, [*row.tolist(), tag]).serialize())
     return _UPLOAD_HEAD.pack(b"BFV1", dim, len(blobs)) + frame(blobs)
 
 

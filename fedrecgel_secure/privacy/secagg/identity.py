@@ -37,8 +37,8 @@ import hashlib
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from enum import IntEnum
+from functools import cached_property
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -264,7 +264,9 @@ class IdentityDirectory:
     def for_server(cls, public_key: bytes) -> IdentityDirectory:
         """The directory a client checks the aggregator's messages against: the server's key, as sender 0."""
         if not isinstance(public_key, (bytes, bytearray)) or len(public_key) != 32:
-            raise BadInputError("server_key must be the server's 32-byte Ed25519 public key (ServerIdentity.public_bytes)")
+            raise BadInputError(
+                "server_key must be the server's 32-byte Ed25519 public key (ServerIdentity.public_bytes)"
+            )
         return cls({SERVER_ID: bytes(public_key)}, domain=SERVER_DOMAIN)
 
     def __contains__(self, client_id: object) -> bool:
@@ -281,7 +283,9 @@ class IdentityDirectory:
         if client_id not in self._keys:
             raise RejectedPayload(Reason.UNKNOWN_CLIENT, "no identity key registered", client_id)
 
-    def verify(self, context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, signature: bytes) -> None:
+    def verify(
+        self, context: bytes, kind: int, round_idx: int, client_id: int, digest: bytes, signature: bytes
+    ) -> None:
         self.check_known(client_id)
         message = signed_message(context, kind, round_idx, client_id, digest, self.domain)
         key = (client_id, bytes(signature), message)
@@ -311,8 +315,12 @@ def open_envelope(
 ) -> Envelope:
     """Parse and authenticate ``data`` as a ``kind`` message of round ``round_idx``."""
     return authenticate(
-        Envelope.parse(data), directory=directory, kind=kind, round_idx=round_idx,
-        completed_round=completed_round, context=context,
+        Envelope.parse(data),
+        directory=directory,
+        kind=kind,
+        round_idx=round_idx,
+        completed_round=completed_round,
+        context=context,
     )
 
 
@@ -331,7 +339,9 @@ def authenticate(
     return env
 
 
-def check_header(env: Envelope, *, directory: IdentityDirectory, kind: Kind, round_idx: int, completed_round: int) -> None:
+def check_header(
+    env: Envelope, *, directory: IdentityDirectory, kind: Kind, round_idx: int, completed_round: int
+) -> None:
     """The cheap checks, which need no hashing of the body."""
     if env.kind != kind:
         reason = Reason.WRONG_KIND if env.kind in Kind._value2member_map_ else Reason.GARBAGE
@@ -345,7 +355,9 @@ def check_header(env: Envelope, *, directory: IdentityDirectory, kind: Kind, rou
         raise RejectedPayload(Reason.WRONG_ROUND, f"round {env.round_idx}, expected {round_idx}", env.client_id)
 
 
-def verify_signature(env: Envelope, *, directory: IdentityDirectory, context: bytes, digest: bytes | None = None) -> None:
+def verify_signature(
+    env: Envelope, *, directory: IdentityDirectory, context: bytes, digest: bytes | None = None
+) -> None:
     """``digest`` may be given if SHA-256(body) was computed elsewhere (e.g. in a thread)."""
     if digest is not None:
         env.__dict__["digest"] = digest  # fills the cached_property

@@ -219,7 +219,9 @@ def neighbour_graph(client_ids: Iterable[int], params: MaskingParams, round_seed
 
 
 def _hkdf(secret: bytes, label: bytes, *parts: bytes, length: int = 32) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_KDF_PREFIX + label + b"".join(parts)).derive(secret)
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=_KDF_PREFIX + label + b"".join(parts)).derive(
+        secret
+    )
 
 
 # AES-128: the masks' keys come from X25519, whose security is about 128 bits anyway,

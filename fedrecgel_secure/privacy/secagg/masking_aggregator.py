@@ -22,7 +22,17 @@ from . import shamir
 from .errors import Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
 from .identity import Envelope, IdentityDirectory, Kind, ServerIdentity, authenticate, check_round, check_session_tag
-from .masking import RING_BITS, SEED_BYTES, MaskingParams, _context, _pair_seed, _self_seed, cohort_digest, neighbour_graph, prg_into
+from .masking import (
+    RING_BITS,
+    SEED_BYTES,
+    MaskingParams,
+    _context,
+    _pair_seed,
+    _self_seed,
+    cohort_digest,
+    neighbour_graph,
+    prg_into,
+)
 from .masking_wire import (
     _PAIR,
     _SELF,
@@ -81,8 +91,15 @@ class MaskingAggregator:
     """
 
     def __init__(
-        self, directory: IdentityDirectory, dim: int, params: MaskingParams, *, identity: ServerIdentity,
-        encoding: FixedPoint, min_clients: int, session_tag: bytes,
+        self,
+        directory: IdentityDirectory,
+        dim: int,
+        params: MaskingParams,
+        *,
+        identity: ServerIdentity,
+        encoding: FixedPoint,
+        min_clients: int,
+        session_tag: bytes,
     ) -> None:
         if min_clients < 1:
             raise BadInputError(f"min_clients must be >= 1, got {min_clients}")
@@ -109,7 +126,9 @@ class MaskingAggregator:
         """Start an attempt; returns the signed announcement."""
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
-            raise ProtocolStateError(f"round {round_idx} is not after the last completed round {self.last_completed_round}")
+            raise ProtocolStateError(
+                f"round {round_idx} is not after the last completed round {self.last_completed_round}"
+            )
         seed = secrets.token_bytes(SEED_BYTES) if round_seed is None else bytes(round_seed)
         if len(seed) != SEED_BYTES:
             raise ProtocolStateError(f"round seed must be {SEED_BYTES} bytes")
@@ -124,7 +143,9 @@ class MaskingAggregator:
     def _require(self, count: int, what: str) -> None:
         if count < self.min_clients:
             assert self._round is not None
-            raise self._skip("too_few_clients", f"round {self._round.round_idx}: {count} {what}, {self.min_clients} required")
+            raise self._skip(
+                "too_few_clients", f"round {self._round.round_idx}: {count} {what}, {self.min_clients} required"
+            )
 
     def receive(self, payload: bytes) -> int:
         """Check one client message of the current step and record it; returns the client id."""
@@ -134,10 +155,16 @@ class MaskingAggregator:
         try:
             env = Envelope.parse(payload)
             if env.kind != st.phase and env.kind in _MASK_KINDS:
-                raise RejectedPayload(Reason.OUT_OF_PHASE, f"{Kind(env.kind).name} during {st.phase.name}", env.client_id)
+                raise RejectedPayload(
+                    Reason.OUT_OF_PHASE, f"{Kind(env.kind).name} during {st.phase.name}", env.client_id
+                )
             env = authenticate(
-                env, directory=self.directory, kind=st.phase, round_idx=st.round_idx,
-                completed_round=self.last_completed_round, context=_context(self.session_tag, st.round_seed),
+                env,
+                directory=self.directory,
+                kind=st.phase,
+                round_idx=st.round_idx,
+                completed_round=self.last_completed_round,
+                context=_context(self.session_tag, st.round_seed),
             )
             {
                 Kind.MASK_ADVERTISE: self._on_advert,
@@ -215,7 +242,9 @@ class MaskingAggregator:
         # Every needed secret must have t holders among the survivors (the only ones who will answer).
         short = [i for i in sorted(st.u1) if len(set(st.bundles[i]) & survivors) < t]
         if short:
-            raise self._skip("below_threshold", f"round {st.round_idx}: fewer than {t} surviving holders for clients {short[:10]}")
+            raise self._skip(
+                "below_threshold", f"round {st.round_idx}: fewer than {t} surviving holders for clients {short[:10]}"
+            )
         st.phase = Kind.MASK_CONFIRM
         return self._seal(st, Kind.MASK_CHECK, encode_survivors(st.round_idx, st.survivors))
 
@@ -235,7 +264,8 @@ class MaskingAggregator:
         need = self.params.consistency_threshold(len(st.graph))
         if len(st.confirmed) < need:
             raise self._skip(
-                "inconsistent", f"round {st.round_idx}: {len(st.confirmed)} confirmations of the survivor set, {need} required"
+                "inconsistent",
+                f"round {st.round_idx}: {len(st.confirmed)} confirmations of the survivor set, {need} required",
             )
         st.phase = Kind.MASK_UNMASK
         return self._seal(st, Kind.MASK_REQUEST, encode_request(st.round_idx, st.survivors, st.confirmed))
@@ -266,9 +296,7 @@ class MaskingAggregator:
         needed = [(i, _SELF) for i in st.survivors] + [(i, _PAIR) for i in dropped]
         short = [i for i, kind in needed if len(st.shares.get((i, kind), {})) < t]
         if short:
-            raise self._skip(
-                "below_threshold", f"round {st.round_idx}: fewer than {t} shares for clients {short[:10]}"
-            )
+            raise self._skip("below_threshold", f"round {st.round_idx}: fewer than {t} shares for clients {short[:10]}")
         try:
             seeds = {key: shamir.combine(st.shares[key], t) for key in needed}
         except BadInputError as exc:
@@ -290,7 +318,11 @@ class MaskingAggregator:
                 else:
                     total += mask
         if central_noise is not None:
-            total += self.encoding.encode_noise(check_vector(central_noise, self.dim, "central noise")).astype(np.int64).view(np.uint64)
+            total += (
+                self.encoding.encode_noise(check_vector(central_noise, self.dim, "central noise"))
+                .astype(np.int64)
+                .view(np.uint64)
+            )
         result = MaskedSum(st.round_idx, total, self.encoding.decode(total.view(np.int64)), list(st.survivors))
         self.last_completed_round = st.round_idx
         self._round = None

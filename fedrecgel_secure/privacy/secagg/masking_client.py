@@ -94,8 +94,16 @@ class MaskingClient:
     """
 
     def __init__(
-        self, identity: ClientIdentity, directory: IdentityDirectory, dim: int, params: MaskingParams,
-        *, server_key: bytes, encoding: FixedPoint, min_clients: int, session_tag: bytes,
+        self,
+        identity: ClientIdentity,
+        directory: IdentityDirectory,
+        dim: int,
+        params: MaskingParams,
+        *,
+        server_key: bytes,
+        encoding: FixedPoint,
+        min_clients: int,
+        session_tag: bytes,
     ) -> None:
         encoding.check_capacity(max(len(directory), 1), RING_BITS, "privacy.secure_aggregation")
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
@@ -135,8 +143,12 @@ class MaskingClient:
         """Parse and check a signed aggregator message; returns its body."""
         try:
             env = authenticate(
-                Envelope.parse(data), directory=self.server, kind=kind, round_idx=round_idx,
-                completed_round=-1, context=context,
+                Envelope.parse(data),
+                directory=self.server,
+                kind=kind,
+                round_idx=round_idx,
+                completed_round=-1,
+                context=context,
             )
         except RejectedPayload as exc:
             raise self._violation(exc.reason, f"{kind.name} from the aggregator: {exc.detail}") from None
@@ -161,7 +173,9 @@ class MaskingClient:
             # A new attempt of a round whose survivor set this client already signed
             # could give the server a second sum over the same inputs.
             raise self._violation(Reason.ALREADY_ANSWERED, f"already confirmed round {self._confirmed_round}")
-        st = _ClientRound(round_idx, seed, X25519PrivateKey.generate(), X25519PrivateKey.generate(), secrets.token_bytes(32))
+        st = _ClientRound(
+            round_idx, seed, X25519PrivateKey.generate(), X25519PrivateKey.generate(), secrets.token_bytes(32)
+        )
         st.context = _context(self.session_tag, seed)
         self._round = st
         body = st.c_key.public_key().public_bytes_raw() + st.s_key.public_key().public_bytes_raw()
@@ -191,8 +205,12 @@ class MaskingClient:
         for j in st.neighbours:
             try:
                 env = authenticate(
-                    by_id[j], directory=self.directory, kind=Kind.MASK_ADVERTISE, round_idx=st.round_idx,
-                    completed_round=-1, context=st.context,
+                    by_id[j],
+                    directory=self.directory,
+                    kind=Kind.MASK_ADVERTISE,
+                    round_idx=st.round_idx,
+                    completed_round=-1,
+                    context=st.context,
                 )
                 c_pub, s_pub = decode_keys(env.body, j, probe=False)
                 # Both secrets now, once: a zero or low-order key makes exchange raise (bad_key).
@@ -237,7 +255,9 @@ class MaskingClient:
         for sender, ct in incoming.items():
             if sender not in st.c_shared:
                 raise self._violation(Reason.BAD_SHARE, f"share from {sender}, who is not a verified neighbour")
-            aead, aad = _share_cipher(st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id, st.digest)
+            aead, aad = _share_cipher(
+                st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id, st.digest
+            )
             try:
                 plain = aead.decrypt(b"\x00" * 12, ct, aad)
                 held[sender] = (
@@ -300,13 +320,17 @@ class MaskingClient:
         """Reveal one share per partner, after at least T cohort members confirmed this client's survivor set."""
         st = self._state()
         if st.answered:
-            raise self._violation(Reason.ALREADY_ANSWERED, f"already answered the unmask request of round {st.round_idx}")
+            raise self._violation(
+                Reason.ALREADY_ANSWERED, f"already answered the unmask request of round {st.round_idx}"
+            )
         if st.survivors is None:
             raise self._violation(Reason.OUT_OF_PHASE, "unmask request before this client confirmed a survivor set")
         body = self._open(request, Kind.MASK_REQUEST, st.round_idx, st.context)
         survivors, sigs = self._decode(decode_request, body, st.round_idx)
         if tuple(survivors) != st.survivors:
-            raise self._violation(Reason.INCONSISTENT, "the unmask request names another survivor set than the one confirmed")
+            raise self._violation(
+                Reason.INCONSISTENT, "the unmask request names another survivor set than the one confirmed"
+            )
         digest = hashlib.sha256(confirmation_body(st.digest, st.round_idx, survivors)).digest()
         alive = set(survivors)
         need = self.params.consistency_threshold(len(st.cohort))
@@ -324,7 +348,9 @@ class MaskingClient:
                 continue
             signed.add(signer)
         if len(signed) < need:
-            raise self._violation(Reason.INCONSISTENT, f"{len(signed)} valid confirmations of the survivor set, {need} required")
+            raise self._violation(
+                Reason.INCONSISTENT, f"{len(signed)} valid confirmations of the survivor set, {need} required"
+            )
         st.answered = True
         entries = []
         for owner in sorted(st.held):

@@ -32,7 +32,7 @@ from fedrecgel_secure.errors import BadInputError
 from . import shamir
 from .errors import Reason, RejectedPayload
 from .identity import SIGNATURE_BYTES, Envelope
-from .masking import SEED_BYTES, _U32, x25519_public
+from .masking import _U32, SEED_BYTES, x25519_public
 
 _ANNOUNCE = struct.Struct(">4sQ16s")
 _LIST_HEAD = struct.Struct(">4sQI")
@@ -51,7 +51,9 @@ def encode_announcement(round_idx: int, round_seed: bytes) -> bytes:
 def decode_announcement(data: bytes) -> tuple[int, bytes]:
     data = bytes(data)
     if len(data) != _ANNOUNCE.size:
-        raise RejectedPayload(Reason.TRUNCATED if len(data) < _ANNOUNCE.size else Reason.GARBAGE, "bad announcement length")
+        raise RejectedPayload(
+            Reason.TRUNCATED if len(data) < _ANNOUNCE.size else Reason.GARBAGE, "bad announcement length"
+        )
     magic, round_idx, seed = _ANNOUNCE.unpack(data)
     if magic != b"MKR1":
         raise RejectedPayload(Reason.GARBAGE, "not a round announcement")
@@ -70,7 +72,11 @@ def _decode_list(data: bytes, magic: bytes, round_idx: int, what: str, off: int 
 
 
 def encode_adverts(round_idx: int, round_seed: bytes, adverts: Sequence[bytes]) -> bytes:
-    return _LIST_HEAD.pack(b"MKB1", round_idx, len(adverts)) + round_seed + b"".join(_U32.pack(len(a)) + a for a in adverts)
+    return (
+        _LIST_HEAD.pack(b"MKB1", round_idx, len(adverts))
+        + round_seed
+        + b"".join(_U32.pack(len(a)) + a for a in adverts)
+    )
 
 
 def decode_adverts(data: bytes, round_idx: int, round_seed: bytes) -> list[Envelope]:
@@ -173,7 +179,9 @@ def decode_share_bundle(body: bytes, client_id: int | None = None) -> dict[int, 
         raise RejectedPayload(Reason.TRUNCATED, "share bundle shorter than its count", client_id)
     (count,) = _U32.unpack_from(body)
     if len(body) - 4 != count * _SHARE_ENTRY:
-        raise RejectedPayload(Reason.WRONG_SHAPE, f"share bundle of {len(body)} bytes does not hold {count} shares", client_id)
+        raise RejectedPayload(
+            Reason.WRONG_SHAPE, f"share bundle of {len(body)} bytes does not hold {count} shares", client_id
+        )
     out: dict[int, bytes] = {}
     for k in range(count):
         entry = body[4 + k * _SHARE_ENTRY : 4 + (k + 1) * _SHARE_ENTRY]
@@ -185,7 +193,9 @@ def decode_share_bundle(body: bytes, client_id: int | None = None) -> dict[int, 
 
 
 def encode_unmask(entries: Sequence[tuple[int, int, int]]) -> bytes:
-    return _U32.pack(len(entries)) + b"".join(struct.pack(">IB", o, k) + shamir.share_to_bytes(y) for o, k, y in entries)
+    return _U32.pack(len(entries)) + b"".join(
+        struct.pack(">IB", o, k) + shamir.share_to_bytes(y) for o, k, y in entries
+    )
 
 
 def decode_unmask(body: bytes, client_id: int | None = None) -> dict[int, tuple[int, int]]:
@@ -194,7 +204,9 @@ def decode_unmask(body: bytes, client_id: int | None = None) -> dict[int, tuple[
         raise RejectedPayload(Reason.TRUNCATED, "unmask response shorter than its count", client_id)
     (count,) = _U32.unpack_from(body)
     if len(body) - 4 != count * _UNMASK_ENTRY:
-        raise RejectedPayload(Reason.WRONG_SHAPE, f"unmask response of {len(body)} bytes does not hold {count} shares", client_id)
+        raise RejectedPayload(
+            Reason.WRONG_SHAPE, f"unmask response of {len(body)} bytes does not hold {count} shares", client_id
+        )
     out: dict[int, tuple[int, int]] = {}
     for k in range(count):
         entry = body[4 + k * _UNMASK_ENTRY : 4 + (k + 1) * _UNMASK_ENTRY]
@@ -227,4 +239,3 @@ def decode_keys(body: bytes, client_id: int, *, probe: bool = True) -> tuple[byt
         x25519_public(c_pub, client_id)
         x25519_public(s_pub, client_id)
     return c_pub, s_pub
-

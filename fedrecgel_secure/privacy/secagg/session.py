@@ -126,7 +126,11 @@ class SecAggSession:
             shared = ts.context_from(public, n_threads=1)
             self.clients: dict[int, HEClient | MaskingClient] = {
                 c: HEClient(
-                    self.identities[c], shared, dim, encoding=encoding, session_tag=tag,
+                    self.identities[c],
+                    shared,
+                    dim,
+                    encoding=encoding,
+                    session_tag=tag,
                     tag_key=self.key_holder.client_key(c),
                 )
                 for c in self.client_ids
@@ -136,14 +140,25 @@ class SecAggSession:
             self.key_holder = None
             self.server_identity = ServerIdentity.generate()
             self.aggregator = MaskingAggregator(
-                self.directory, dim, params, identity=self.server_identity, encoding=encoding, min_clients=min_clients,
+                self.directory,
+                dim,
+                params,
+                identity=self.server_identity,
+                encoding=encoding,
+                min_clients=min_clients,
                 session_tag=tag,
             )
             server_key = self.server_identity.public_bytes
             self.clients = {
                 c: MaskingClient(
-                    self.identities[c], self.directory, dim, params, server_key=server_key, encoding=encoding,
-                    min_clients=min_clients, session_tag=tag,
+                    self.identities[c],
+                    self.directory,
+                    dim,
+                    params,
+                    server_key=server_key,
+                    encoding=encoding,
+                    min_clients=min_clients,
+                    session_tag=tag,
                 )
                 for c in self.client_ids
             }
