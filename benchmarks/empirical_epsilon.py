@@ -84,8 +84,10 @@ def main(argv=None) -> None:
                 e = run(split, eps, seed, args.rounds, args.canaries, off)
                 acc = "inf" if math.isinf(e["accounted_epsilon"]) else f"{e['accounted_epsilon']:.3g}"
                 print(
-                    f"{label} | {seed} | {acc} | {e['empirical_epsilon']:.3g} ({e['empirical_epsilon_low']:.3g}-{e['empirical_epsilon_high']:.3g})"
-                    f" | {e['empirical_epsilon_two_gaussians']:.3g} | {e['lower_bound']:.3g} | {e['red_flag']} | {time.perf_counter() - start:.1f}",
+                    f"{label} | {seed} | {acc} | {e['empirical_epsilon']:.3g} "
+                    f"({e['empirical_epsilon_low']:.3g}-{e['empirical_epsilon_high']:.3g})"
+                    f" | {e['empirical_epsilon_two_gaussians']:.3g} | {e['lower_bound']:.3g} | {e['red_flag']}"
+                    f" | {time.perf_counter() - start:.1f}",
                     flush=True,
                 )
 

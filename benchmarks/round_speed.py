@@ -41,7 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     split = load_split(load_policy().data)
     print(
-        f"FilmTrust: {split.n_users} clients, 10% per round; torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"FilmTrust: {split.n_users} clients, 10% per round; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
     results = {
         engine: seconds_per_round(engine, split, args.rounds, args.warmup) for engine in ("per-client", "batched")

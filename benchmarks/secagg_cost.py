@@ -83,7 +83,8 @@ def main() -> None:
         upload = r.get("secagg_upload_bytes", 0.0)
         server = r.get("secagg_aggregate_seconds", 0.0) + r.get("secagg_finalize_seconds", 0.0)
         print(
-            f"{name:<30}{client:>10.3f}{upload / 1e6:>11.2f}{upload / r['dim']:>9.1f}{server:>10.3f}{r['round_s']:>9.2f}{r['round_s'] / plain:>9.1f}x"
+            f"{name:<30}{client:>10.3f}{upload / 1e6:>11.2f}{upload / r['dim']:>9.1f}{server:>10.3f}"
+            f"{r['round_s']:>9.2f}{r['round_s'] / plain:>9.1f}x"
         )
     gigabytes, seconds = keystream_floor(n, results["none"]["dim"], 2 * math.ceil(math.log2(n)))
     print(

@@ -113,7 +113,10 @@ def train(
             extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f}"
             if info.cost is not None:
                 cost = info.cost
-                extra += f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, server {cost.server_seconds:.2f} s"
+                extra += (
+                    f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, "
+                    f"server {cost.server_seconds:.2f} s"
+                )
             if info.clipped_values:
                 extra += f"  [yellow]{info.clipped_values} values clipped to the fixed-point range[/]"
             if info.skipped is not None:
@@ -139,7 +142,8 @@ def train(
     if summary.privacy:
         p = summary.privacy
         out.print(
-            f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user ({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
+            f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
+            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
@@ -307,7 +311,8 @@ def data_split(
     split = authors_data(data)
     train, test = write_authors_files(split, out_dir)
     out.print(
-        f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions\nwrote {train}\nwrote {test}"
+        f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions"
+        f"\nwrote {train}\nwrote {test}"
     )
 
 
@@ -397,14 +402,16 @@ def study_run(
             outcome = run_study(study_file, out_dir, jobs=jobs, progress=on_progress)
     except KeyboardInterrupt:
         err.print(
-            f"interrupted: every run keeps its last checkpoint; rerun `fedrecgel study {study_file} --out {out_dir}` to continue"
+            f"interrupted: every run keeps its last checkpoint; "
+            f"rerun `fedrecgel study {study_file} --out {out_dir}` to continue"
         )
         raise typer.Exit(130) from None
     files = outcome.files
     out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
     if outcome.failed:
         err.print(
-            f"[bold red]{len(outcome.failed)} of {len(outcome.runs)} runs failed[/] (rerun the same command to retry them):",
+            f"[bold red]{len(outcome.failed)} of {len(outcome.runs)} runs failed[/]"
+            " (rerun the same command to retry them):",
             highlight=False,
         )
         for o in outcome.failed:
@@ -495,7 +502,8 @@ def deploy_plan_cmd(
         list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")
     ] = [],
 ):
-    """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, the run."""
+    """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, \
+the run."""
     from fedrecgel_secure.deploy.local import plan
     from fedrecgel_secure.policy import load_policy
 

@@ -254,7 +254,8 @@ class MaskingPolicy(Section):
 
     degree: int | Literal["all", "secagg+", "auto"] = Field(
         "auto",
-        description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n), or auto (all pairs for small cohorts).",
+        description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n),"
+        " or auto (all pairs for small cohorts).",
     )
     threshold: int | float | None = Field(
         None, description="Shamir threshold t: a count, or a fraction of the neighbours."
@@ -263,8 +264,9 @@ class MaskingPolicy(Section):
         2 / 3,
         ge=0.5,
         lt=1,
-        description="Consistency check f (malicious server): a client releases shares only after floor(f*n)+1 of the n clients "
-        "in the cohort signed the same survivor set; at most n minus that many may drop out after masking.",
+        description="Consistency check f (malicious server): a client releases shares only after floor(f*n)+1"
+        " of the n clients in the cohort signed the same survivor set;"
+        " at most n minus that many may drop out after masking.",
     )
 
     def params(self):
@@ -276,7 +278,8 @@ class MaskingPolicy(Section):
 class SecureAggregationPolicy(Section):
     scheme: Literal["none", "bfv", "masking"] = Field(
         "none",
-        description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption; masking: pairwise masks.",
+        description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption;"
+        " masking: pairwise masks.",
     )
     min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
     cover: Literal["shared", "item_embeddings"] = Field(
@@ -286,7 +289,8 @@ class SecureAggregationPolicy(Section):
     clip_range: float = Field(
         32.0,
         gt=0,
-        description="Fixed-point range R: each value a client hands over is clipped to [-R, R] (clipped values are counted in metrics.jsonl).",
+        description="Fixed-point range R: each value a client hands over is clipped to [-R, R]"
+        " (clipped values are counted in metrics.jsonl).",
     )
     frac_bits: int = Field(
         36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits."
@@ -322,7 +326,8 @@ class AuditPolicy(Section):
         ge=0,
         le=100_000,
         description="Canary clients inserted into training, each Poisson-sampled like a client; as many more are drawn"
-        " but never inserted. Each upload is a fixed random direction of norm canary_norm. 0: none (no effect on training).",
+        " but never inserted. Each upload is a fixed random direction of norm canary_norm."
+        " 0: none (no effect on training).",
     )
     canary_norm: float | None = Field(
         None,
@@ -356,7 +361,8 @@ class SuperLinkPolicy(Section):
         ge=1,
         le=65535,
         description="flwr 1.42 serves its Fleet, Runtime (ServerApp) and Control (flwr run) APIs on this one HTTP port;"
-        " the Control API has no authentication in this build, so only the nodes and the operator may reach it (firewall).",
+        " the Control API has no authentication in this build, so only the nodes and the operator may reach it"
+        " (firewall).",
     )
 
 
@@ -412,12 +418,13 @@ class DeploymentPolicy(Section):
     heartbeat: float = Field(
         0.5,
         gt=0,
-        description="Seconds between the server's polls for replies and connected nodes (Flower 1.42 has no flag for the"
-        " SuperNode heartbeat itself; a killed node is caught by stage_timeout).",
+        description="Seconds between the server's polls for replies and connected nodes"
+        " (Flower 1.42 has no flag for the SuperNode heartbeat itself; a killed node is caught by stage_timeout).",
     )
     state_dir: str = Field(
         "nodes/{shard}",
-        description="Each node's state directory ({shard} is its index); relative paths are under the deployment directory.",
+        description="Each node's state directory ({shard} is its index);"
+        " relative paths are under the deployment directory.",
     )
     superlink: SuperLinkPolicy = Field(SuperLinkPolicy(), description="The SuperLink's address and ports.")
     tls: TlsPolicy = Field(TlsPolicy(), description="TLS and node authentication.")

@@ -375,7 +375,8 @@ def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_f
 
 
 def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, data_file):
-    """audit = true over a scheme × ε grid, end to end through the command: real masking and BFV rounds, audit.json per run."""
+    """audit = true over a scheme × ε grid, end to end through the command: real masking and BFV rounds, audit.json
+    per run."""
     from fedrecgel_secure.audit.views import server_view
 
     spec = write_study(
@@ -417,8 +418,8 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         for k in ("attack_auc", "prior_auc", "attack_precision_at_k", "prior_precision_at_k")
     }
     assert (
-        f"| {r['attack_auc']:.4f} | {r['prior_auc']:.4f} | {r['attack_precision_at_k']:.4f} | {r['prior_precision_at_k']:.4f} |"
-        in line
+        f"| {r['attack_auc']:.4f} | {r['prior_auc']:.4f} |"
+        f" {r['attack_precision_at_k']:.4f} | {r['prior_precision_at_k']:.4f} |" in line
     )
     for name in (*PLOTS, "attack_vs_epsilon.png"):
         with Image.open(out / name) as image:

@@ -35,7 +35,8 @@ _TAG_SAMPLE = 0x72796361  # "ryca"
 
 
 class Canaries:
-    """k inserted canaries (ids 0..k-1) and k held out (ids k..2k-1); follows ``CanaryHook`` of the aggregation rules."""
+    """k inserted canaries (ids 0..k-1) and k held out (ids k..2k-1); follows ``CanaryHook`` of the aggregation
+    rules."""
 
     def __init__(self, k: int, norm: float, sample_rate: float, seed: int, dim: int):
         if k < 1:

@@ -52,5 +52,6 @@ def success(scores: np.ndarray, positives: np.ndarray) -> tuple[float, float]:
 
 
 def popularity_prior(item_counts: np.ndarray, own: np.ndarray) -> np.ndarray:
-    """Per-item score of the prior: training interactions of all users (``item_counts``) but the client (``own``: its items)."""
+    """Per-item score of the prior: training interactions of all users (``item_counts``) but the client (``own``:
+    its items)."""
     return (item_counts - np.bincount(own, minlength=item_counts.size)).astype(np.float64)

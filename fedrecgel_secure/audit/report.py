@@ -31,10 +31,12 @@ def render_audit(console, run_dir, report: dict) -> None:
     if c is None:
         return
     console.print(
-        f"Empirical privacy ({c['canaries']} canaries inserted, {c['canary_insertions']} insertions over {c['rounds']} rounds,"
+        f"Empirical privacy ({c['canaries']} canaries inserted, {c['canary_insertions']} insertions"
+        f" over {c['rounds']} rounds,"
         f" as many held out): ε ≈ {_eps(c['empirical_epsilon'])}{'+' if c['capped'] else ''}"
         f" ({c['confidence']:.0%} CI {_eps(c['empirical_epsilon_low'])}–{_eps(c['empirical_epsilon_high'])}),"
-        f" one-run lower bound {c['lower_bound']:.3g}, accounted ε = {_eps(c['accounted_epsilon'])} at δ = {c['delta']:g}."
+        f" one-run lower bound {c['lower_bound']:.3g},"
+        f" accounted ε = {_eps(c['accounted_epsilon'])} at δ = {c['delta']:g}."
     )
     if c["red_flag"]:
         console.print(f"[bold red]{c['warning']}[/bold red]")

@@ -45,7 +45,8 @@ def server_view(policy) -> str:
 
 
 def available(policy, view: str) -> bool:
-    """Whether a view exists under the policy's DP settings (noised views need DP, a noise share needs distributed mode)."""
+    """Whether a view exists under the policy's DP settings (noised views need DP, a noise share needs distributed
+    mode)."""
     dp = policy.privacy.dp
     if view in ("dp-upload",):
         return dp.enabled and dp.mode == "distributed"

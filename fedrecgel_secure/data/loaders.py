@@ -200,7 +200,10 @@ def _column(src: str, header_line: int, names: list[str], keys: list[str], wante
             return keys.index(name.lower())
     hint = ""
     if fmt == "csv":
-        hint = "; a headerless 'user,item,rating,timestamp' file needs format 'amazon' (`--format amazon` or `--set data.format=amazon`)"
+        hint = (
+            "; a headerless 'user,item,rating,timestamp' file needs format 'amazon'"
+            " (`--format amazon` or `--set data.format=amazon`)"
+        )
     raise BadInputError(
         f"{src}:{header_line}: the header has no '{wanted[0]}' column (found: {', '.join(names)}){hint}"
     )

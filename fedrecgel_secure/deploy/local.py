@@ -226,17 +226,20 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     )
     node_sec = f"--root-certificates {tls.ca_cert}" if tls.enabled else "--insecure"
     out = [
-        f"# {d.nodes} client nodes, users sharded {d.sharding}; every machine needs `pip install 'fedrecgel-secure[flower]'`,",
+        f"# {d.nodes} client nodes, users sharded {d.sharding}; "
+        "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
         f"# the same {policy_name} and the dataset it names.",
         "",
         "## 1. Certificates (SuperLink machine)",
         "# a CA and a server certificate whose SAN is the SuperLink's address, e.g. with openssl:",
         "openssl req -x509 -newkey rsa:4096 -nodes -days 365 -subj /CN=fedrecgel-ca -keyout ca.key -out ca.pem",
         f"openssl req -newkey rsa:4096 -nodes -subj /CN={s.host} -keyout server.key -out server.csr",
-        f"openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem -extfile <(printf 'subjectAltName=IP:{s.host}')",
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem "
+        f"-extfile <(printf 'subjectAltName=IP:{s.host}')",
         "",
         "## 2. SuperLink machine: one HTTP port serves the Fleet, Runtime and Control APIs in flwr 1.42;",
-        "##    the Control API has no authentication in this build: let only the nodes and the operator reach it (firewall)",
+        "##    the Control API has no authentication in this build: "
+        "let only the nodes and the operator reach it (firewall)",
         f"flower-superlink {link_sec} --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
         + (" --enable-supernode-auth" if tls.node_authentication else ""),
     ]
@@ -251,7 +254,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             "ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"
         ]
     out += [
-        f"mkdir -m 700 -p {d.state_dir.format(shard='K')}   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
+        f"mkdir -m 700 -p {d.state_dir.format(shard='K')}"
+        "   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
         f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
         + (
             "--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub "

@@ -123,7 +123,8 @@ class Node:
             if mine.size:
                 if ("pending", r) not in files:
                     raise ValueError(
-                        f"node {self.shard}: round {r} counted users of this node, but it has no pending update of that round"
+                        f"node {self.shard}: round {r} counted users of this node, "
+                        "but it has no pending update of that round"
                     )
                 pending = PrivateUpdate(**self._load(files[("pending", r)]))
                 positions = np.flatnonzero(np.isin(self.users[pending.clients.numpy()], mine))
@@ -204,7 +205,8 @@ class Node:
         }
 
     def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
-        """Scores of every hosted user's candidates (test, and validation if any), as the engine's evaluation computes them."""
+        """Scores of every hosted user's candidates (test, and validation if any), as the engine's evaluation
+        computes them."""
         import torch
 
         from fedrecgel_secure.federation.evaluation import USERS_PER_PASS

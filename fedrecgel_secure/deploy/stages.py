@@ -74,7 +74,8 @@ class FlowerStages:
         shard_of = {mid: s for mid, s in zip(ids, shards) if mid}
         if len(shard_of) < len(shards):
             self.log(
-                f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink (nodes dropped)"
+                f"{message_type} {group}: {len(shards) - len(shard_of)} messages were refused by the SuperLink"
+                " (nodes dropped)"
             )
         outstanding, replies = set(shard_of), {}
         deadline = time.monotonic() + timeout
@@ -92,7 +93,8 @@ class FlowerStages:
                 time.sleep(min(self.settings.heartbeat, max(0.0, deadline - time.monotonic())))
         if outstanding:
             self.log(
-                f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped (no reply within {timeout:g} s)"
+                f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped"
+                f" (no reply within {timeout:g} s)"
             )
         return replies
 

@@ -113,7 +113,8 @@ def build_local_sets_per_client(
     *,
     blocks: bool = False,
 ) -> LocalSets:
-    """:func:`build_local_sets` one client at a time, each from :func:`client_rng`, concatenated in ``clients`` order."""
+    """:func:`build_local_sets` one client at a time, each from :func:`client_rng`, concatenated in ``clients``
+    order."""
     parts = [
         build_local_sets(
             client_rng(seed, round_idx, int(c)),

@@ -48,7 +48,8 @@ GUARANTEE = {
 
 
 def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationRule:
-    """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for seeded noise."""
+    """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for
+    seeded noise."""
     dim = sum(p.numel() for p in model.parameters())
     secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
     n_items = model.item_embeddings.numel()

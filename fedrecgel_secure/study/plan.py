@@ -92,7 +92,8 @@ def read_plan(out_dir: Path) -> dict:
     plan = read_json(out_dir / PLAN)
     if plan is None:
         raise BadInputError(
-            f"{out_dir}: not a study directory (no readable {PLAN}); run `fedrecgel study STUDY.toml --out {out_dir}` first"
+            f"{out_dir}: not a study directory (no readable {PLAN});"
+            f" run `fedrecgel study STUDY.toml --out {out_dir}` first"
         )
     return plan
 
@@ -172,7 +173,8 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
     stale = [r for r in runs if (r.dir / RESOLVED).is_file() and load_policy(r.dir / RESOLVED).digest() != r.digest]
     if stale:
         raise BadInputError(
-            f"{spec_path}: {len(stale)} run director{'y' if len(stale) == 1 else 'ies'} in {out_dir} hold a run trained under "
+            f"{spec_path}: {len(stale)} run director{'y' if len(stale) == 1 else 'ies'} in {out_dir}"
+            " hold a run trained under "
             f"another policy than the study now describes (did its base or overrides change?), e.g. {stale[0].dir}; "
             "choose another --out or delete those run directories"
         )

@@ -288,7 +288,8 @@ def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estim
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     ax.set_title(
-        f"{plan['name']}: empirical against accounted ε\n(above the diagonal beyond the CI: a bug in the noise or accounting)",
+        f"{plan['name']}: empirical against accounted ε\n"
+        "(above the diagonal beyond the CI: a bug in the noise or accounting)",
         fontsize="small",
     )
     fig.savefig(out_dir / PLOT_EMPIRICAL, dpi=110)

@@ -91,7 +91,8 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         + (
             ", with " + ", ".join(f"`{o}`" for o in plan["overrides"]) + " for every run." if plan["overrides"] else "."
         ),
-        f"{len(groups(runs))} settings × {len(plan['seeds'])} seeds ({', '.join(map(str, plan['seeds']))}) = {len(runs)} runs: "
+        f"{len(groups(runs))} settings × {len(plan['seeds'])} seeds"
+        f" ({', '.join(map(str, plan['seeds']))}) = {len(runs)} runs: "
         + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         + ".",
         "",
@@ -124,21 +125,26 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
     lines += [
         "",
         f"Mean ± sample standard deviation over the finished seeds (`seeds` = finished/planned). "
-        f"*Best* is the evaluation with the best test {select_by.upper()} (the authors' protocol), *final* the last one. "
+        f"*Best* is the evaluation with the best test {select_by.upper()} (the authors' protocol),"
+        " *final* the last one. "
         "ε is the privacy budget each run spent"
         + (f" at δ = {', '.join(f'{d:g}' for d in deltas)}" if deltas else "")
         + "; ∞ means no DP."
         + (
             " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
-            f" (AUC, chance 0.5; precision@k, chance {statistics.fmean(r.audit['chance_precision_at_k'] for r in runs if r.audit):.4f});"
-            " prior: the same metrics for items ranked by other users' interactions alone. What the attack gains beyond the prior is learnt about the client."
-            " The attack columns are the best of the audit's attacks (best attack) on the server's view; released AUC is the best attack on"
+            " (AUC, chance 0.5; precision@k, chance"
+            f" {statistics.fmean(r.audit['chance_precision_at_k'] for r in runs if r.audit):.4f});"
+            " prior: the same metrics for items ranked by other users' interactions alone."
+            " What the attack gains beyond the prior is learnt about the client."
+            " The attack columns are the best of the audit's attacks (best attack) on the server's view;"
+            " released AUC is the best attack on"
             " the released model's round-to-round differences."
             if audited
             else ""
         )
         + (
-            " Empirical ε: the one-run estimate from the run's canary clients (Andrew et al., ICLR 2024) at the run's δ;"
+            " Empirical ε: the one-run estimate from the run's canary clients (Andrew et al., ICLR 2024)"
+            " at the run's δ;"
             " it should stay at or below ε."
             if canaries
             else ""
@@ -148,7 +154,8 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
     flagged = [r for r in finished if r.audit and r.audit.get("red_flag")]
     if flagged:
         lines += [
-            f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε beyond its confidence interval,"
+            f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε"
+            " beyond its confidence interval,"
             " which means a bug in the noise or the accounting:** "
             + ", ".join(
                 f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})"
@@ -160,7 +167,8 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
     if seeded:
         lines += [
             f'**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = "seeded"`): reproducible,'
-            " but the client sample and the noise follow from the policy's seed, so these runs give no privacy guarantee"
+            " but the client sample and the noise follow from the policy's seed,"
+            " so these runs give no privacy guarantee"
             " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
             "",
         ]

@@ -62,7 +62,8 @@ def _run_lock(run_dir: Path):
 
 
 def _audit(run_dir: Path) -> None:
-    """Audit a finished run; audit_run writes audit.json atomically, so the file exists only once the audit is complete."""
+    """Audit a finished run; audit_run writes audit.json atomically, so the file exists only once the audit is
+    complete."""
     try:
         from fedrecgel_secure.audit.run import audit_run
     except ImportError as e:
@@ -136,7 +137,8 @@ class StudyOutcome:
 
 
 Progress = Callable[[int, int, RunOutcome | None], None]
-"""progress(done, total, outcome): once with outcome None before training (done = runs already finished), then after each run."""
+"""progress(done, total, outcome): once with outcome None before training (done = runs already finished), then
+after each run."""
 
 
 def run_study(

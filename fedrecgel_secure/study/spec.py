@@ -36,7 +36,8 @@ class StudySpec(BaseModel):
     name: str = Field(min_length=1, description="Title of the report.")
     base: str = Field(
         "default",
-        description='A packaged policy by name ("default", "dp-eps8", ...) or a .toml file relative to the study file\'s folder.',
+        description='A packaged policy by name ("default", "dp-eps8", ...)'
+        " or a .toml file relative to the study file's folder.",
     )
     overrides: list[str] = Field(
         [], description="section.key=value overrides applied to every run (e.g. federation.rounds=30)."

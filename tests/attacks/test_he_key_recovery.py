@@ -1,4 +1,5 @@
-"""Attack: recover the HE secret key from a released decryption (Li and Micciancio, Eurocrypt 2021; issue #10, finding 1).
+"""Attack: recover the HE secret key from a released decryption (Li and Micciancio, Eurocrypt 2021; issue #10,
+finding 1).
 
 The adversary is the honest-but-curious aggregator. It holds the aggregate
 ciphertext (c0, c1) it sent to the key holder and the value the key holder

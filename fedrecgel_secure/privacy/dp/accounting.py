@@ -156,7 +156,8 @@ def calibrate_noise_multiplier(
     rounds: int,
     kind: AccountantKind = "rdp",
 ) -> float:
-    r"""The smallest :math:`z` (to Opacus's tolerance) with :math:`\varepsilon(z) \le` ``target_epsilon`` after ``rounds``.
+    r"""The smallest :math:`z` (to Opacus's tolerance) with :math:`\varepsilon(z) \le` ``target_epsilon``
+    after ``rounds``.
 
     Opacus's ``get_noise_multiplier`` bisects on :math:`z`; the returned value
     satisfies :math:`\text{target} - 0.01 \le \varepsilon(z) \le \text{target}`.

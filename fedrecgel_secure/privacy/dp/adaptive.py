@@ -105,7 +105,8 @@ class AdaptiveClipping:
         return self.count_noise_multiplier_for(self.count_noise_std)
 
     def indicators(self, norms: torch.Tensor) -> torch.Tensor:
-        r"""Each client's centred contribution :math:`b_i - \tfrac12 \in \{-\tfrac12, \tfrac12\}` for the current :math:`C`."""
+        r"""Each client's centred contribution :math:`b_i - \tfrac12 \in \{-\tfrac12, \tfrac12\}` for the
+        current :math:`C`."""
         check_norms(norms)
         return (norms <= self.clip_norm).to(torch.float64) - 0.5
 
@@ -129,6 +130,7 @@ class AdaptiveClipping:
         for key in ("expected_clients", "target_quantile", "learning_rate", "count_noise_std"):
             if state[key] != getattr(self, key):
                 raise BadInputError(
-                    f"{FIELD}.adaptive_clipping: {key} was {state[key]!r} in the checkpoint, is {getattr(self, key)!r} now"
+                    f"{FIELD}.adaptive_clipping: {key} was {state[key]!r} in the checkpoint,"
+                    f" is {getattr(self, key)!r} now"
                 )
         self.clip_norm = positive(state["clip_norm"], f"{FIELD}.adaptive_clipping.initial")

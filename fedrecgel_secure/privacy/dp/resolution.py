@@ -84,7 +84,8 @@ def validate_against_population(settings: DPSettings, population: int, rounds: i
     if settings.accountant == "gdp" and settings.mode == "distributed":
         raise BadInputError(
             f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
-            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise; use 'rdp' or 'prv'"
+            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
+            " use 'rdp' or 'prv'"
         )
     if population < 1:
         raise ValueError(f"population must be at least 1 client, got {population!r}")

@@ -47,7 +47,8 @@ class FixedPoint:
             raise BadInputError(f"privacy.secure_aggregation.frac_bits must be an integer in [0, 52], got {f!r}")
         if self.limit >= 2**62:
             raise BadInputError(
-                f"privacy.secure_aggregation.clip_range {r} at frac_bits {f} does not fit 62-bit integers; lower one of them"
+                f"privacy.secure_aggregation.clip_range {r} at frac_bits {f} does not fit 62-bit integers;"
+                " lower one of them"
             )
 
     @property

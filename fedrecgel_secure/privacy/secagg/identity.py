@@ -19,9 +19,10 @@ The signature covers ``DOMAIN || len(context) || context || kind || round ||
 client id || SHA-256(body)``. The aggregator signs its own messages to the
 clients (masking protocol) the same way with a :class:`ServerIdentity`, under
 ``SERVER_DOMAIN`` and sender id 0, so that no client signature ever verifies
-as a server message or the other way round, even for a client whose id is 0. ``context`` is agreed out of band (a session tag,
-plus the round nonce for the masking protocol), so an envelope cannot be moved
-between deployments, protocol steps or attempts of a round. Signing the body's
+as a server message or the other way round, even for a client whose id is 0.
+``context`` is agreed out of band (a session tag, plus the round nonce for the
+masking protocol), so an envelope cannot be moved between deployments,
+protocol steps or attempts of a round. Signing the body's
 hash rather than the body lets the aggregator forward a compact proof of each
 contribution (client id, hash, signature) to the HE key holder.
 
@@ -98,10 +99,12 @@ SESSION_TAG_MIN_BYTES = 16
 
 
 def check_session_tag(tag: bytes) -> bytes:
-    """A deployment's session tag: at least 16 random bytes, so that no message of one deployment verifies in another."""
+    """A deployment's session tag: at least 16 random bytes, so that no message of one deployment verifies in
+    another."""
     if not isinstance(tag, (bytes, bytearray)) or not SESSION_TAG_MIN_BYTES <= len(tag) <= 1024:
         raise BadInputError(
-            f"session_tag must be {SESSION_TAG_MIN_BYTES} to 1024 bytes (draw it with secrets.token_bytes), got {tag!r:.40}"
+            f"session_tag must be {SESSION_TAG_MIN_BYTES} to 1024 bytes (draw it with secrets.token_bytes),"
+            f" got {tag!r:.40}"
         )
     return bytes(tag)
 
