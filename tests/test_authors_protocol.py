@@ -217,12 +217,12 @@ def test_the_trainer_follows_the_policys_protocol(tmp_path):
     clean = Trainer(Policy.model_validate(small), split)
     assert authors.authors and not clean.authors
     test_hit = False
-    for _ in range(20):
-        local = authors.local_sets(np.array([0]))
+    for round_idx in range(1, 21):  # each round draws afresh from the client's own stream
+        local = authors.local_sets(np.array([0]), round_idx)
         items, labels = local.of(0)
         assert (labels.reshape(-1, 5)[:, 0] == 1).all()
         test_hit |= bool((items[labels == 0] == split.test_items[0]).any())
-        items, labels = clean.local_sets(np.array([0])).of(0)
+        items, labels = clean.local_sets(np.array([0]), round_idx).of(0)
         assert not (items[labels == 0] == split.test_items[0]).any()
     assert test_hit
 
@@ -232,5 +232,5 @@ def test_shipped_policies_name_their_protocol():
 
     for name in ("filmtrust", "lastfm-2k", "amazon-video", "qb-article", "fedncf"):
         assert load_policy(POLICY_DIR / f"{name}.toml").data.protocol == "authors", name
-    for name in ("default", "dp-eps1", "dp-eps4", "dp-eps8", "dp-distributed", "ckks", "masking", "secagg-dp"):
+    for name in ("default", "dp-eps1", "dp-eps4", "dp-eps8", "dp-distributed", "bfv", "masking", "secagg-dp"):
         assert load_policy(POLICY_DIR / f"{name}.toml").data.protocol == "clean", name
