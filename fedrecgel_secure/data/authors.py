@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from fedrecgel_secure.data.loaders import RawInteractions
-from fedrecgel_secure.data.split import Split, _csr
+from fedrecgel_secure.data.split import Split, _csr, filter_and_reindex
 from fedrecgel_secure.errors import BadInputError
 
 Holdout = Literal["random", "last-row", "timestamp"]
@@ -105,9 +105,8 @@ def authors_protocol(
     n_file = raw.users.size
     if n_file == 0:
         raise BadInputError(f"{raw.source}: no interactions in the file")
-    uniq_users, user_idx = np.unique(raw.users, return_inverse=True)
     if holdout == "random":
-        running = _running_count(user_idx)
+        running = _running_count(np.unique(raw.users, return_inverse=True)[1])
         stamps = np.random.default_rng(seed).integers(0, 10**9, n_file) * 10**6 + running
     elif holdout == "last-row":
         stamps = np.arange(n_file, dtype=np.int64)
@@ -116,16 +115,8 @@ def authors_protocol(
             raise BadInputError(f"{raw.source}: the 'timestamp' holdout needs a timestamp column")
         stamps = raw.timestamps
 
-    counts = np.bincount(user_idx, minlength=uniq_users.size)
-    keep = counts[user_idx] >= min_interactions
-    if not keep.any():
-        raise BadInputError(
-            f"{raw.source}: no user has at least {min_interactions} interactions "
-            f"(data.min_interactions = {min_interactions}); nothing left to train on"
-        )
-    _, users = np.unique(user_idx[keep], return_inverse=True)
-    _, items = np.unique(raw.items[keep], return_inverse=True)
-    users, items, stamps = users.astype(np.int64), items.astype(np.int64), stamps[keep]
+    keep, users, items = filter_and_reindex(raw.source, raw.users, raw.items, min_interactions)
+    stamps = stamps[keep]
     ratings = None if raw.ratings is None else raw.ratings[keep]
     n_users, n_items = int(users.max()) + 1, int(items.max()) + 1
 

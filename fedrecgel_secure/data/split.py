@@ -118,6 +118,24 @@ def sample_negatives(rng: np.random.Generator, seen: SeenIndex, users: np.ndarra
         out[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
 
 
+def filter_and_reindex(
+    source: str, users_raw: np.ndarray, items_raw: np.ndarray, min_interactions: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of users with at least ``min_interactions`` rows: (row mask, user ids, item ids), both re-indexed from 0
+    in ascending raw-id order, as both data protocols do."""
+    uniq_users, user_idx = np.unique(users_raw, return_inverse=True)
+    counts = np.bincount(user_idx, minlength=uniq_users.size)
+    keep = counts[user_idx] >= min_interactions
+    if not keep.any():
+        raise BadInputError(
+            f"{source}: no user has at least {min_interactions} interactions "
+            f"(data.min_interactions = {min_interactions}); nothing left to train on"
+        )
+    _, users = np.unique(user_idx[keep], return_inverse=True)
+    _, items = np.unique(items_raw[keep], return_inverse=True)
+    return keep, users.astype(np.int64), items.astype(np.int64)
+
+
 def prepare_split(
     raw: RawInteractions,
     *,
@@ -134,19 +152,8 @@ def prepare_split(
     # Random timestamps are drawn for every row before filtering, as the authors do.
     timestamps = raw.timestamps if raw.timestamps is not None else rng.random(users_raw.size)
 
-    uniq_users, user_idx = np.unique(users_raw, return_inverse=True)
-    counts = np.bincount(user_idx, minlength=uniq_users.size)
-    keep = counts[user_idx] >= min_interactions
-    if not keep.any():
-        raise BadInputError(
-            f"{raw.source}: no user has at least {min_interactions} interactions "
-            f"(data.min_interactions = {min_interactions}); nothing left to train on"
-        )
-    _, users = np.unique(user_idx[keep], return_inverse=True)
-    _, items = np.unique(items_raw[keep], return_inverse=True)
+    keep, users, items = filter_and_reindex(raw.source, users_raw, items_raw, min_interactions)
     ts = np.asarray(timestamps, dtype=np.float64)[keep]
-    users = users.astype(np.int64)
-    items = items.astype(np.int64)
     n_users, n_items = int(users.max()) + 1, int(items.max()) + 1
 
     max_seen = np.bincount(users, minlength=n_users).max()
