@@ -1,0 +1,162 @@
+"""Masking as node stages (deploy/secagg_node.py, deploy/secagg_stages.py), in one process but across "processes":
+
+every stage builds a fresh :class:`MaskingNode` from its state directory, as a
+new ``flwr-clientapp`` process would, and the payloads go through the Flower
+record encoding. The released sum must equal the exact fixed-point sum that
+:class:`SecAggSession` releases for the same inputs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import stat
+
+import numpy as np
+import pytest
+
+from fedrecgel_secure.deploy.secagg_node import MaskingNode, MaskingSetup
+from fedrecgel_secure.deploy.secagg_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.privacy.secagg import (
+    FixedPoint,
+    IdentityDirectory,
+    MaskingAggregator,
+    MaskingParams,
+    RoundSkipped,
+    ServerIdentity,
+)
+from fedrecgel_secure.privacy.secagg.session import SecAggSession
+
+pytest.importorskip("flwr")
+from fedrecgel_secure.deploy.stages import from_record, to_record
+
+DIM = 7
+USERS_OF = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10, 11]}
+ALL = list(range(12))
+SETUP = MaskingSetup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
+
+
+def vector(u: int, r: int) -> np.ndarray:
+    return np.random.default_rng([u, r]).normal(size=DIM)
+
+
+def noise(u: int, r: int) -> np.ndarray:
+    return np.random.default_rng([u, r, 7]).normal(scale=0.1, size=DIM)
+
+
+class Nodes:
+    """The nodes' side: a fresh MaskingNode per message, payloads through Flower records."""
+
+    def __init__(self, tmp_path, with_noise=False):
+        self.base, self.with_noise = tmp_path, with_noise
+        self.down: dict[str, set[int]] = {}  # stage -> nodes that miss its deadline
+        self.round = 0
+
+    def node(self, n: int) -> MaskingNode:
+        return MaskingNode(self.base / f"node-{n}", USERS_OF[n], SETUP)
+
+    def inputs(self, users):
+        return {u: (vector(u, self.round), noise(u, self.round) if self.with_noise else None) for u in users}
+
+    def exchange(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
+        out = {}
+        for n, payload in payloads.items():
+            if n in self.down.get(stage, set()):
+                continue
+            got = from_record(to_record(payload))
+            result = self.node(n).step(stage, messages_of(got), self.inputs)
+            out[n] = from_record(to_record(reply(result)))
+        return out
+
+
+def start(tmp_path, with_noise=False):
+    nodes = Nodes(tmp_path, with_noise)
+    keys = {}
+    for n in USERS_OF:
+        keys[n] = {f"k:{u}": k for u, k in nodes.node(n).public_keys().items()}
+    public = reported_keys(keys, USERS_OF)
+    server, tag = ServerIdentity.generate(), secrets.token_bytes(16)
+    for n in USERS_OF:
+        nodes.node(n).join(server.public_bytes, tag, public)
+    agg = MaskingAggregator(
+        IdentityDirectory(public),
+        DIM,
+        SETUP.params,
+        identity=server,
+        encoding=SETUP.encoding,
+        min_clients=SETUP.min_clients,
+        session_tag=tag,
+    )
+    return nodes, MaskingDriver(agg, nodes.exchange, USERS_OF)
+
+
+def reference(users, r, with_noise=False) -> np.ndarray:
+    """What the in-process session releases for the same inputs."""
+    session = SecAggSession(
+        "masking", DIM, sorted(users), min_clients=SETUP.min_clients, params=SETUP.params, encoding=SETUP.encoding
+    )
+    shares = {u: noise(u, r) for u in users} if with_noise else None
+    return session.run_round(r, {u: vector(u, r) for u in users}, noise_shares=shares).total
+
+
+def test_two_rounds_release_the_sessions_exact_sum_and_keep_secrets_0600(tmp_path):
+    nodes, driver = start(tmp_path, with_noise=True)
+    for r in (1, 2):
+        nodes.round = r
+        out = driver.run_round(r, ALL)
+        assert out.contributors == ALL
+        assert np.array_equal(out.total, reference(ALL, r, with_noise=True))
+    for path in (tmp_path / "node-0" / "secagg").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_node_missing_the_masked_stage_is_recovered(tmp_path):
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    nodes.down["masked"] = {2}  # 9 of 12 left: the consistency check needs floor(2/3 * 12) + 1 = 9
+    out = driver.run_round(1, ALL)
+    kept = [u for u in ALL if u not in USERS_OF[2]]
+    assert out.contributors == kept
+    assert np.array_equal(out.total, reference(kept, 1))
+
+
+def test_more_dropouts_after_masking_than_the_check_allows_skip_the_round(tmp_path):
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    nodes.down["masked"] = {2, 3}
+    with pytest.raises(RoundSkipped):  # below the share threshold or the consistency check
+        driver.run_round(1, ALL)
+
+
+def test_a_node_missing_the_unmask_stage_still_releases_the_sum(tmp_path):
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    nodes.down["unmask"] = {0}
+    out = driver.run_round(1, ALL)
+    assert out.contributors == ALL
+    assert np.array_equal(out.total, reference(ALL, 1))
+
+
+def test_too_few_left_skips_the_round_and_the_next_round_runs(tmp_path):
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    nodes.down["share"] = {1, 2, 3}  # 3 users left, min_clients 4
+    with pytest.raises(RoundSkipped):
+        driver.run_round(1, ALL)
+    nodes.down.clear()
+    out = driver.run_round(1, ALL)  # a skipped round changes no persistent state
+    assert np.array_equal(out.total, reference(ALL, 1))
+
+
+def test_a_directory_misstating_a_users_key_is_refused(tmp_path):
+    nodes, _ = start(tmp_path)
+    other = ServerIdentity.generate().public_bytes
+    with pytest.raises(ValueError, match="misstates"):
+        nodes.node(0).join(other, secrets.token_bytes(16), {u: other for u in ALL})
+
+
+def test_a_node_reporting_foreign_users_is_refused(tmp_path):
+    nodes = Nodes(tmp_path)
+    keys = {n: {f"k:{u}": k for u, k in nodes.node(n).public_keys().items()} for n in USERS_OF}
+    keys[0]["k:3"] = keys[1]["k:3"]
+    with pytest.raises(RuntimeError, match="node 0"):
+        reported_keys(keys, USERS_OF)
