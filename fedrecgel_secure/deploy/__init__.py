@@ -13,18 +13,34 @@ from fedrecgel_secure.errors import BadInputError
 def check_deployable(policy) -> None:
     """Refuse what the deployment cannot yet run faithfully.
 
-    Secure aggregation and distributed DP need their multi-stage protocols on
-    the nodes. Running them on the server over plaintext uploads would look
-    like a secure run while the server saw every upload, so they are refused
-    rather than simulated.
+    Masking runs as stages on the nodes (:mod:`.secagg_stages`); BFV, DP with
+    masking and distributed DP need parts that do not run on the nodes yet.
+    Running them on the server over plaintext uploads would look like a secure
+    run while the server saw every upload, so they are refused rather than
+    simulated.
     """
     secagg = policy.privacy.secure_aggregation
-    if secagg.scheme != "none":
-        raise BadInputError(
-            f"privacy.secure_aggregation.scheme = {secagg.scheme!r} cannot be deployed yet: the deployment sends"
-            " plaintext uploads to the server; use 'none' (or fedrecgel train to simulate the protocol)"
-        )
     dp = policy.privacy.dp
+    if secagg.scheme not in ("none", "masking"):
+        raise BadInputError(
+            f"privacy.secure_aggregation.scheme = {secagg.scheme!r} cannot be deployed yet: its key holder does not"
+            " run on a node yet; use 'masking' or 'none' (or fedrecgel train to simulate the protocol)"
+        )
+    if secagg.scheme == "masking":
+        if dp.enabled:
+            raise BadInputError(
+                "privacy.dp.enabled = true with privacy.secure_aggregation.scheme = 'masking' cannot be deployed yet:"
+                " clipping and noise shares do not run on the nodes yet; disable DP or use scheme = 'none'"
+            )
+        if secagg.cover != "shared":
+            raise BadInputError(
+                "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"
+                " reach the server in the clear; use cover = 'shared'"
+            )
+        if secagg.dropout > 0:
+            raise BadInputError(
+                "privacy.secure_aggregation.dropout simulates dropouts; a deployment has real ones: set it to 0"
+            )
     if dp.enabled and dp.mode == "distributed":
         raise BadInputError(
             "privacy.dp.mode = 'distributed' cannot be deployed yet: it needs secure aggregation on the nodes;"

@@ -45,7 +45,48 @@ def hello(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
-    out = node.train(int(req["round"]), req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    round_idx = int(req["round"])
+    out = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    if node.policy.privacy.secure_aggregation.scheme == "masking":
+        # the vectors stay here until the masked stage; the server gets each client's loss and size only
+        n_items, width = node.model.item_embeddings.shape
+        _masking_node(context, node.policy, node.users.tolist(), 0).keep_inputs(round_idx, out, n_items, width)
+        out = {k: out[k] for k in ("clients", "bce", "examples")}
+    return Message(to_record(out), reply_to=msg)
+
+
+def _masking_node(context: Context, policy, users: list[int], dim: int):
+    from fedrecgel_secure.deploy.secagg_node import MaskingNode
+    from fedrecgel_secure.deploy.secagg_summer import setup_of
+
+    return MaskingNode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
+
+
+@app.query("secagg")
+def secagg(msg: Message, context: Context) -> Message:
+    """One stage of masking for this node's users (:mod:`fedrecgel_secure.deploy.secagg_node`)."""
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
+    from fedrecgel_secure.policy import load_policy
+
+    private_umask()
+    req = from_record(msg.content)
+    policy = load_policy(context.node_config["policy"])
+    if req["digest"] != policy.digest():
+        raise RuntimeError("the server runs a different policy than this node")
+    shard = int(context.node_config["shard"])
+    users = policy.deployment.shard_users(load_split(policy.data).n_users, shard).tolist()
+    node = _masking_node(context, policy, users, int(req["dim"]))
+    stage = str(req["stage"])
+    if stage == "keys":
+        out = {f"k:{u}": k for u, k in node.public_keys().items()}
+    elif stage == "join":
+        keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
+        node.join(req["server_key"], req["session_tag"], keys)
+        out = {"joined": 1}
+    else:
+        out = reply(node.step(stage, messages_of(req), node.inputs(int(req["round"]))))
     return Message(to_record(out), reply_to=msg)
 
 

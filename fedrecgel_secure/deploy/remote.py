@@ -20,7 +20,7 @@ from fedrecgel_secure.data.split import Split
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
-from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
+from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads
 from fedrecgel_secure.metrics import KS, ranking_metrics
 from fedrecgel_secure.policy import Policy
 
@@ -32,11 +32,37 @@ class Stages(Protocol):
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]: ...
 
+    def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]: ...
+
+
+class SealedUploads(Uploads):
+    """Uploads the server never sees: under masking they stay on the nodes, which mask them in the protocol."""
+
+    def __init__(self, num_clients: int):
+        self.num_clients = num_clients
+
+    def vector(self, c: int) -> torch.Tensor:
+        raise RuntimeError("under secure aggregation the server has no client's upload")
+
+    def total(self) -> torch.Tensor:
+        raise RuntimeError("under secure aggregation the server has no client's upload")
+
 
 class RemoteTrainer(Trainer):
     def __init__(self, policy: Policy, split: Split, stages: Stages):
         check_deployable(policy)
         super().__init__(policy, split)
+        self.masking = policy.privacy.secure_aggregation.scheme == "masking"
+        if self.masking:  # the aggregation rule's summer runs the protocol's stages on the nodes
+            from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
+
+            dim = sum(p.numel() for p in self.model.parameters())
+            users_of = {
+                s: policy.deployment.shard_users(split.n_users, s).tolist() for s in range(policy.deployment.nodes)
+            }
+            self.aggregation.summer = NodeMaskingSum(
+                setup_of(policy, dim), self._secagg_exchange(stages, dim), users_of
+            )
         self.states = None  # every client's private state lives on its node
         self.stages = stages
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
@@ -45,6 +71,13 @@ class RemoteTrainer(Trainer):
         self.shard = np.empty(split.n_users, dtype=np.int64)
         for s in range(n):
             self.shard[policy.deployment.shard_users(split.n_users, s)] = s
+
+    @staticmethod
+    def _secagg_exchange(stages, dim: int):
+        def exchange(stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
+            return stages.secagg(stage, {s: {**p, "dim": dim} for s, p in payloads.items()})
+
+        return exchange
 
     def _common(self, upto: int) -> dict:
         shared = parameters_to_vector(self.model.parameters()).detach().numpy()
@@ -59,6 +92,8 @@ class RemoteTrainer(Trainer):
             return clients, None
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
         replies = self.stages.train(r, per_shard, self._common(self.round))
+        if self.masking:
+            return self._sealed_updates(replies, per_shard, clients.dtype)
         got = {}
         for s, rep in replies.items():
             if not np.array_equal(rep["clients"], per_shard[s]):
@@ -90,6 +125,24 @@ class RemoteTrainer(Trainer):
         if self.policy.federation.engine == "per-client":  # the simulator's exact holder, so sums match bit for bit
             uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(len(pieces))]), n_items * width)
         return answered, RoundUpdate(uploads=uploads, private=None, loss=bce_sum / max(1, examples))
+
+    @staticmethod
+    def _sealed_updates(replies: dict[int, dict], per_shard: dict[int, np.ndarray], dtype):
+        """Under masking the replies carry each client's loss and size only; the vectors stay on the nodes."""
+        loss = {}
+        for s, rep in replies.items():
+            if not np.array_equal(rep["clients"], per_shard[s]):
+                continue  # not what was asked: treated as dropped
+            for c, client in enumerate(rep["clients"].tolist()):
+                loss[client] = (float(rep["bce"][c]), int(rep["examples"][c]))
+        answered = np.asarray(sorted(loss), dtype=dtype)
+        if not answered.size:
+            return answered, None
+        bce_sum, examples = 0.0, 0
+        for c in answered.tolist():  # in client order, as the per-client engine adds them
+            bce_sum += loss[c][0]
+            examples += loss[c][1]
+        return answered, RoundUpdate(SealedUploads(answered.size), private=None, loss=bce_sum / max(1, examples))
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
         self.contributors[self.round + 1] = [int(c) for c in contributors]

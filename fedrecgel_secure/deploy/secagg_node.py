@@ -7,6 +7,7 @@ node's state directory, under ``secagg/``:
 ``user-U.pem``      user U's Ed25519 identity key (made here, 0600, never sent; only its public key is)
 ``session.json``    the session's public facts: server key, session tag, every client's public key
 ``attempt-U.json``  user U's secrets of the current attempt (0600, :mod:`.secagg_client_state`)
+``inputs-R.npz``    the vectors the node's users of round R will mask (0600; written by the train stage)
 
 A stage takes the aggregator's message per user and returns each user's reply,
 or the reason the user refused it (:class:`ProtocolViolation`: that user drops
@@ -103,6 +104,39 @@ class MaskingNode:
         )
         load_attempt(client, self.dir / f"attempt-{user}.json")
         return client
+
+    def keep_inputs(self, round_idx: int, reply: dict, n_items: int, width: int) -> None:
+        """Keep the users' upload vectors of a training reply (:meth:`Node.train`) for the masked stage.
+
+        Each vector is the dense (item table, mlp) vector the simulator's
+        uploads hold, as float64: what :class:`SecureSum` hands the protocol.
+        """
+        import io
+
+        clients = np.asarray(reply["clients"], dtype=np.int64)
+        dense = np.zeros((clients.size, n_items * width + reply["mlp"].shape[1]), dtype=np.float64)
+        for c in range(clients.size):
+            mine = reply["row_owner"] == c
+            table = np.zeros((n_items, width), dtype=np.float64)
+            table[reply["row_item"][mine]] = reply["rows"][mine]
+            dense[c, : n_items * width] = table.reshape(-1)
+            dense[c, n_items * width :] = reply["mlp"][c]
+        for old in self.dir.glob("inputs-*.npz"):
+            old.unlink()
+        buffer = io.BytesIO()
+        np.savez(buffer, clients=clients, vectors=dense)
+        write_private_file(self.dir / f"inputs-{round_idx}.npz", buffer.getvalue())
+
+    def inputs(self, round_idx: int) -> Inputs:
+        """The masked stage's inputs: the vectors kept by :meth:`keep_inputs` for ``round_idx``."""
+
+        def get(users: list[int]):
+            with np.load(self.dir / f"inputs-{round_idx}.npz", allow_pickle=False) as data:
+                row = {int(c): i for i, c in enumerate(data["clients"].tolist())}
+                vectors = data["vectors"]
+                return {u: (vectors[row[u]], None) for u in users}
+
+        return get
 
     def step(self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None) -> StageResult:
         """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users)."""
