@@ -160,3 +160,42 @@ def test_a_node_reporting_foreign_users_is_refused(tmp_path):
     keys[0]["k:3"] = keys[1]["k:3"]
     with pytest.raises(RuntimeError, match="node 0"):
         reported_keys(keys, USERS_OF)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["privacy.secure_aggregation.scheme=bfv"], "privacy.secure_aggregation.scheme"),
+        (
+            [
+                "privacy.secure_aggregation.scheme=masking",
+                "privacy.dp.enabled=true",
+                "privacy.dp.mode=central",
+                "privacy.dp.noise_multiplier=1.0",
+            ],
+            "privacy.dp.enabled",
+        ),
+        (
+            ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.cover=item_embeddings"],
+            "privacy.secure_aggregation.cover",
+        ),
+        (
+            ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.dropout=0.1"],
+            "privacy.secure_aggregation.dropout",
+        ),
+    ],
+)
+def test_what_deployed_masking_cannot_run_faithfully_is_refused_by_field(overrides, field):
+    from fedrecgel_secure.deploy import check_deployable
+    from fedrecgel_secure.errors import BadInputError
+    from fedrecgel_secure.policy import load_policy
+
+    with pytest.raises(BadInputError, match=field.replace(".", r"\.")):
+        check_deployable(load_policy(None, overrides))
+
+
+def test_masking_alone_is_deployable():
+    from fedrecgel_secure.deploy import check_deployable
+    from fedrecgel_secure.policy import load_policy
+
+    check_deployable(load_policy(None, ["privacy.secure_aggregation.scheme=masking"]))
