@@ -199,3 +199,18 @@ def test_masking_alone_is_deployable():
     from fedrecgel_secure.policy import load_policy
 
     check_deployable(load_policy(None, ["privacy.secure_aggregation.scheme=masking"]))
+
+
+def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
+    from fedrecgel_secure.deploy.secagg_stages import request
+
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    announcement = driver.begin(1)
+    payloads = {n: request("advertise", 1, dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
+    adverts = nodes.exchange("advertise", payloads)  # as the train replies carry them
+    sent = []
+    driver.exchange = lambda stage, p: sent.append(stage) or nodes.exchange(stage, p)
+    out = driver.run_round(1, ALL, adverts=adverts)
+    assert sent == ["share", "masked", "confirm", "unmask"]
+    assert np.array_equal(out.total, reference(ALL, 1))

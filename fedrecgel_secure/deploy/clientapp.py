@@ -50,8 +50,14 @@ def train(msg: Message, context: Context) -> Message:
     if node.policy.privacy.secure_aggregation.scheme == "masking":
         # the vectors stay here until the masked stage; the server gets each client's loss and size only
         n_items, width = node.model.item_embeddings.shape
-        _masking_node(context, node.policy, node.users.tolist(), 0).keep_inputs(round_idx, out, n_items, width)
+        masking = _masking_node(context, node.policy, node.users.tolist(), int(req["shared"].size))
+        masking.keep_inputs(round_idx, out, n_items, width)
         out = {k: out[k] for k in ("clients", "bce", "examples")}
+        # the round's first protocol stage rides on this message: the sampled users advertise their keys
+        from fedrecgel_secure.deploy.secagg_stages import reply
+
+        users = out["clients"].tolist()
+        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]))))
     return Message(to_record(out), reply_to=msg)
 
 

@@ -91,8 +91,12 @@ class RemoteTrainer(Trainer):
         if not clients.size:
             return clients, None
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
-        replies = self.stages.train(r, per_shard, self._common(self.round))
+        common = self._common(self.round)
+        if self.masking:  # the round's announcement goes with the train message; the replies carry the adverts
+            common["announce"] = self.aggregation.summer.announce(r)
+        replies = self.stages.train(r, per_shard, common)
         if self.masking:
+            self.aggregation.summer.advertised(replies)
             return self._sealed_updates(replies, per_shard, clients.dtype)
         got = {}
         for s, rep in replies.items():

@@ -82,13 +82,23 @@ class MaskingDriver:
         self.exchange = exchange
         self.node_of = {int(u): n for n, users in users_of.items() for u in users}
 
-    def _stage(self, stage, round_idx, messages, rejected, broadcast=None) -> tuple[dict[int, bytes], int]:
-        """Send each user's part to its node; deliver the replies to the aggregator; the users that answered."""
+    def begin(self, round_idx: int, round_seed: bytes | None = None) -> bytes:
+        """Start an attempt; the announcement may travel with the train message (then pass the replies'
+        adverts to :meth:`run_round`), saving one stage per round."""
+        return self.agg.begin_round(round_idx, round_seed)
+
+    def _stage(self, stage, round_idx, messages, rejected, broadcast=None, replies=None) -> tuple[dict, int]:
+        """Send each user's part to its node; deliver the replies to the aggregator; the users that answered.
+
+        ``replies`` (per node): this stage's replies already came with another message; nothing is sent.
+        """
         per_node: dict[int, dict[int, bytes]] = {}
         for u, m in messages.items():
             per_node.setdefault(self.node_of[u], {})[u] = m
-        payloads = {n: request(stage, round_idx, ms, broadcast) for n, ms in per_node.items()}
-        replies = self.exchange(stage, payloads)
+        if replies is None:
+            payloads = {n: request(stage, round_idx, ms, broadcast) for n, ms in per_node.items()}
+            replies = self.exchange(stage, payloads)
+        replies = {n: rep for n, rep in replies.items() if n in per_node}
         answered, clipped = {}, 0
         for n, rep in replies.items():
             clipped += int(rep.get("clipped", 0))
@@ -112,13 +122,18 @@ class MaskingDriver:
         round_seed: bytes | None = None,
         central_noise: np.ndarray | None = None,
         admit: Admit | None = None,
+        adverts: Mapping[int, dict] | None = None,
     ) -> RoundResult:
-        """Aggregate the inputs the nodes make for ``cohort`` in the masked stage; raises :class:`RoundSkipped`."""
+        """Aggregate the inputs the nodes make for ``cohort`` in the masked stage; raises :class:`RoundSkipped`.
+
+        ``adverts``: the nodes' replies to the announcement of :meth:`begin` when
+        it went with another message; otherwise the attempt starts here.
+        """
         rejected: dict[int, str] = {}
         cohort = sorted(int(u) for u in cohort)
         try:
-            announcement = self.agg.begin_round(round_idx, round_seed)
-            alive, _ = self._stage("advertise", round_idx, dict.fromkeys(cohort, b""), rejected, announcement)
+            announcement = self.begin(round_idx, round_seed) if adverts is None else None
+            alive, _ = self._stage("advertise", round_idx, dict.fromkeys(cohort, b""), rejected, announcement, adverts)
             broadcast = self.agg.close_adverts()
             alive, _ = self._stage("share", round_idx, dict.fromkeys(alive, b""), rejected, broadcast)
             inboxes = self.agg.close_shares()

@@ -44,6 +44,7 @@ class NodeMaskingSum:
     def __init__(self, setup: MaskingSetup, exchange: Exchange, users_of: dict[int, list[int]]):
         self.setup, self.exchange, self.users_of = setup, exchange, users_of
         self.driver: MaskingDriver | None = None
+        self.adverts: dict[int, dict] | None = None  # this round's adverts, if they came with the train replies
 
     def start(self) -> None:
         """Collect the users' public keys from their nodes, then give every node the session (bounded stages)."""
@@ -76,6 +77,18 @@ class NodeMaskingSum:
         )
         self.driver = MaskingDriver(agg, self.exchange, self.users_of)
 
+    def announce(self, round_idx: int) -> bytes:
+        """Start round ``round_idx``'s attempt; its announcement goes with the train message."""
+        if self.driver is None:
+            self.start()
+        assert self.driver is not None
+        self.adverts = None
+        return self.driver.begin(round_idx)
+
+    def advertised(self, replies: dict[int, dict]) -> None:
+        """The train replies, which carry the users' adverts (``r:U`` / ``x:U``)."""
+        self.adverts = replies
+
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
         if central_noise is not None or contributions.noise is not None:
             raise RuntimeError("DP noise under deployed masking is not supported yet")  # check_deployable refuses it
@@ -85,7 +98,8 @@ class NodeMaskingSum:
         clients = contributions.clients
         t0 = time.perf_counter()
         try:
-            result = self.driver.run_round(round_idx, [int(c) for c in clients], admit=admit)
+            adverts, self.adverts = self.adverts, None
+            result = self.driver.run_round(round_idx, [int(c) for c in clients], admit=admit, adverts=adverts)
         except RoundSkipped as skipped:
             log.warning("round %d skipped: %s", round_idx, skipped)
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(skipped.rejected))

@@ -128,6 +128,9 @@ class FlowerStages:
         payloads = {
             s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()
         }
+        if common.get("announce") is not None:  # masking: the users advertise their keys in the same message
+            for p in payloads.values():
+                p["announce"] = common["announce"]
         return self.exchange("train", f"round-{round_idx}", payloads)
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:
