@@ -286,6 +286,24 @@ class SecureAggregationPolicy(Section):
         "shared", description="What goes through the protocol: the whole shared vector, or the item table alone."
     )
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
+    tampered: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Simulated fraction of the other clients whose upload is altered in transit;"
+        " the aggregator refuses it and the round goes on without them.",
+    )
+    simulation: Literal["protocol", "arithmetic"] = Field(
+        "protocol",
+        description="How a simulated run computes the secure sum; protocol: every role runs the real cryptography"
+        " and the run reports its cost; arithmetic: the exact sum the protocol would release (same grid, same"
+        " dropouts, refusals and skipped rounds), without cryptography, for fast studies.",
+    )
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Processes that run the simulated clients' cryptography in protocol mode;"
+        " auto: one per CPU core; 1: all roles in the training process.",
+    )
     clip_range: float = Field(
         32.0,
         gt=0,
@@ -509,6 +527,11 @@ class Policy(Section):
             self.privacy.audit == AuditPolicy()
         ):  # no canaries: the digest of runs started before [privacy.audit] existed
             del dump["privacy"]["audit"]
+        secagg = dump["privacy"]["secure_aggregation"]
+        # how the sum is computed (all exact, equal by test), not what: a run may resume in another mode
+        del secagg["simulation"], secagg["workers"]
+        if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
+            del secagg["tampered"]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

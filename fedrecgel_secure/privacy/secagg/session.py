@@ -33,6 +33,7 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
+from .arithmetic import admit_or_skip
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
 from .he import BFVParams, HEAggregator, HEClient
@@ -175,6 +176,7 @@ class SecAggSession:
         drop_after_masking: set[int] | frozenset[int] = frozenset(),
         admit: Admit | None = None,
         intercept: Intercept | None = None,
+        round_seed: bytes | None = None,
     ) -> RoundResult:
         """Aggregate ``uploads`` (client id -> vector of length ``dim``).
 
@@ -193,6 +195,9 @@ class SecAggSession:
         ``intercept(client_id, payload)`` sees each main upload (ciphertexts,
         masked input) on its way to the aggregator and returns the bytes to
         deliver, or None to drop them; tests use it to tamper.
+        ``round_seed``: the masking attempt's public seed, which fixes the
+        neighbour graph (fresh random bytes by default; a simulation passes its
+        own so that :mod:`.arithmetic` can reproduce the round's outcome).
         """
         check_round(round_idx)
         unknown = sorted(set(uploads) - set(self.clients))
@@ -205,8 +210,8 @@ class SecAggSession:
             raise BadInputError("noise_shares must name exactly the clients that upload")
         if central_noise is not None:
             central_noise = check_vector(central_noise, self.dim, "central noise")
-        run = self._run_he if self.scheme == "bfv" else self._run_masking
-        return run(round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
+        args = (round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
+        return self._run_he(*args) if self.scheme == "bfv" else self._run_masking(*args, round_seed)
 
     @staticmethod
     def _deliver(clock: _Clock, receive, client: int, payload: bytes | None, rejected: dict[int, str]) -> None:
@@ -224,12 +229,6 @@ class SecAggSession:
             "aggregate_seconds": clock.server,
             "finalize_seconds": finalize,
         }
-
-    @staticmethod
-    def _admit(admit: Admit | None, contributors: list[int], rejected: dict[int, str], round_idx: int) -> None:
-        reason = None if admit is None else admit(sorted(contributors))
-        if reason is not None:
-            raise RoundSkipped("not_admitted", f"round {round_idx}: {reason}", rejected)
 
     def _run_he(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
@@ -250,7 +249,7 @@ class SecAggSession:
             aggregate = clock.server_call(agg.finish)
         except RoundSkipped as exc:
             raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        self._admit(admit, aggregate.contributors, rejected, round_idx)
+        admit_or_skip(admit, aggregate.contributors, round_idx, rejected)
         blob = clock.server_call(aggregate.serialize)
         t0 = time.perf_counter()
         total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
@@ -259,7 +258,7 @@ class SecAggSession:
             round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
         )
 
-    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
+    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, MaskingAggregator)
         clock, rejected, clipped = _Clock(), {}, 0
@@ -275,7 +274,7 @@ class SecAggSession:
                 return None
 
         try:
-            announcement = clock.server_call(agg.begin_round, round_idx)
+            announcement = clock.server_call(agg.begin_round, round_idx, round_seed)
             for c in cohort:
                 self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].advertise, announcement), rejected)
             broadcast = clock.server_call(agg.close_adverts)
@@ -293,7 +292,7 @@ class SecAggSession:
                 self._deliver(clock, agg.receive, c, payload, rejected)
             check = clock.server_call(agg.close_masked)
             survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-            self._admit(admit, survivors, rejected, round_idx)
+            admit_or_skip(admit, survivors, round_idx, rejected)
             answering = [c for c in survivors if c not in dropped and c not in rejected]
             for c in answering:
                 self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].confirm, check), rejected)
