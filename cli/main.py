@@ -94,6 +94,15 @@ def train(
             highlight=False,
             soft_wrap=True,
         )
+    secagg = trainer.secure_aggregation_summary()
+    if secagg is not None:
+        out.print(
+            f"secure aggregation: {secagg.describe()}"
+            + (
+                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it" if secagg.workers is None else ""
+            ),
+            highlight=False,
+        )
     latest = {"hr": "-", "ndcg": "-", "eps": ""}
     columns = [
         TextColumn("[bold]round"),
@@ -117,6 +126,8 @@ def train(
                     f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, "
                     f"server {cost.server_seconds:.2f} s"
                 )
+            elif secagg is not None and secagg.workers is None:
+                extra += f"  secagg: {secagg.scheme}, arithmetic"
             if info.clipped_values:
                 extra += f"  [yellow]{info.clipped_values} values clipped to the fixed-point range[/]"
             if info.skipped is not None:

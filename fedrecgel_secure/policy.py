@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -299,7 +300,7 @@ class SecureAggregationPolicy(Section):
         " and the run reports its cost; arithmetic: the exact sum the protocol would release (same grid, same"
         " dropouts, refusals and skipped rounds), without cryptography, for fast studies.",
     )
-    workers: int | Literal["auto"] = Field(
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="Processes that run the simulated clients' cryptography in protocol mode;"
         " auto: one per CPU core; 1: all roles in the training process.",
@@ -329,6 +330,15 @@ class SecureAggregationPolicy(Section):
                 ' Eurocrypt 2021); use scheme = "bfv" (exact, same fixed-point grid) or "masking"'
             )
         return data
+
+    def worker_count(self) -> int:
+        """The worker processes protocol mode uses (``workers``, with auto resolved to this machine's cores)."""
+        if self.workers != "auto":
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0))  # the cores this process may run on
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
 
     def encoding(self):
         from fedrecgel_secure.privacy.secagg import FixedPoint

@@ -205,6 +205,7 @@ class SecureSum:
                 min_clients=settings.min_clients,
                 params=self.params,
                 encoding=self.grid,
+                workers=settings.worker_count(),
             )
 
     def faults(self, round_idx: int, clients: np.ndarray) -> tuple[set[int], set[int], bytes]:

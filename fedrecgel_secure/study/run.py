@@ -167,7 +167,9 @@ def run_study(
 
     def task(i: int, parent: int | None) -> _Task:
         run = plan.runs[i]
-        return _Task(str(run.dir), str(plan.base_path), run.overrides, plan.spec.audit, parent)
+        # runs in parallel already fill the cores: each simulates its clients in its own process
+        overrides = run.overrides if parent is None else (*run.overrides, "privacy.secure_aggregation.workers=1")
+        return _Task(str(run.dir), str(plan.base_path), overrides, plan.spec.audit, parent)
 
     def record(i: int, result: dict) -> None:
         outcomes[i] = RunOutcome(plan.runs[i], result["status"], result["error"], result["seconds"])

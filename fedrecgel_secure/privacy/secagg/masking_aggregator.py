@@ -151,7 +151,7 @@ class MaskingAggregator:
         if st is None:  # a late or stray message: the sender's problem, not the caller's
             raise RejectedPayload(Reason.OUT_OF_PHASE, "no round in progress")
         try:
-            env = Envelope.parse(payload)
+            env = Envelope.parse(payload, zero_copy=True)  # the body stays in the immutable payload
             if env.kind != st.phase and env.kind in _MASK_KINDS:
                 raise RejectedPayload(
                     Reason.OUT_OF_PHASE, f"{Kind(env.kind).name} during {st.phase.name}", env.client_id
