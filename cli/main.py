@@ -136,7 +136,10 @@ def train(
             loss = "-" if event.loss is None else f"{event.loss:.4f}"
             progress.update(task, completed=event.round, loss=loss, **latest)
 
-        trainer.run(out_dir, on_round)
+        try:
+            trainer.run(out_dir, on_round)
+        finally:
+            trainer.close()
     summary = read_summary(out_dir)
     out.print(
         _metrics_table(

@@ -208,6 +208,11 @@ class SecureSum:
                 workers=settings.worker_count(),
             )
 
+    def close(self) -> None:
+        """Stop the protocol's client worker processes, if any."""
+        if self.session is not None:
+            self.session.close()
+
     def faults(self, round_idx: int, clients: np.ndarray) -> tuple[set[int], set[int], bytes]:
         """(silent after masking, tampered in transit, masking round seed) of one round, by client id."""
         rng = np.random.default_rng([self.seed, round_idx])

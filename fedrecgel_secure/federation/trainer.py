@@ -188,6 +188,12 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
 
+    def close(self) -> None:
+        """Stop the summer's worker processes, if it has any (they also stop when the trainer is collected)."""
+        close = getattr(self.aggregation.summer, "close", None)
+        if close is not None:
+            close()
+
     # -- the loop -----------------------------------------------------------
     def run(
         self,

@@ -98,7 +98,10 @@ def _execute(task: _Task) -> dict:
             trained = False
             if not _finished(run_dir):
                 trainer = open_run(run_dir, Path(task.base), list(task.overrides), resume=True)
-                trainer.run(run_dir, orphan_guard)
+                try:
+                    trainer.run(run_dir, orphan_guard)
+                finally:
+                    trainer.close()
                 trained = True
             if task.audit and not (run_dir / AUDIT).is_file():
                 _audit(run_dir)

@@ -85,7 +85,7 @@ class ClientPool:
 
     def start(self, setup: ClientSetup) -> None:
         """Send each worker the setup of its clients, and wait until their roles exist."""
-        for w, conn in enumerate(self._conns):
+        for w in range(self.workers):
             self._send(w, ("setup", setup.only_for(c for c, home in self.home.items() if home == w)))
         for w in range(self.workers):
             self._recv(w)
