@@ -5,6 +5,10 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
+``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
+                        SuperLink certificate for 127.0.0.1 (the CA key is not kept)
+``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
+                        registered with ``flwr supernode register`` before the node starts
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
+from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
@@ -93,56 +98,143 @@ def resolve_policy(
 class Deployment:
     """One local deployment: start it, run the ServerApp (again, for a resume), stop it."""
 
-    def __init__(self, policy: Policy, out: Path):
+    HOST = "127.0.0.1"
+    REGISTER_TIMEOUT = 60.0
+
+    def __init__(self, policy: Policy, out: Path, say: Callable[[str], None] | None = None):
         self.policy, self.out = policy, Path(out).resolve()
+        self.say = say or (lambda _msg: None)
         self.out.mkdir(parents=True, exist_ok=True)
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")
         self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr")}
+        self.tls: TlsFiles | None = None
+        self.port: int | None = None
         write_app(self.out / "app")
 
-    def start(self) -> None:
-        n = self.policy.deployment.nodes
-        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
-        port, *node_ports = free_ports(1 + n)
-        host = "127.0.0.1"
-        fleet = control = port
-        link = self.procs.start(
-            "superlink",
-            [
-                _bin("flower-superlink"),
-                "--insecure",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--disable-runtime-dependency-installation",
-                "--database",
-                ":flwr-in-memory:",
-            ],
-            self.env,
+    def _tls_files(self) -> TlsFiles | None:
+        tls = self.policy.deployment.tls
+        if not tls.enabled:
+            return None
+        if tls.generated:
+            files = make_throwaway_tls(self.out / "tls", [self.HOST])
+            self.say(
+                f"TLS: generated a throwaway CA and SuperLink certificate for {self.HOST} in {files.ca_cert.parent}"
+                " (the CA key is not kept; for several machines use your own, see `fedrecgel deploy plan`)"
+            )
+            return files
+        files = TlsFiles(*(Path(p).expanduser().resolve() for p in (tls.ca_cert, tls.server_cert, tls.server_key)))
+        for name, path in zip(
+            ("ca_cert", "server_cert", "server_key"), (files.ca_cert, files.server_cert, files.server_key)
+        ):
+            if not path.is_file():
+                raise BadInputError(f"deployment.tls.{name} = {path}: no such file")
+        return files
+
+    def superlink_argv(self, port: int) -> list[str]:
+        tls = self.policy.deployment.tls
+        sec = (
+            ["--insecure"]
+            if self.tls is None
+            else [
+                "--ssl-ca-certfile",
+                str(self.tls.ca_cert),
+                "--ssl-certfile",
+                str(self.tls.server_cert),
+                "--ssl-keyfile",
+                str(self.tls.server_key),
+            ]
         )
-        wait_for_port(host, port, 60, link)
-        write_connection(self.out / ".flwr", f"{host}:{control}")
+        return [
+            _bin("flower-superlink"),
+            *sec,
+            *(["--enable-supernode-auth"] if tls.node_authentication else []),
+            "--host",
+            self.HOST,
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+            "--database",
+            ":flwr-in-memory:",
+        ]
+
+    def supernode_argv(self, shard: int, port: int, auth_key: Path | None = None) -> list[str]:
+        """Node ``shard``'s command; ``auth_key`` is its OpenSSH private key under node authentication."""
+        state_dir = state_dir_for(self.policy, self.out, shard)
+        sec = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
+        return [
+            _bin("flower-supernode"),
+            *sec,
+            "--superlink",
+            f"{self.HOST}:{self.port}",
+            "--host",
+            self.HOST,
+            "--port",
+            str(port),
+            *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
+            "--node-config",
+            node_config(self.policy_file, shard, state_dir),
+        ]
+
+    def register_node(self, public_key: Path, name: str) -> None:
+        """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
+        with open(self.procs.log_dir / f"register-{name}.log", "ab") as log:
+            result = subprocess.run(
+                [_bin("flwr"), "supernode", "register", str(public_key), "local", "--name", name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                timeout=self.REGISTER_TIMEOUT,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"flwr supernode register {public_key} failed (exit {result.returncode});"
+                f" see {self.procs.log_dir}/register-{name}.log"
+            )
+
+    def supernodes(self) -> list[dict]:
+        """The SuperLink's node list (``flwr supernode list local --format json``): node-id, status, ..."""
+        import json
+
+        result = subprocess.run(
+            [_bin("flwr"), "supernode", "list", "local", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=self.REGISTER_TIMEOUT,
+            check=True,
+        )
+        return json.loads(result.stdout)["nodes"]
+
+    def start(self) -> None:
+        d = self.policy.deployment
+        n = d.nodes
+        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
+        self.port, *node_ports = free_ports(1 + n)
+        self.procs.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tls = self._tls_files()
+        link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
+        wait_for_port(self.HOST, self.port, 60, link)
+        write_connection(
+            self.out / ".flwr",
+            f"{self.HOST}:{self.port}",
+            insecure=self.tls is None,
+            root_cert=str(self.tls.ca_cert) if self.tls else None,
+        )
         for shard in range(n):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self.procs.start(
-                f"supernode-{shard}",
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"{host}:{fleet}",
-                    "--host",
-                    host,
-                    "--port",
-                    str(node_ports[shard]),
-                    "--node-config",
-                    node_config(self.policy_file, shard, state_dir),
-                ],
-                self.env,
+            key = None
+            if d.tls.node_authentication:
+                key = state_dir / NODE_KEY  # made for this node in its own 0700 directory; kept across restarts
+                self.register_node(make_node_key(key), f"node-{shard}")
+            self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, node_ports[shard], key), self.env)
+        if d.tls.node_authentication:
+            self.say(
+                f"node authentication: registered {n} node keys with the SuperLink"
+                f" ({state_dir_for(self.policy, self.out, 'K') / NODE_KEY}.pub)"
             )
 
     def launch(self, resume: bool) -> subprocess.Popen:
@@ -204,9 +296,10 @@ def deploy_local(
     overrides: list[str] = (),
     resume: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
-    dep = Deployment(policy, out)
+    dep = Deployment(policy, out, say)
     try:
         dep.start()
         return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
