@@ -89,3 +89,56 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
         dep.stop()
     assert _metrics(out) == _metrics(tmp_path / "sim")
     assert all((out / "logs" / f"register-node-{k}.log").read_text().count("registered successfully") for k in (0, 1))
+
+
+def _plan_section(text: str, title: str) -> str:
+    """The shell lines of the plan's section whose heading contains ``title``."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            inside = title in line
+        elif inside and line and not line.startswith("#"):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_path):
+    """Run the plan's openssl and ssh-keygen lines; check the files as flwr 1.42 reads them (no processes kept)."""
+    import shutil
+    import subprocess
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.cli.supernode.register import try_load_public_key
+
+    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.policy import load_policy
+
+    if not (shutil.which("openssl") and shutil.which("ssh-keygen")):
+        pytest.skip("needs openssl and ssh-keygen")
+    sets = ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true", "deployment.nodes=2"]
+    text = plan(load_policy(None, [*sets, "deployment.superlink.host=10.1.2.3"]), "policy.toml")
+    link = next(line for line in text.splitlines() if line.startswith("flower-superlink "))
+    assert "--ssl-ca-certfile ca.pem --ssl-certfile server.pem --ssl-keyfile server.key" in link
+    assert "--enable-supernode-auth" in link and "--insecure" not in text
+    assert "flwr supernode register node-1.key.pub deploy" in text and "Control API has NO authentication" in text
+    node = [line for line in text.splitlines() if line.startswith("flower-supernode ")]
+    assert len(node) == 2 and "--root-certificates ca.pem --superlink 10.1.2.3:9091" in node[0]
+    assert "--auth-supernode-private-key node-1.key" in node[1] and 'shard=1 state-dir="nodes/1"' in node[1]
+
+    script = _plan_section(text, "Certificates") + "\n" + _plan_section(text, "Node keys")
+    subprocess.run(["bash", "-euc", script], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    ca = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.1.2.3"]
+    server_key = serialization.load_pem_private_key((tmp_path / "server.key").read_bytes(), None)
+    assert server_key.public_key() == cert.public_key()
+    for k in range(2):
+        key = tmp_path / f"node-{k}.key"
+        assert _mode(key) == 0o600 and _mode(tmp_path / "server.key") == 0o600 and _mode(tmp_path / "ca.key") == 0o600
+        private = serialization.load_ssh_private_key(key.read_bytes(), None)  # as flower-supernode loads it
+        assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+        try_load_public_key(tmp_path / f"node-{k}.key.pub")  # as flwr supernode register loads it (exits if not)

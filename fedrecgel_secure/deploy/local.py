@@ -307,61 +307,110 @@ def deploy_local(
         dep.stop()
 
 
+def _ip_or_dns(host: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return f"IP:{host}"
+    except ValueError:
+        return f"DNS:{host}"
+
+
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
-    """The commands and files of a multi-machine deployment of ``policy``."""
+    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42)."""
     d = policy.deployment
     s = d.superlink
     tls = d.tls
-    link_sec = (
-        f"--ssl-ca-certfile {tls.ca_cert} --ssl-certfile {tls.server_cert} --ssl-keyfile {tls.server_key}"
-        if tls.enabled
-        else "--insecure"
-    )
-    node_sec = f"--root-certificates {tls.ca_cert}" if tls.enabled else "--insecure"
+    auth = tls.node_authentication
+    address = f"{s.host}:{s.port}"
+    ca, cert, key = (tls.ca_cert or "ca.pem", tls.server_cert or "server.pem", tls.server_key or "server.key")
+    link_sec = f"--ssl-ca-certfile {ca} --ssl-certfile {cert} --ssl-keyfile {key}" if tls.enabled else "--insecure"
+    node_sec = f"--root-certificates {ca}" if tls.enabled else "--insecure"
+    shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
+    state = {k: d.state_dir.format(shard=k) for k in shards}
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
         f"# the same {policy_name} and the dataset it names.",
-        "",
-        "## 1. Certificates (SuperLink machine)",
-        "# a CA and a server certificate whose SAN is the SuperLink's address, e.g. with openssl:",
-        "openssl req -x509 -newkey rsa:4096 -nodes -days 365 -subj /CN=fedrecgel-ca -keyout ca.key -out ca.pem",
-        f"openssl req -newkey rsa:4096 -nodes -subj /CN={s.host} -keyout server.key -out server.csr",
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem "
-        f"-extfile <(printf 'subjectAltName=IP:{s.host}')",
-        "",
-        "## 2. SuperLink machine: one HTTP port serves the Fleet, Runtime and Control APIs in flwr 1.42;",
-        "##    the Control API has no authentication in this build: "
-        "let only the nodes and the operator reach it (firewall)",
-        f"flower-superlink {link_sec} --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
-        + (" --enable-supernode-auth" if tls.node_authentication else ""),
     ]
-    if tls.node_authentication:
+    if not tls.enabled:
         out += [
-            "# register each node's public key (from step 3) with the SuperLink:",
-            "flwr supernode register node-K.pub   # once per node, from the machine running flwr run",
+            "# WARNING: [deployment.tls] enabled = false: the SuperLink and the nodes talk plaintext;",
+            "# fine on one trusted machine only. Set enabled = true (and node_authentication = true) for several.",
         ]
-    out += ["", f"## 3. Node K (K = 0 .. {d.nodes - 1}), on its own machine"]
-    if tls.node_authentication:
+    step = 0
+
+    def section(title: str) -> None:
+        nonlocal step
+        step += 1
+        out.extend(["", f"## {step}. {title}"])
+
+    if tls.enabled:
+        section("Certificates (operator or SuperLink machine; any CA of yours will do)")
         out += [
-            "ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"
+            "# the SuperLink certificate must name the address the nodes dial"
+            f" ({_ip_or_dns(s.host)}) in its subjectAltName;",
+            "# keys are made under umask 077 (0600); ca.pem and the server certificate are public",
         ]
+        if tls.ca_cert is not None:
+            out.append(f"# the policy names {ca}, {cert} and {key}: make them like this if you have none yet")
+        out += [
+            "(umask 077",
+            " openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-384 -nodes -days 365 -subj /CN=fedrecgel-ca"
+            f" -keyout ca.key -out {ca}",
+            f" openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-384 -nodes -subj /CN={s.host}"
+            f" -keyout {key} -out server.csr",
+            f" printf 'subjectAltName={_ip_or_dns(s.host)}\\nbasicConstraints=critical,CA:FALSE\\n"
+            "extendedKeyUsage=serverAuth\\n' > server.ext",
+            f" openssl x509 -req -in server.csr -CA {ca} -CAkey ca.key -CAcreateserial -days 365 -extfile server.ext"
+            f" -out {cert})",
+            f"# copy {ca} to every node and to the operator; keep ca.key offline, {key} on the SuperLink machine only",
+        ]
+    if auth:
+        section("Node keys: on each node's own machine (the private key never leaves it)")
+        out.append("# ECDSA P-384 in OpenSSH format (flwr accepts NIST curves only); ssh-keygen writes the key 0600")
+        for k in shards:
+            out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
+        out.append("# send node-K.key.pub (public) to the operator")
+    section("SuperLink machine")
     out += [
-        f"mkdir -m 700 -p {d.state_dir.format(shard='K')}"
-        "   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
-        f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
-        + (
-            "--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub "
-            if tls.node_authentication
-            else ""
-        )
-        + f'--node-config \'shard=K state-dir="{d.state_dir.format(shard="K")}" policy="{policy_name}"\'',
-        "",
-        "## 4. Start the run (from a machine that can reach the control port)",
-        "# FLWR_HOME/config.toml:",
-        '#   [superlink]\n#   default = "deploy"\n#   [superlink.deploy]',
-        f'#   address = "{s.host}:{s.port}"'
-        + ('\n#   root-certificates = "ca.pem"' if tls.enabled else "\n#   insecure = true"),
+        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
+        "# the Control API has NO authentication in this build: anyone who reaches the port can start, stop or",
+        "# register; let only the nodes' and the operator's addresses reach it (firewall)",
+        f"flower-superlink {link_sec}" + (" --enable-supernode-auth" if auth else "") + f" --host {s.host}"
+        f" --port {s.port} --disable-runtime-dependency-installation"
+        + (" --database superlink.db   # registrations survive a restart" if auth else ""),
+    ]
+    section("Operator: the connection (FLWR_HOME/config.toml, default ~/.flwr/config.toml)")
+    out += [
+        "[superlink]",
+        'default = "deploy"',
+        "[superlink.deploy]",
+        f'address = "{address}"',
+        "# root-certificates must be an absolute path (flwr refuses a relative one)"
+        if tls.enabled
+        else "insecure = true",
+    ]
+    if tls.enabled:
+        out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
+    if auth:
+        section("Operator: register each node's public key before that node starts")
+        out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in shards]
+        out.append("flwr supernode list deploy   # registered nodes; 'online' once connected")
+    section("Each node, on its own machine")
+    for k in shards:
+        out += [
+            f"# node {k}: state (0700): identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
+            f"mkdir -m 700 -p {state[k]}",
+            f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
+            + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
+            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
+        ]
+    if shards == ["K"]:
+        out.append(f"# for K = 0 .. {d.nodes - 1}")
+    section("Start the run (operator)")
+    out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
         f'flwr run app deploy --stream --run-config \'policy="{policy_name}" out="runs/deployed" resume=false\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
