@@ -142,3 +142,26 @@ def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_
         private = serialization.load_ssh_private_key(key.read_bytes(), None)  # as flower-supernode loads it
         assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
         try_load_public_key(tmp_path / f"node-{k}.key.pub")  # as flwr supernode register loads it (exits if not)
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["ca_cert=nowhere/ca.pem", "server_cert=nowhere/s.pem", "server_key=nowhere/s.key"], "tls.ca_cert = nowhere"),
+        (["ca_cert=ca.pem"], "deployment.tls.server_cert, deployment.tls.server_key"),
+    ],
+)
+def test_missing_certificate_files_are_refused_before_any_process_starts(tmp_path, sets, message):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = ["deploy", "local", str(_policy(tmp_path)), "--out", str(out), "--set", "deployment.tls.enabled=true"]
+    for s in sets:
+        argv += ["--set", f"deployment.tls.{s}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in " ".join(result.stderr.split())
+    assert not (out / "logs").exists()

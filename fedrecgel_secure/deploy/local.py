@@ -88,11 +88,24 @@ def resolve_policy(
         policy_path = out / POLICY_FILE
     policy = load_policy(policy_path, list(overrides) + extra)
     check_deployable(policy)
+    if policy.deployment.tls.enabled and not policy.deployment.tls.generated:
+        user_tls_files(policy)  # before any process starts
     if (out / CHECKPOINT).exists() and not resume:
         raise BadInputError(
             f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
         )
     return policy
+
+
+def user_tls_files(policy: Policy) -> TlsFiles:
+    """The policy's own certificate files, absolute (relative paths are read from the current directory)."""
+    tls = policy.deployment.tls
+    names = ("ca_cert", "server_cert", "server_key")
+    paths = [Path(getattr(tls, k)).expanduser().resolve() for k in names]
+    for name, path in zip(names, paths):
+        if not path.is_file():
+            raise BadInputError(f"deployment.tls.{name} = {getattr(tls, name)}: no such file ({path})")
+    return TlsFiles(*paths)
 
 
 class Deployment:
@@ -124,13 +137,7 @@ class Deployment:
                 " (the CA key is not kept; for several machines use your own, see `fedrecgel deploy plan`)"
             )
             return files
-        files = TlsFiles(*(Path(p).expanduser().resolve() for p in (tls.ca_cert, tls.server_cert, tls.server_key)))
-        for name, path in zip(
-            ("ca_cert", "server_cert", "server_key"), (files.ca_cert, files.server_cert, files.server_key)
-        ):
-            if not path.is_file():
-                raise BadInputError(f"deployment.tls.{name} = {path}: no such file")
-        return files
+        return user_tls_files(self.policy)
 
     def superlink_argv(self, port: int) -> list[str]:
         tls = self.policy.deployment.tls
