@@ -75,19 +75,28 @@ def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_
 
 
 def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(tmp_path):
-    """The insecure deployment equals the simulator (test_deploy.py), so this one equals the insecure one."""
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    """The insecure deployment equals the simulator (test_deploy.py), so this one equals the insecure one.
 
-    policy_file = _policy(tmp_path, rounds=1, nodes=2, extra=TLS_AUTH)
+    With the operator's own certificate files this time (the first test covers the generated ones).
+    """
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.tls import make_throwaway_tls
+
+    own = make_throwaway_tls(tmp_path / "own-certs", ["127.0.0.1"])
+    files = f'ca_cert = "{own.ca_cert}"\nserver_cert = "{own.server_cert}"\nserver_key = "{own.server_key}"\n'
+    policy_file = _policy(tmp_path, rounds=1, nodes=2, extra=TLS_AUTH + files)
     _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
     try:
         dep.start()
+        link_args = dep.procs.procs["superlink"].args
         dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
     assert _metrics(out) == _metrics(tmp_path / "sim")
+    assert link_args[link_args.index("--ssl-certfile") + 1] == str(own.server_cert)
+    assert not (out / "tls").exists()  # nothing generated: the policy named its certificates
     assert all((out / "logs" / f"register-node-{k}.log").read_text().count("registered successfully") for k in (0, 1))
 
 
