@@ -336,6 +336,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     node_sec = f"--root-certificates {ca}" if tls.enabled else "--insecure"
     shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
     state = {k: d.state_dir.format(shard=k) for k in shards}
+    each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
@@ -379,7 +380,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out.append("# ECDSA P-384 in OpenSSH format (flwr accepts NIST curves only); ssh-keygen writes the key 0600")
         for k in shards:
             out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
-        out.append("# send node-K.key.pub (public) to the operator")
+        out += [*each, "# send node-K.key.pub (public) to the operator"]
     section("SuperLink machine")
     out += [
         "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
@@ -404,7 +405,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     if auth:
         section("Operator: register each node's public key before that node starts")
         out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in shards]
-        out.append("flwr supernode list deploy   # registered nodes; 'online' once connected")
+        out += [*each, "flwr supernode list deploy   # registered nodes; 'online' once connected"]
     section("Each node, on its own machine")
     for k in shards:
         out += [
@@ -414,8 +415,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
             + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
         ]
-    if shards == ["K"]:
-        out.append(f"# for K = 0 .. {d.nodes - 1}")
+    out += each
     section("Start the run (operator)")
     out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
