@@ -464,7 +464,7 @@ def deploy_local_cmd(
 
     policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
     rounds = policy_.federation.rounds
-    dep = Deployment(policy_, out_dir)
+    dep = Deployment(policy_, out_dir, say=out.print)
     columns = [
         TextColumn("[bold]round"),
         MofNCompleteColumn(),
@@ -482,7 +482,13 @@ def deploy_local_cmd(
                     last = json.loads(lines[-1])
                     progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
 
-            out.print(f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes (logs in {out_dir}/logs)")
+            tls = policy_.deployment.tls
+            security = (
+                "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "plaintext"
+            )
+            out.print(
+                f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes, {security} (logs in {out_dir}/logs)"
+            )
             dep.start()
             dep.wait(dep.launch(resume), rounds, on_progress)
     except KeyboardInterrupt:

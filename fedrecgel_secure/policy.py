@@ -401,25 +401,37 @@ class TlsPolicy(Section):
         False, description="Serve the SuperLink over TLS; false runs with --insecure (one trusted machine only)."
     )
     ca_cert: str | None = Field(
-        None, description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode)."
+        None,
+        description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode);"
+        " with none of the three files, deploy local makes a throwaway CA and certificate for 127.0.0.1.",
     )
     server_cert: str | None = Field(None, description="PEM file of the SuperLink certificate.")
     server_key: str | None = Field(None, description="PEM file of the SuperLink private key.")
     node_authentication: bool = Field(
-        False, description="Only SuperNodes whose public keys are registered with the SuperLink may connect."
+        False,
+        description="Only SuperNodes whose public keys are registered with the SuperLink may connect"
+        " (flwr supernode register); each node makes its own ECDSA P-384 key.",
     )
 
     @model_validator(mode="after")
     def _complete(self) -> TlsPolicy:
-        if self.enabled:
-            missing = [k for k in ("ca_cert", "server_cert", "server_key") if getattr(self, k) is None]
-            if missing:
-                raise BadInputError(
-                    f"{DEPLOY}.tls: enabled = true needs " + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing)
-                )
+        files = ("ca_cert", "server_cert", "server_key")
+        given = [k for k in files if getattr(self, k) is not None]
+        if self.enabled and given and len(given) < len(files):  # none at all: deploy local generates them
+            missing = [k for k in files if k not in given]
+            raise BadInputError(
+                f"{DEPLOY}.tls: {', '.join(f'{DEPLOY}.tls.{k}' for k in given)} given, so it also needs "
+                + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing)
+                + " (or none of the three, for throwaway certificates on one machine)"
+            )
         if self.node_authentication and not self.enabled:
             raise BadInputError(f"{DEPLOY}.tls.node_authentication = true needs {DEPLOY}.tls.enabled = true")
         return self
+
+    @property
+    def generated(self) -> bool:
+        """TLS without certificate files: ``deploy local`` makes a throwaway CA and server certificate."""
+        return self.enabled and self.ca_cert is None
 
 
 class DeploymentPolicy(Section):

@@ -203,8 +203,12 @@ def test_deployment_section_validates_and_shards_users_without_touching_the_dige
     for override, field in [
         ("deployment.key_holder=3", "deployment.key_holder"),
         ("deployment.tls.node_authentication=true", "deployment.tls.node_authentication"),
-        ("deployment.tls.enabled=true", "deployment.tls.ca_cert"),
         ("deployment.stage_timeout=0", "deployment.stage_timeout"),
     ]:
         with pytest.raises(BadInputError, match=field.replace(".", r"\.")):
             load_policy(None, [override])
+    # TLS certificates: all three files, or none (deploy local then makes throwaway ones)
+    with pytest.raises(BadInputError, match=r"deployment\.tls\.server_cert, deployment\.tls\.server_key"):
+        load_policy(None, ["deployment.tls.enabled=true", "deployment.tls.ca_cert=ca.pem"])
+    tls = load_policy(None, ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true"]).deployment.tls
+    assert tls.generated and tls.node_authentication
