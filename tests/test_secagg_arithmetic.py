@@ -110,3 +110,29 @@ def test_contributors_and_skips_match_the_protocol_on_random_rounds(scheme):
             assert expected[0] == got and np.array_equal(expected[1], total)
         except RoundSkipped as skipped:
             assert expected == str(skipped)
+
+
+@pytest.mark.parametrize("items_only", [False, True])
+@pytest.mark.parametrize("picked", [[0, 2, 3, 5], [0, 1, 2, 3, 4, 5]])
+def test_the_sparse_grid_sum_of_row_uploads_equals_encoding_each_dense_vector(items_only, picked):
+    from fedrecgel_secure.federation.uploads import RowUploads
+
+    rng = np.random.default_rng(3)
+    n_clients, n_items, width, mlp = 6, 40, 4, 9
+    owner, item = [], []
+    for c in range(n_clients):  # each client touches a set of distinct rows
+        touched = rng.choice(n_items, size=int(rng.integers(1, 12)), replace=False)
+        owner += [c] * touched.size
+        item += touched.tolist()
+    rows = torch.from_numpy(rng.normal(size=(len(owner), width)).astype(np.float32))
+    rows[0, 0] = 1e3  # beyond the range: clipped, and counted
+    uploads = RowUploads(
+        rows, torch.tensor(owner), torch.tensor(item), torch.from_numpy(rng.normal(size=(n_clients, mlp))), n_items
+    )
+    grid, picked = FixedPoint(clip_range=4.0), np.array(picked)
+    stop = n_items * width if items_only else n_items * width + mlp
+    total, clipped = uploads.grid_total(grid, picked, stop)
+    dense = [grid.encode(uploads.vector(int(c))[:stop].double().numpy()) for c in picked]
+    assert np.array_equal(total, sum(ints for ints, _ in dense))
+    assert clipped == sum(over for _, over in dense) > 0
+    assert uploads.grid_total(grid, picked, stop - 1) is None  # not a group boundary: no fast path
