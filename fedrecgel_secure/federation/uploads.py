@@ -102,8 +102,17 @@ class RowUploads(Uploads):
         return torch.cat([self._table(self.rows, self.row_item).reshape(-1), self.mlp.sum(dim=0)])
 
     def vector(self, c: int) -> torch.Tensor:
-        mine = self.row_owner == c
-        return torch.cat([self._table(self.rows[mine], self.row_item[mine]).reshape(-1), self.mlp[c]])
+        if not hasattr(self, "_spans"):  # each client's rows, found once: a protocol asks for every client
+            order = torch.argsort(self.row_owner, stable=True)
+            counts = torch.bincount(self.row_owner, minlength=self.num_clients)
+            self._order, self._spans = order, torch.cat([torch.zeros(1, dtype=counts.dtype), counts.cumsum(0)])
+        mine = self._order[self._spans[c] : self._spans[c + 1]]
+        width, n_item_values = self.rows.shape[1], self.n_items * self.rows.shape[1]
+        out = torch.zeros(n_item_values + self.mlp.shape[1], dtype=torch.promote_types(self.rows.dtype, self.mlp.dtype))
+        # a client's rows are distinct items, so writing them is adding them to zeros
+        out[:n_item_values].view(self.n_items, width)[self.row_item[mine]] = self.rows[mine].to(out.dtype)
+        out[n_item_values:] = self.mlp[c]
+        return out
 
     def grid_total(self, grid, clients: np.ndarray, stop: int) -> tuple[np.ndarray, int] | None:
         # An untouched row is zero on the grid, and a client touches each row once (its rows are unique
