@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import multiprocessing
 import os
 import time
 
@@ -66,6 +67,47 @@ def measure(overrides: list[str], split, rounds: int) -> dict:
     return out
 
 
+def _client_work(kind: str, repeats: int, start, out) -> None:
+    """One process's share of the ceiling measurement: masking's keystream or BFV encryption, timed."""
+    import tenseal as ts
+
+    from fedrecgel_secure.privacy.secagg.he import BFVParams
+
+    if kind == "masking":
+        buf = np.empty(372_737, dtype=np.uint64)
+        step = lambda: prg_into(os.urandom(MASK_KEY_BYTES), buf)  # noqa: E731
+    else:
+        ctx, values = BFVParams().context(), list(range(8191))
+        step = lambda: ts.bfv_vector(ctx, values).serialize()  # noqa: E731
+    step()
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    out.put(time.perf_counter() - t0)
+
+
+def process_scaling(kind: str, workers: int, repeats: int) -> float:
+    """Throughput of ``workers`` processes doing the same client work at once, over one process doing it.
+
+    The ceiling of any pool on this machine: cores that share caches and
+    memory bandwidth do not each run at a lone core's speed.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    rates = {}
+    for n in (1, workers):
+        start, out = ctx.Barrier(n + 1), ctx.Queue()
+        procs = [ctx.Process(target=_client_work, args=(kind, repeats, start, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        start.wait()
+        slowest = max(out.get() for _ in procs)
+        for p in procs:
+            p.join()
+        rates[n] = n * repeats / slowest
+    return rates[workers] / rates[1]
+
+
 def keystream_floor(n_clients: int, dim: int, degree: int, repeats: int = 20) -> tuple[float, float]:
     """(GB of mask keystream a masking round expands on the clients, seconds that takes at the PRG's measured speed).
 
@@ -110,6 +152,11 @@ def main() -> None:
         speedup = f"{one['round_s'] / r['round_s']:>9.2f}x" if "workers" in name and one else ""
         cost = f"{client:>10.3f}{upload / 1e6:>11.2f}{upload / r['dim']:>9.1f}{server:>10.3f}" if upload else " " * 40
         print(f"{name:<30}{cost}{r['round_s']:>9.2f}{r['round_s'] / plain:>9.2f}x{speedup:>10}")
+    for kind, repeats in (("masking", 2000), ("bfv", 150)):
+        print(
+            f"machine ceiling, {kind} client work: {args.workers} processes do"
+            f" {process_scaling(kind, args.workers, repeats):.2f}x the work of one in the same time"
+        )
     gigabytes, seconds = keystream_floor(n, results["plaintext"]["dim"], 2 * math.ceil(math.log2(n)))
     print(
         f"masking floor: the clients expand {gigabytes:.2f} GB of AES-128-CTR keystream per round,"
