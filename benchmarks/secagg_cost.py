@@ -6,12 +6,15 @@ Each configuration trains the default policy (batched engine) from the same
 seed: plaintext, then each scheme in arithmetic mode (the exact sum the
 protocol releases, no cryptography) and in protocol mode with its clients in
 one process (workers = 1) and in N worker processes (default: every core).
-Plaintext is measured first and last and the mean taken (the machine's speed drifts).
-Reported per round: the clients' mean time and upload bytes (and bytes per
-shared value), the server's time (aggregate, plus the key holder's decrypt or
-the unmask), the whole round against the plaintext round, and the speed-up of
-N workers over one; then the part of a masking round that no implementation
-can skip, the clients' mask keystream.
+The configurations without cryptography take turns round by round (median of
+20 rounds), so that the machine's drift does not decide their small
+differences. Reported per round: the clients' mean time and upload bytes (and
+bytes per shared value), the server's time (aggregate, plus the key holder's
+decrypt or the unmask), the whole round against the plaintext round, and the
+speed-up of N workers over one; then the machine's own ceiling for that
+speed-up (the same client work in 1 and in N processes at once), and the part
+of a masking round that no implementation can skip, the clients' mask
+keystream.
 """
 
 from __future__ import annotations
@@ -66,6 +69,25 @@ def measure(overrides: list[str], split, rounds: int) -> dict:
     trainer.close()
     out["dim"] = dim
     return out
+
+
+def measure_interleaved(configs: dict[str, list[str]], split, rounds: int) -> dict[str, dict]:
+    """Round time of cheap configurations, one round of each in turn and the median taken.
+
+    Their differences are a few tens of ms, less than this machine's drift
+    over a minute; taking turns puts the drift on all of them alike.
+    """
+    trainers = {name: Trainer(load_policy(None, o), split) for name, o in configs.items()}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for trainer in trainers.values():
+        trainer.train_round()  # warm-up
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            t0 = time.perf_counter()
+            trainer.train_round()
+            times[name].append(time.perf_counter() - t0)
+    dims = {name: sum(p.numel() for p in t.model.parameters()) for name, t in trainers.items()}
+    return {name: {"round_s": float(np.median(times[name])), "dim": dims[name]} for name in configs}
 
 
 def _client_work(kind: str, repeats: int, start, out) -> None:
@@ -135,13 +157,12 @@ def main() -> None:
         f"FilmTrust: {n} clients per round; masking degree 2*ceil(log2 n) = {2 * math.ceil(math.log2(n))};"
         f" {len(os.sched_getaffinity(0))} cores"
     )
-    # configurations without cryptography are fast and noisy: more rounds, and plaintext before and after
-    results = {
-        name: measure(o, split, args.rounds if "protocol" in name else max(args.rounds, 20))
-        for name, o in configurations(args.workers).items()
-    }
-    again = measure([], split, max(args.rounds, 20))["round_s"]
-    results["plaintext"]["round_s"] = plain = (results["plaintext"]["round_s"] + again) / 2
+    configs = configurations(args.workers)
+    cheap = {name: o for name, o in configs.items() if "protocol" not in name}
+    results = measure_interleaved(cheap, split, max(args.rounds, 20))
+    results.update({name: measure(o, split, args.rounds) for name, o in configs.items() if name not in cheap})
+    results = {name: results[name] for name in configs}
+    plain = results["plaintext"]["round_s"]
     print(
         f"{'configuration':<30}{'client s':>10}{'upload MB':>11}{'B/value':>9}{'server s':>10}{'round s':>9}"
         f"{'vs plain':>10}{'speed-up':>10}"
