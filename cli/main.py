@@ -94,6 +94,15 @@ def train(
             highlight=False,
             soft_wrap=True,
         )
+    secagg = trainer.secure_aggregation_summary()
+    if secagg is not None:
+        out.print(
+            f"secure aggregation: {secagg.describe()}"
+            + (
+                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it" if secagg.workers is None else ""
+            ),
+            highlight=False,
+        )
     latest = {"hr": "-", "ndcg": "-", "eps": ""}
     columns = [
         TextColumn("[bold]round"),
@@ -117,6 +126,8 @@ def train(
                     f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, "
                     f"server {cost.server_seconds:.2f} s"
                 )
+            elif secagg is not None and secagg.workers is None:
+                extra += f"  secagg: {secagg.scheme}, arithmetic"
             if info.clipped_values:
                 extra += f"  [yellow]{info.clipped_values} values clipped to the fixed-point range[/]"
             if info.skipped is not None:
@@ -125,7 +136,10 @@ def train(
             loss = "-" if event.loss is None else f"{event.loss:.4f}"
             progress.update(task, completed=event.round, loss=loss, **latest)
 
-        trainer.run(out_dir, on_round)
+        try:
+            trainer.run(out_dir, on_round)
+        finally:
+            trainer.close()
     summary = read_summary(out_dir)
     out.print(
         _metrics_table(
@@ -450,7 +464,7 @@ def deploy_local_cmd(
 
     policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
     rounds = policy_.federation.rounds
-    dep = Deployment(policy_, out_dir)
+    dep = Deployment(policy_, out_dir, say=out.print)
     columns = [
         TextColumn("[bold]round"),
         MofNCompleteColumn(),
@@ -468,7 +482,13 @@ def deploy_local_cmd(
                     last = json.loads(lines[-1])
                     progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
 
-            out.print(f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes (logs in {out_dir}/logs)")
+            tls = policy_.deployment.tls
+            security = (
+                "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "plaintext"
+            )
+            out.print(
+                f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes, {security} (logs in {out_dir}/logs)"
+            )
             dep.start()
             dep.wait(dep.launch(resume), rounds, on_progress)
     except KeyboardInterrupt:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -286,6 +287,24 @@ class SecureAggregationPolicy(Section):
         "shared", description="What goes through the protocol: the whole shared vector, or the item table alone."
     )
     dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
+    tampered: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Simulated fraction of the other clients whose upload is altered in transit;"
+        " the aggregator refuses it and the round goes on without them.",
+    )
+    simulation: Literal["protocol", "arithmetic"] = Field(
+        "protocol",
+        description="How a simulated run computes the secure sum; protocol: every role runs the real cryptography"
+        " and the run reports its cost; arithmetic: the exact sum the protocol would release (same grid, same"
+        " dropouts, refusals and skipped rounds), without cryptography, for fast studies.",
+    )
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Processes that run the simulated clients' cryptography in protocol mode;"
+        " auto: one per CPU core; 1: all roles in the training process.",
+    )
     clip_range: float = Field(
         32.0,
         gt=0,
@@ -311,6 +330,15 @@ class SecureAggregationPolicy(Section):
                 ' Eurocrypt 2021); use scheme = "bfv" (exact, same fixed-point grid) or "masking"'
             )
         return data
+
+    def worker_count(self) -> int:
+        """The worker processes protocol mode uses (``workers``, with auto resolved to this machine's cores)."""
+        if self.workers != "auto":
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0))  # the cores this process may run on
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
 
     def encoding(self):
         from fedrecgel_secure.privacy.secagg import FixedPoint
@@ -373,25 +401,37 @@ class TlsPolicy(Section):
         False, description="Serve the SuperLink over TLS; false runs with --insecure (one trusted machine only)."
     )
     ca_cert: str | None = Field(
-        None, description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode)."
+        None,
+        description="PEM file of the CA that signed the SuperLink certificate (given to every SuperNode);"
+        " with none of the three files, deploy local makes a throwaway CA and certificate for 127.0.0.1.",
     )
     server_cert: str | None = Field(None, description="PEM file of the SuperLink certificate.")
     server_key: str | None = Field(None, description="PEM file of the SuperLink private key.")
     node_authentication: bool = Field(
-        False, description="Only SuperNodes whose public keys are registered with the SuperLink may connect."
+        False,
+        description="Only SuperNodes whose public keys are registered with the SuperLink may connect"
+        " (flwr supernode register); each node makes its own ECDSA P-384 key.",
     )
 
     @model_validator(mode="after")
     def _complete(self) -> TlsPolicy:
-        if self.enabled:
-            missing = [k for k in ("ca_cert", "server_cert", "server_key") if getattr(self, k) is None]
-            if missing:
-                raise BadInputError(
-                    f"{DEPLOY}.tls: enabled = true needs " + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing)
-                )
+        files = ("ca_cert", "server_cert", "server_key")
+        given = [k for k in files if getattr(self, k) is not None]
+        if self.enabled and given and len(given) < len(files):  # none at all: deploy local generates them
+            missing = [k for k in files if k not in given]
+            raise BadInputError(
+                f"{DEPLOY}.tls: {', '.join(f'{DEPLOY}.tls.{k}' for k in given)} given, so it also needs "
+                + ", ".join(f"{DEPLOY}.tls.{k}" for k in missing)
+                + " (or none of the three, for throwaway certificates on one machine)"
+            )
         if self.node_authentication and not self.enabled:
             raise BadInputError(f"{DEPLOY}.tls.node_authentication = true needs {DEPLOY}.tls.enabled = true")
         return self
+
+    @property
+    def generated(self) -> bool:
+        """TLS without certificate files: ``deploy local`` makes a throwaway CA and server certificate."""
+        return self.enabled and self.ca_cert is None
 
 
 class DeploymentPolicy(Section):
@@ -509,6 +549,11 @@ class Policy(Section):
             self.privacy.audit == AuditPolicy()
         ):  # no canaries: the digest of runs started before [privacy.audit] existed
             del dump["privacy"]["audit"]
+        secagg = dump["privacy"]["secure_aggregation"]
+        # how the sum is computed (all exact, equal by test), not what: a run may resume in another mode
+        del secagg["simulation"], secagg["workers"]
+        if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
+            del secagg["tampered"]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -130,6 +130,19 @@ class PrivacySpent(_Record):
     max_epsilon: float | None
 
 
+class SecureAggregationRun(_Record):
+    """How a run computed its secure sums."""
+
+    scheme: str  # "bfv" or "masking"
+    simulation: str  # "protocol" (real cryptography) or "arithmetic" (the same exact sum, no cryptography)
+    workers: int | None  # processes that ran the clients' cryptography (protocol mode)
+
+    def describe(self) -> str:
+        """``masking (protocol, 2 workers)``, ``bfv (arithmetic)``."""
+        how = "arithmetic" if self.simulation == "arithmetic" else f"protocol, {self.workers} worker(s)"
+        return f"{self.scheme} ({how})"
+
+
 Evaluation = dict[str, Any]
 """One line of ``metrics.jsonl``: ``round``, ``loss``, ``hr@5`` ... ``ndcg@20``,
 then what the round reported (``epsilon`` ...)."""
@@ -158,6 +171,7 @@ class RunSummary(_Record):
     best_each: dict[str, float] | None  # the best value each test metric reached, in any round
     stopped_early: str | None  # why training ended before rounds_planned (the privacy budget)
     privacy: PrivacySpent | None  # None without DP
+    secure_aggregation: SecureAggregationRun | None = None  # None: uploads summed in the clear
 
     @property
     def finished(self) -> bool:

@@ -165,3 +165,37 @@ def test_the_console_script_is_installed():
     assert exe is not None
     result = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "train" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("simulation", "says"),
+    [("arithmetic", "bfv (arithmetic)"), ("protocol", "bfv (protocol, 2 worker(s))")],
+)
+def test_train_says_how_the_secure_sum_was_simulated(tiny_run, tmp_path, simulation, says):
+    _, data, _ = tiny_run
+    result = fedrecgel(
+        "train",
+        "--out",
+        tmp_path,
+        "--set",
+        f"data.dataset={data}",
+        "--set",
+        "data.test_negatives=50",
+        "--set",
+        "federation.rounds=1",
+        "--set",
+        "federation.fraction=0.25",
+        "--set",
+        "privacy.secure_aggregation.scheme=bfv",
+        "--set",
+        f"privacy.secure_aggregation.simulation={simulation}",
+        "--set",
+        "privacy.secure_aggregation.workers=2",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"secure aggregation: {says}" in result.stdout
+    assert ("no per-round protocol cost" in result.stdout) == (simulation == "arithmetic")
+    summary = json.loads((tmp_path / "summary.json").read_text())["secure_aggregation"]
+    assert summary == {"scheme": "bfv", "simulation": simulation, "workers": None if simulation == "arithmetic" else 2}
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert ("secagg_upload_bytes" in record) == (simulation == "protocol")

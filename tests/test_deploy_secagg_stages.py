@@ -183,6 +183,10 @@ def test_a_node_reporting_foreign_users_is_refused(tmp_path):
             ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.dropout=0.1"],
             "privacy.secure_aggregation.dropout",
         ),
+        (
+            ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.tampered=0.1"],
+            "privacy.secure_aggregation.tampered",
+        ),
     ],
 )
 def test_what_deployed_masking_cannot_run_faithfully_is_refused_by_field(overrides, field):

@@ -59,6 +59,16 @@ def row_uploads(draw):
     )
 
 
+@settings(max_examples=100, deadline=None)
+@given(uploads=row_uploads())
+def test_a_clients_dense_upload_is_its_rows_in_place_and_zeros_elsewhere(uploads):
+    # the plain construction (adding the client's rows into an empty table) is the oracle of the fast one
+    for c in range(uploads.num_clients):
+        mine = uploads.row_owner == c
+        table = uploads._table(uploads.rows[mine], uploads.row_item[mine]).reshape(-1)
+        assert torch.equal(uploads.vector(c), torch.cat([table, uploads.mlp[c]]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(uploads=row_uploads(), clip=st.floats(1e-3, 10.0), per_group=st.booleans())
 def test_every_clipped_upload_has_norm_at_most_c(uploads, clip, per_group, tiny_split):

@@ -203,8 +203,43 @@ def test_deployment_section_validates_and_shards_users_without_touching_the_dige
     for override, field in [
         ("deployment.key_holder=3", "deployment.key_holder"),
         ("deployment.tls.node_authentication=true", "deployment.tls.node_authentication"),
-        ("deployment.tls.enabled=true", "deployment.tls.ca_cert"),
         ("deployment.stage_timeout=0", "deployment.stage_timeout"),
     ]:
         with pytest.raises(BadInputError, match=field.replace(".", r"\.")):
             load_policy(None, [override])
+    # TLS certificates: all three files, or none (deploy local then makes throwaway ones)
+    with pytest.raises(BadInputError, match=r"deployment\.tls\.server_cert, deployment\.tls\.server_key"):
+        load_policy(None, ["deployment.tls.enabled=true", "deployment.tls.ca_cert=ca.pem"])
+    tls = load_policy(None, ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true"]).deployment.tls
+    assert tls.generated and tls.node_authentication
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("privacy.secure_aggregation.simulation=fast", r"privacy\.secure_aggregation\.simulation"),
+        ("privacy.secure_aggregation.workers=0", r"privacy\.secure_aggregation\.workers"),
+        ("privacy.secure_aggregation.tampered=1.5", r"privacy\.secure_aggregation\.tampered"),
+    ],
+)
+def test_bad_simulation_settings_name_their_field(override, message):
+    with pytest.raises(BadInputError, match=message):
+        load_policy(None, [override])
+
+
+def test_how_the_secure_sum_is_simulated_does_not_change_the_digest():
+    base = load_policy(None, ["privacy.secure_aggregation.scheme=masking"])
+    other = load_policy(
+        None,
+        [
+            "privacy.secure_aggregation.scheme=masking",
+            "privacy.secure_aggregation.simulation=arithmetic",
+            "privacy.secure_aggregation.workers=3",
+        ],
+    )
+    assert other.digest() == base.digest()  # bit-identical by test: a run may resume in the other mode
+    tampered = load_policy(
+        None, ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.tampered=0.1"]
+    )
+    assert tampered.digest() != base.digest()
+    assert other.privacy.secure_aggregation.worker_count() == 3

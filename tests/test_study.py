@@ -427,7 +427,7 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 16, 30), ("dp_server_lr_study.toml", 24, 100)]
+    "name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 24, 30), ("dp_server_lr_study.toml", 24, 100)]
 )
 def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     """Every setting of an example study resolves to a valid policy (planning trains nothing)."""
@@ -438,5 +438,6 @@ def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
         policy = load_policy(plan.base_path, list(run.overrides))
         assert policy.digest() == run.digest and policy.federation.rounds == rounds
     if name == "audit_study.toml":
-        schemes = {load_policy(None, list(r.overrides)).privacy.secure_aggregation.scheme for r in plan.runs}
-        assert plan.spec.audit and schemes == {"none", "masking"}
+        secagg = [load_policy(None, list(r.overrides)).privacy.secure_aggregation for r in plan.runs]
+        assert plan.spec.audit and {s.scheme for s in secagg} == {"none", "masking", "bfv"}
+        assert {s.simulation for s in secagg} == {"arithmetic"}

@@ -41,6 +41,10 @@ def check_deployable(policy) -> None:
             raise BadInputError(
                 "privacy.secure_aggregation.dropout simulates dropouts; a deployment has real ones: set it to 0"
             )
+        if secagg.tampered > 0:
+            raise BadInputError(
+                "privacy.secure_aggregation.tampered simulates altered uploads; a deployment has real ones: set it to 0"
+            )
     if dp.enabled and dp.mode == "distributed":
         raise BadInputError(
             "privacy.dp.mode = 'distributed' cannot be deployed yet: it needs secure aggregation on the nodes;"

@@ -5,6 +5,10 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
+``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
+                        SuperLink certificate for 127.0.0.1 (the CA key is not kept)
+``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
+                        registered with ``flwr supernode register`` before the node starts
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
+from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
@@ -83,6 +88,8 @@ def resolve_policy(
         policy_path = out / POLICY_FILE
     policy = load_policy(policy_path, list(overrides) + extra)
     check_deployable(policy)
+    if policy.deployment.tls.enabled and not policy.deployment.tls.generated:
+        user_tls_files(policy)  # before any process starts
     if (out / CHECKPOINT).exists() and not resume:
         raise BadInputError(
             f"{out}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
@@ -90,59 +97,151 @@ def resolve_policy(
     return policy
 
 
+def user_tls_files(policy: Policy) -> TlsFiles:
+    """The policy's own certificate files, absolute (relative paths are read from the current directory)."""
+    tls = policy.deployment.tls
+    names = ("ca_cert", "server_cert", "server_key")
+    paths = [Path(getattr(tls, k)).expanduser().resolve() for k in names]
+    for name, path in zip(names, paths):
+        if not path.is_file():
+            raise BadInputError(f"deployment.tls.{name} = {getattr(tls, name)}: no such file ({path})")
+    return TlsFiles(*paths)
+
+
 class Deployment:
     """One local deployment: start it, run the ServerApp (again, for a resume), stop it."""
 
-    def __init__(self, policy: Policy, out: Path):
+    HOST = "127.0.0.1"
+    REGISTER_TIMEOUT = 60.0
+
+    def __init__(self, policy: Policy, out: Path, say: Callable[[str], None] | None = None):
         self.policy, self.out = policy, Path(out).resolve()
+        self.say = say or (lambda _msg: None)
         self.out.mkdir(parents=True, exist_ok=True)
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")
         self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr")}
+        self.tls: TlsFiles | None = None
+        self.port: int | None = None
         write_app(self.out / "app")
 
-    def start(self) -> None:
-        n = self.policy.deployment.nodes
-        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
-        port, *node_ports = free_ports(1 + n)
-        host = "127.0.0.1"
-        fleet = control = port
-        link = self.procs.start(
-            "superlink",
-            [
-                _bin("flower-superlink"),
-                "--insecure",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--disable-runtime-dependency-installation",
-                "--database",
-                ":flwr-in-memory:",
-            ],
-            self.env,
+    def _tls_files(self) -> TlsFiles | None:
+        tls = self.policy.deployment.tls
+        if not tls.enabled:
+            return None
+        if tls.generated:
+            files = make_throwaway_tls(self.out / "tls", [self.HOST])
+            self.say(
+                f"TLS: generated a throwaway CA and SuperLink certificate for {self.HOST} in {files.ca_cert.parent}"
+                " (the CA key is not kept; for several machines use your own, see `fedrecgel deploy plan`)"
+            )
+            return files
+        return user_tls_files(self.policy)
+
+    def superlink_argv(self, port: int) -> list[str]:
+        tls = self.policy.deployment.tls
+        sec = (
+            ["--insecure"]
+            if self.tls is None
+            else [
+                "--ssl-ca-certfile",
+                str(self.tls.ca_cert),
+                "--ssl-certfile",
+                str(self.tls.server_cert),
+                "--ssl-keyfile",
+                str(self.tls.server_key),
+            ]
         )
-        wait_for_port(host, port, 60, link)
-        write_connection(self.out / ".flwr", f"{host}:{control}")
+        return [
+            _bin("flower-superlink"),
+            *sec,
+            *(["--enable-supernode-auth"] if tls.node_authentication else []),
+            "--host",
+            self.HOST,
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+            "--database",
+            ":flwr-in-memory:",
+        ]
+
+    def supernode_argv(self, shard: int, port: int, auth_key: Path | None = None) -> list[str]:
+        """Node ``shard``'s command; ``auth_key`` is its OpenSSH private key under node authentication."""
+        state_dir = state_dir_for(self.policy, self.out, shard)
+        sec = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
+        return [
+            _bin("flower-supernode"),
+            *sec,
+            "--superlink",
+            f"{self.HOST}:{self.port}",
+            "--host",
+            self.HOST,
+            "--port",
+            str(port),
+            *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
+            "--node-config",
+            node_config(self.policy_file, shard, state_dir),
+        ]
+
+    def register_node(self, public_key: Path, name: str) -> None:
+        """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
+        with open(self.procs.log_dir / f"register-{name}.log", "ab") as log:
+            result = subprocess.run(
+                [_bin("flwr"), "supernode", "register", str(public_key), "local", "--name", name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                timeout=self.REGISTER_TIMEOUT,
+                check=False,
+            )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"flwr supernode register {public_key} failed (exit {result.returncode});"
+                f" see {self.procs.log_dir}/register-{name}.log"
+            )
+
+    def supernodes(self) -> list[dict]:
+        """The SuperLink's node list (``flwr supernode list local --format json``): node-id, status, ..."""
+        import json
+
+        result = subprocess.run(
+            [_bin("flwr"), "supernode", "list", "local", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=self.REGISTER_TIMEOUT,
+            check=True,
+        )
+        return json.loads(result.stdout)["nodes"]
+
+    def start(self) -> None:
+        d = self.policy.deployment
+        n = d.nodes
+        # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
+        self.port, *node_ports = free_ports(1 + n)
+        self.procs.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tls = self._tls_files()
+        link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
+        wait_for_port(self.HOST, self.port, 60, link)
+        write_connection(
+            self.out / ".flwr",
+            f"{self.HOST}:{self.port}",
+            insecure=self.tls is None,
+            root_cert=str(self.tls.ca_cert) if self.tls else None,
+        )
         for shard in range(n):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self.procs.start(
-                f"supernode-{shard}",
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"{host}:{fleet}",
-                    "--host",
-                    host,
-                    "--port",
-                    str(node_ports[shard]),
-                    "--node-config",
-                    node_config(self.policy_file, shard, state_dir),
-                ],
-                self.env,
+            key = None
+            if d.tls.node_authentication:
+                key = state_dir / NODE_KEY  # made for this node in its own 0700 directory; kept across restarts
+                self.register_node(make_node_key(key), f"node-{shard}")
+            self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, node_ports[shard], key), self.env)
+        if d.tls.node_authentication:
+            self.say(
+                f"node authentication: registered {n} node keys with the SuperLink"
+                f" ({state_dir_for(self.policy, self.out, 'K') / NODE_KEY}.pub)"
             )
 
     def launch(self, resume: bool) -> subprocess.Popen:
@@ -204,9 +303,10 @@ def deploy_local(
     overrides: list[str] = (),
     resume: bool = False,
     on_progress: Callable[[int], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
     policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
-    dep = Deployment(policy, out)
+    dep = Deployment(policy, out, say)
     try:
         dep.start()
         return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
@@ -214,61 +314,110 @@ def deploy_local(
         dep.stop()
 
 
+def _ip_or_dns(host: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return f"IP:{host}"
+    except ValueError:
+        return f"DNS:{host}"
+
+
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
-    """The commands and files of a multi-machine deployment of ``policy``."""
+    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42)."""
     d = policy.deployment
     s = d.superlink
     tls = d.tls
-    link_sec = (
-        f"--ssl-ca-certfile {tls.ca_cert} --ssl-certfile {tls.server_cert} --ssl-keyfile {tls.server_key}"
-        if tls.enabled
-        else "--insecure"
-    )
-    node_sec = f"--root-certificates {tls.ca_cert}" if tls.enabled else "--insecure"
+    auth = tls.node_authentication
+    address = f"{s.host}:{s.port}"
+    ca, cert, key = (tls.ca_cert or "ca.pem", tls.server_cert or "server.pem", tls.server_key or "server.key")
+    link_sec = f"--ssl-ca-certfile {ca} --ssl-certfile {cert} --ssl-keyfile {key}" if tls.enabled else "--insecure"
+    node_sec = f"--root-certificates {ca}" if tls.enabled else "--insecure"
+    shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
+    state = {k: d.state_dir.format(shard=k) for k in shards}
+    each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
         f"# the same {policy_name} and the dataset it names.",
-        "",
-        "## 1. Certificates (SuperLink machine)",
-        "# a CA and a server certificate whose SAN is the SuperLink's address, e.g. with openssl:",
-        "openssl req -x509 -newkey rsa:4096 -nodes -days 365 -subj /CN=fedrecgel-ca -keyout ca.key -out ca.pem",
-        f"openssl req -newkey rsa:4096 -nodes -subj /CN={s.host} -keyout server.key -out server.csr",
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 365 -out server.pem "
-        f"-extfile <(printf 'subjectAltName=IP:{s.host}')",
-        "",
-        "## 2. SuperLink machine: one HTTP port serves the Fleet, Runtime and Control APIs in flwr 1.42;",
-        "##    the Control API has no authentication in this build: "
-        "let only the nodes and the operator reach it (firewall)",
-        f"flower-superlink {link_sec} --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
-        + (" --enable-supernode-auth" if tls.node_authentication else ""),
     ]
-    if tls.node_authentication:
+    if not tls.enabled:
         out += [
-            "# register each node's public key (from step 3) with the SuperLink:",
-            "flwr supernode register node-K.pub   # once per node, from the machine running flwr run",
+            "# WARNING: [deployment.tls] enabled = false: the SuperLink and the nodes talk plaintext;",
+            "# fine on one trusted machine only. Set enabled = true (and node_authentication = true) for several.",
         ]
-    out += ["", f"## 3. Node K (K = 0 .. {d.nodes - 1}), on its own machine"]
-    if tls.node_authentication:
+    step = 0
+
+    def section(title: str) -> None:
+        nonlocal step
+        step += 1
+        out.extend(["", f"## {step}. {title}"])
+
+    if tls.enabled:
+        section("Certificates (operator or SuperLink machine; any CA of yours will do)")
         out += [
-            "ssh-keygen -t ecdsa -b 384 -N '' -f node-K   # the SuperNode's authentication key pair (stays on the node)"
+            "# the SuperLink certificate must name the address the nodes dial"
+            f" ({_ip_or_dns(s.host)}) in its subjectAltName;",
+            "# keys are made under umask 077 (0600); ca.pem and the server certificate are public",
         ]
+        if tls.ca_cert is not None:
+            out.append(f"# the policy names {ca}, {cert} and {key}: make them like this if you have none yet")
+        out += [
+            "(umask 077",
+            " openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-384 -nodes -days 365 -subj /CN=fedrecgel-ca"
+            f" -keyout ca.key -out {ca}",
+            f" openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-384 -nodes -subj /CN={s.host}"
+            f" -keyout {key} -out server.csr",
+            f" printf 'subjectAltName={_ip_or_dns(s.host)}\\nbasicConstraints=critical,CA:FALSE\\n"
+            "extendedKeyUsage=serverAuth\\n' > server.ext",
+            f" openssl x509 -req -in server.csr -CA {ca} -CAkey ca.key -CAcreateserial -days 365 -extfile server.ext"
+            f" -out {cert})",
+            f"# copy {ca} to every node and to the operator; keep ca.key offline, {key} on the SuperLink machine only",
+        ]
+    if auth:
+        section("Node keys: on each node's own machine (the private key never leaves it)")
+        out.append("# ECDSA P-384 in OpenSSH format (flwr accepts NIST curves only); ssh-keygen writes the key 0600")
+        for k in shards:
+            out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
+        out += [*each, "# send node-K.key.pub (public) to the operator"]
+    section("SuperLink machine")
     out += [
-        f"mkdir -m 700 -p {d.state_dir.format(shard='K')}"
-        "   # state: identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
-        f"flower-supernode {node_sec} --superlink {s.host}:{s.port} --host 127.0.0.1 --port 9094 "
-        + (
-            "--auth-supernode-private-key node-K --auth-supernode-public-key node-K.pub "
-            if tls.node_authentication
-            else ""
-        )
-        + f'--node-config \'shard=K state-dir="{d.state_dir.format(shard="K")}" policy="{policy_name}"\'',
-        "",
-        "## 4. Start the run (from a machine that can reach the control port)",
-        "# FLWR_HOME/config.toml:",
-        '#   [superlink]\n#   default = "deploy"\n#   [superlink.deploy]',
-        f'#   address = "{s.host}:{s.port}"'
-        + ('\n#   root-certificates = "ca.pem"' if tls.enabled else "\n#   insecure = true"),
+        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
+        "# the Control API has NO authentication in this build: anyone who reaches the port can start, stop or",
+        "# register; let only the nodes' and the operator's addresses reach it (firewall)",
+        f"flower-superlink {link_sec}" + (" --enable-supernode-auth" if auth else "") + f" --host {s.host}"
+        f" --port {s.port} --disable-runtime-dependency-installation"
+        + (" --database superlink.db   # registrations survive a restart" if auth else ""),
+    ]
+    section("Operator: the connection (FLWR_HOME/config.toml, default ~/.flwr/config.toml)")
+    out += [
+        "[superlink]",
+        'default = "deploy"',
+        "[superlink.deploy]",
+        f'address = "{address}"',
+        "# root-certificates must be an absolute path (flwr refuses a relative one)"
+        if tls.enabled
+        else "insecure = true",
+    ]
+    if tls.enabled:
+        out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
+    if auth:
+        section("Operator: register each node's public key before that node starts")
+        out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in shards]
+        out += [*each, "flwr supernode list deploy   # registered nodes; 'online' once connected"]
+    section("Each node, on its own machine")
+    for k in shards:
+        out += [
+            f"# node {k}: state (0700): identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
+            f"mkdir -m 700 -p {state[k]}",
+            f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
+            + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
+            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
+        ]
+    out += each
+    section("Start the run (operator)")
+    out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
         f'flwr run app deploy --stream --run-config \'policy="{policy_name}" out="runs/deployed" resume=false\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",

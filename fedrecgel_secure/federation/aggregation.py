@@ -139,7 +139,9 @@ class MeanAggregation:
     def aggregate(self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype) -> Aggregate:
         if uploads is None:  # no upload arrived (every sampled client of a deployment dropped out): nothing changes
             return Aggregate(None, np.zeros(0, dtype=np.int64), RoundInfo(skipped="no upload arrived"))
-        contributions = Contributions(clients, dim, dtype, uploads.vector, total=uploads.total)
+        contributions = Contributions(
+            clients, dim, dtype, uploads.vector, total=uploads.total, grid_total=uploads.grid_total
+        )
         result = self.summer(round_idx, contributions)
         info = RoundInfo.of(result, int(clients.size))
         if result.total is None:

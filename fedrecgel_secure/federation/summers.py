@@ -51,6 +51,8 @@ class Contributions:
     vector: Callable[[int], torch.Tensor]  # position -> that client's vector, made on demand
     noise: Callable[[int], torch.Tensor] | None = None  # position -> its DP noise share (float64), if it adds one
     total: Callable[[], torch.Tensor] | None = None  # a faster plaintext sum of the vectors, when there is one
+    # a faster exact grid sum of the given positions' vectors up to a prefix (Uploads.grid_total), when there is one
+    grid_total: Callable[[FixedPoint, np.ndarray, int], tuple[np.ndarray, int] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,13 @@ def _refused(admit: Admit | None, ids: list[int]) -> str | None:
     return None if admit is None else admit(ids)
 
 
+def encode_contribution(grid: FixedPoint, contributions: Contributions, pos: int, part: slice):
+    """A client's integers on the grid, as the client itself encodes them: ``part`` of its vector plus its noise
+    share; and how many of them were clipped."""
+    share = None if contributions.noise is None else contributions.noise(pos)[part].numpy()
+    return grid.encode(contributions.vector(pos)[part].double().numpy(), share)
+
+
 def grid_sum(
     grid: FixedPoint, contributions: Contributions, positions, central_noise: torch.Tensor | None, part: slice
 ) -> tuple[torch.Tensor, int]:
@@ -95,17 +104,22 @@ def grid_sum(
     the grid's range clipped.
     """
     total, clipped = None, 0
+    start, stop, step = part.indices(contributions.dim)
+    fast = None
+    if contributions.noise is None and contributions.grid_total is not None and start == 0 and step == 1:
+        fast = contributions.grid_total(grid, np.asarray(positions, dtype=np.int64), stop)
+    if fast is not None:
+        total, clipped = fast
+        positions = ()
     for pos in positions:
-        share = None if contributions.noise is None else contributions.noise(int(pos))[part].numpy()
-        ints, over = grid.encode(contributions.vector(int(pos))[part].double().numpy(), share)
+        ints, over = encode_contribution(grid, contributions, int(pos), part)
         total = ints if total is None else total + ints
         clipped += over
     if central_noise is not None:
         noise = grid.encode_noise(central_noise[part].numpy()).astype(np.int64)
         total = noise if total is None else total + noise
-    width = part.indices(contributions.dim)
     if total is None:
-        return torch.zeros(len(range(*width)), dtype=contributions.dtype), clipped
+        return torch.zeros(len(range(start, stop, step)), dtype=contributions.dtype), clipped
     return torch.from_numpy(grid.decode(total)).to(contributions.dtype), clipped
 
 
@@ -161,63 +175,83 @@ class _LazyVectors(Mapping):
 
 
 class SecureSum:
-    """Sums through a secure-aggregation session: the server learns only the sum of >= min_clients uploads.
+    """Sums through secure aggregation: the server learns only the sum of >= min_clients uploads.
 
     ``covered`` leading coordinates of each contribution go through the protocol
     (all of them by default; the item table alone with ``cover = "item_embeddings"``);
     the rest, if any, is summed in the clear over the same contributors. Noise
     shares and central noise land on the protocol's fixed-point grid.
-    ``dropout`` simulates that fraction of clients going silent after masking,
-    drawn from its own seeded stream so that it never changes training draws.
+
+    Faults are simulated from a stream seeded by the run seed and the round,
+    so they never change training draws: ``dropout`` of the clients go silent
+    after masking, then ``tampered`` of the others have their upload altered
+    in transit (one byte flipped, so its signature fails and the aggregator
+    refuses it). The same stream gives masking's public round seed, which fixes
+    its neighbour graph.
+
+    ``simulation = "protocol"`` runs every role with its real cryptography
+    (:class:`~fedrecgel_secure.privacy.secagg.SecAggSession`) and reports its
+    cost; ``"arithmetic"`` decides who contributes with the protocol's own checks
+    (:mod:`fedrecgel_secure.privacy.secagg.arithmetic`) and adds their integers
+    with :func:`grid_sum`. Both schemes are exact, so the two modes release the
+    same bits (``tests/test_secagg_arithmetic.py``).
     """
 
     def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
-        from fedrecgel_secure.privacy.secagg import make_session
-
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         self.grid = settings.encoding()
-        params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
-        self.session = make_session(
-            settings.scheme,
-            covered,
-            range(n_clients),
-            min_clients=settings.min_clients,
-            params=params,
-            encoding=self.grid,
-        )
+        self.params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
+        self.arithmetic = settings.simulation == "arithmetic"
+        self.session = None
+        if not self.arithmetic:
+            from fedrecgel_secure.privacy.secagg import make_session
+
+            self.session = make_session(
+                settings.scheme,
+                covered,
+                range(n_clients),
+                min_clients=settings.min_clients,
+                params=self.params,
+                encoding=self.grid,
+                workers=settings.worker_count(),
+            )
+
+    def close(self) -> None:
+        """Stop the protocol's client worker processes, if any."""
+        if self.session is not None:
+            self.session.close()
+
+    def faults(self, round_idx: int, clients: np.ndarray) -> tuple[set[int], set[int], bytes]:
+        """(silent after masking, tampered in transit, masking round seed) of one round, by client id."""
+        rng = np.random.default_rng([self.seed, round_idx])
+        dropped, tampered = set(), set()
+        if self.settings.dropout > 0 and clients.size:
+            dropped = {
+                int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)
+            }
+        rest = np.array([c for c in clients if int(c) not in dropped], dtype=np.int64)
+        if self.settings.tampered > 0 and rest.size:
+            tampered = {int(c) for c in rng.choice(rest, size=int(self.settings.tampered * rest.size), replace=False)}
+        # The round seed is public in the protocol (the aggregator announces it); drawing it here lets the
+        # arithmetic mode rebuild the same graph.
+        round_seed = np.random.default_rng([self.seed, round_idx, 1]).bytes(16)
+        return dropped, tampered, round_seed
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
         from fedrecgel_secure.privacy.secagg import RoundSkipped
 
         clients = contributions.clients
-        rng = np.random.default_rng([self.seed, round_idx])
-        dropped = set()
-        if self.settings.dropout > 0 and clients.size:
-            dropped = {
-                int(c) for c in rng.choice(clients, size=int(self.settings.dropout * clients.size), replace=False)
-            }
-        shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
-        central = None if central_noise is None else central_noise[: self.covered].numpy()
+        dropped, tampered, round_seed = self.faults(round_idx, clients)
+        run = self._arithmetic if self.arithmetic else self._protocol
         try:
-            result = self.session.run_round(
-                round_idx,
-                _LazyVectors(clients, contributions.vector, self.covered),
-                noise_shares=shares,
-                central_noise=central,
-                drop_after_masking=dropped,
-                admit=admit,
+            ids, total, clipped, rejected, cost = run(
+                round_idx, contributions, central_noise, admit, dropped, tampered, round_seed
             )
         except RoundSkipped as skipped:
-            for cid, reason in skipped.rejected.items():
-                log.warning("round %d: rejected client %d: %s", round_idx, cid, reason)
             log.warning("round %d skipped: %s", round_idx, skipped)
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), dropped=len(dropped))
-        for cid, reason in result.rejected.items():
-            log.warning("round %d: rejected client %d: %s", round_idx, cid, reason)
         position = {int(cid): pos for pos, cid in enumerate(clients)}
-        contributors = np.array(sorted(position[c] for c in result.contributors), dtype=np.int64)
-        total = torch.from_numpy(np.asarray(result.total, dtype=np.float64)).to(contributions.dtype)
-        clipped = result.clipped
+        contributors = np.array(sorted(position[c] for c in ids), dtype=np.int64)
         if self.covered < contributions.dim:  # the uncovered part, summed in the clear over the same contributors
             if contributions.noise is None and central_noise is None:
                 rest = sum(
@@ -231,11 +265,59 @@ class SecureSum:
         return SumResult(
             total,
             contributors,
-            cost=SecAggCost(**result.cost),
-            rejected=len(result.rejected),
+            cost=cost,
+            rejected=rejected,
             dropped=len(dropped),
             clipped_values=clipped,
         )
+
+    def _protocol(self, round_idx, contributions, central_noise, admit, dropped, tampered, round_seed):
+        clients = contributions.clients
+        shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
+        central = None if central_noise is None else central_noise[: self.covered].numpy()
+
+        def intercept(cid: int, payload: bytes) -> bytes:
+            return payload[:-1] + bytes([payload[-1] ^ 1]) if cid in tampered else payload
+
+        result = self.session.run_round(
+            round_idx,
+            _LazyVectors(clients, contributions.vector, self.covered),
+            noise_shares=shares,
+            central_noise=central,
+            drop_after_masking=dropped,
+            admit=admit,
+            intercept=intercept if tampered else None,
+            round_seed=round_seed,
+        )
+        for cid, reason in result.rejected.items():
+            log.warning("round %d: rejected client %d: %s", round_idx, cid, reason)
+        total = torch.from_numpy(np.asarray(result.total, dtype=np.float64)).to(contributions.dtype)
+        return result.contributors, total, result.clipped, len(result.rejected), SecAggCost(**result.cost)
+
+    def _arithmetic(self, round_idx, contributions, central_noise, admit, dropped, tampered, round_seed):
+        from fedrecgel_secure.privacy.secagg.arithmetic import contributors
+
+        clients = contributions.clients
+        ids = contributors(
+            self.params,
+            (int(c) for c in clients),
+            dropped | tampered,
+            min_clients=self.settings.min_clients,
+            round_idx=round_idx,
+            round_seed=round_seed,
+            admit=admit,
+        )
+        position = {int(cid): pos for pos, cid in enumerate(clients)}
+        part = slice(0, self.covered)
+        total, clipped = grid_sum(self.grid, contributions, [position[c] for c in ids], central_noise, part)
+        # The protocol counts the clipping of every client that encoded its upload, contributor or not.
+        counted = set(ids)
+        clipped += sum(
+            encode_contribution(self.grid, contributions, position[int(c)], part)[1]
+            for c in clients
+            if int(c) not in counted
+        )
+        return ids, total, clipped, len(tampered), None
 
 
 def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:

@@ -36,6 +36,7 @@ from fedrecgel_secure.rundir import (
     DataShape,
     PrivacySpent,
     RunSummary,
+    SecureAggregationRun,
     atomic_write_bytes,
     write_summary,
 )
@@ -187,6 +188,12 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
 
+    def close(self) -> None:
+        """Stop the summer's worker processes, if it has any (they also stop when the trainer is collected)."""
+        close = getattr(self.aggregation.summer, "close", None)
+        if close is not None:
+            close()
+
     # -- the loop -----------------------------------------------------------
     def run(
         self,
@@ -266,6 +273,16 @@ class Trainer:
             best_each=best_each,
             stopped_early=self.stopped,
             privacy=self.privacy_summary(),
+            secure_aggregation=self.secure_aggregation_summary(),
+        )
+
+    def secure_aggregation_summary(self) -> SecureAggregationRun | None:
+        secagg = self.policy.privacy.secure_aggregation
+        if secagg.scheme == "none":
+            return None
+        protocol = secagg.simulation == "protocol"
+        return SecureAggregationRun(
+            scheme=secagg.scheme, simulation=secagg.simulation, workers=secagg.worker_count() if protocol else None
         )
 
     def privacy_summary(self) -> PrivacySpent | None:

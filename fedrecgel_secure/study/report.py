@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,15 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
                 f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})"
                 for r in flagged
             ),
+            "",
+        ]
+    modes = Counter(r.summary.secure_aggregation.describe() for r in finished if r.summary.secure_aggregation)
+    if modes:
+        lines += [
+            "Secure aggregation: "
+            + "; ".join(f"{how} in {n} run(s)" for how, n in sorted(modes.items()))
+            + ". Arithmetic mode releases the protocol's exact sum without running its cryptography, so it"
+            " reports no protocol cost (`benchmarks/secagg_cost.py` measures that).",
             "",
         ]
     seeded = [r for r in finished if r.summary.privacy and r.summary.privacy.noise == "seeded"]

@@ -122,6 +122,7 @@ def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
             "epsilon": r.epsilon,
             "delta": privacy.delta if privacy else None,
             "dp_noise": privacy.noise if privacy else None,
+            "secure_aggregation": s.secure_aggregation.describe() if s and s.secure_aggregation else None,
             "rounds_done": s.rounds_done if s else None,
             "rounds_planned": s.rounds_planned if s else None,
             "stopped_early": s.stopped_early if s else None,

@@ -98,7 +98,10 @@ def _execute(task: _Task) -> dict:
             trained = False
             if not _finished(run_dir):
                 trainer = open_run(run_dir, Path(task.base), list(task.overrides), resume=True)
-                trainer.run(run_dir, orphan_guard)
+                try:
+                    trainer.run(run_dir, orphan_guard)
+                finally:
+                    trainer.close()
                 trained = True
             if task.audit and not (run_dir / AUDIT).is_file():
                 _audit(run_dir)
@@ -167,7 +170,9 @@ def run_study(
 
     def task(i: int, parent: int | None) -> _Task:
         run = plan.runs[i]
-        return _Task(str(run.dir), str(plan.base_path), run.overrides, plan.spec.audit, parent)
+        # runs in parallel already fill the cores: each simulates its clients in its own process
+        overrides = run.overrides if parent is None else (*run.overrides, "privacy.secure_aggregation.workers=1")
+        return _Task(str(run.dir), str(plan.base_path), overrides, plan.spec.audit, parent)
 
     def record(i: int, result: dict) -> None:
         outcomes[i] = RunOutcome(plan.runs[i], result["status"], result["error"], result["seconds"])

@@ -76,6 +76,27 @@ class RoundSkipped(Exception):
         self.rejected = dict(rejected or {})
         super().__init__(f"round skipped ({reason}): {detail}")
 
+    # The protocol's skip outcomes, worded once: the aggregators raise them and
+    # the arithmetic simulation (:mod:`.arithmetic`) reproduces them.
+
+    @classmethod
+    def too_few_clients(cls, round_idx: int, count: int, what: str, required: int) -> RoundSkipped:
+        return cls("too_few_clients", f"round {round_idx}: {count} {what}, {required} required")
+
+    @classmethod
+    def below_threshold(cls, round_idx: int, t: int, short: list[int]) -> RoundSkipped:
+        return cls("below_threshold", f"round {round_idx}: fewer than {t} surviving holders for clients {short[:10]}")
+
+    @classmethod
+    def inconsistent(cls, round_idx: int, confirmed: int, required: int) -> RoundSkipped:
+        return cls(
+            "inconsistent", f"round {round_idx}: {confirmed} confirmations of the survivor set, {required} required"
+        )
+
+    @classmethod
+    def not_admitted(cls, round_idx: int, reason: str, rejected: dict[int, str] | None = None) -> RoundSkipped:
+        return cls("not_admitted", f"round {round_idx}: {reason}", rejected)
+
 
 class KeyFileError(BadInputError):
     """A key file is missing, malformed, or readable by someone other than its owner."""

@@ -379,9 +379,9 @@ class HEAggregator:
         if self._round is None:
             raise BadInputError("no round in progress")
         if len(self._proofs) < self.min_clients or self._sum is None:
-            detail = f"round {self._round}: {len(self._proofs)} valid uploads, {self.min_clients} required"
+            skipped = RoundSkipped.too_few_clients(self._round, len(self._proofs), "valid uploads", self.min_clients)
             self._round, self._proofs, self._sum = None, {}, None
-            raise RoundSkipped("too_few_clients", detail)
+            raise skipped
         aggregate = EncryptedAggregate(
             self._round, self.dim, [self._proofs[c] for c in sorted(self._proofs)], self._sum
         )

@@ -135,17 +135,15 @@ class MaskingAggregator:
         self._round = st = _AggRound(round_idx, seed)
         return self._seal(st, Kind.MASK_ANNOUNCE, encode_announcement(round_idx, seed))
 
-    def _skip(self, reason: str, detail: str) -> RoundSkipped:
+    def _skip(self, skipped: RoundSkipped) -> RoundSkipped:
         self._round = None
-        log.warning("round skipped (%s): %s", reason, detail)
-        return RoundSkipped(reason, detail)
+        log.warning("%s", skipped)
+        return skipped
 
     def _require(self, count: int, what: str) -> None:
         if count < self.min_clients:
             assert self._round is not None
-            raise self._skip(
-                "too_few_clients", f"round {self._round.round_idx}: {count} {what}, {self.min_clients} required"
-            )
+            raise self._skip(RoundSkipped.too_few_clients(self._round.round_idx, count, what, self.min_clients))
 
     def receive(self, payload: bytes) -> int:
         """Check one client message of the current step and record it; returns the client id."""
@@ -153,7 +151,7 @@ class MaskingAggregator:
         if st is None:  # a late or stray message: the sender's problem, not the caller's
             raise RejectedPayload(Reason.OUT_OF_PHASE, "no round in progress")
         try:
-            env = Envelope.parse(payload)
+            env = Envelope.parse(payload, zero_copy=True)  # the body stays in the immutable payload
             if env.kind != st.phase and env.kind in _MASK_KINDS:
                 raise RejectedPayload(
                     Reason.OUT_OF_PHASE, f"{Kind(env.kind).name} during {st.phase.name}", env.client_id
@@ -242,9 +240,7 @@ class MaskingAggregator:
         # Every needed secret must have t holders among the survivors (the only ones who will answer).
         short = [i for i in sorted(st.u1) if len(set(st.bundles[i]) & survivors) < t]
         if short:
-            raise self._skip(
-                "below_threshold", f"round {st.round_idx}: fewer than {t} surviving holders for clients {short[:10]}"
-            )
+            raise self._skip(RoundSkipped.below_threshold(st.round_idx, t, short))
         st.phase = Kind.MASK_CONFIRM
         return self._seal(st, Kind.MASK_CHECK, encode_survivors(st.round_idx, st.survivors))
 
@@ -263,10 +259,7 @@ class MaskingAggregator:
         st = self._phase(Kind.MASK_CONFIRM)
         need = self.params.consistency_threshold(len(st.graph))
         if len(st.confirmed) < need:
-            raise self._skip(
-                "inconsistent",
-                f"round {st.round_idx}: {len(st.confirmed)} confirmations of the survivor set, {need} required",
-            )
+            raise self._skip(RoundSkipped.inconsistent(st.round_idx, len(st.confirmed), need))
         st.phase = Kind.MASK_UNMASK
         return self._seal(st, Kind.MASK_REQUEST, encode_request(st.round_idx, st.survivors, st.confirmed))
 
@@ -296,11 +289,13 @@ class MaskingAggregator:
         needed = [(i, _SELF) for i in st.survivors] + [(i, _PAIR) for i in dropped]
         short = [i for i, kind in needed if len(st.shares.get((i, kind), {})) < t]
         if short:
-            raise self._skip("below_threshold", f"round {st.round_idx}: fewer than {t} shares for clients {short[:10]}")
+            raise self._skip(
+                RoundSkipped("below_threshold", f"round {st.round_idx}: fewer than {t} shares for clients {short[:10]}")
+            )
         try:
             seeds = {key: shamir.combine(st.shares[key], t) for key in needed}
         except BadInputError as exc:
-            raise self._skip("bad_shares", str(exc)) from None
+            raise self._skip(RoundSkipped("bad_shares", str(exc))) from None
         total = st.acc.copy()
         mask = np.empty_like(total)
         for i in st.survivors:
@@ -308,7 +303,7 @@ class MaskingAggregator:
         for i in dropped:
             s_key = X25519PrivateKey.from_private_bytes(seeds[(i, _PAIR)])
             if s_key.public_key().public_bytes_raw() != st.keys[i][1]:
-                raise self._skip("bad_shares", f"recovered key of client {i} does not match its advert")
+                raise self._skip(RoundSkipped("bad_shares", f"recovered key of client {i} does not match its advert"))
             for j in sorted(set(st.bundles[i]) & survivors):
                 shared = s_key.exchange(X25519PublicKey.from_public_bytes(st.keys[j][1]))
                 prg_into(_pair_seed(shared, st.round_seed, st.round_idx, i, j), mask)

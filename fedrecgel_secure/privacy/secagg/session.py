@@ -29,10 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
+from .arithmetic import admit_or_skip
+from .clients import ClientSetup, LocalClients, Reply
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
 from .he import BFVParams, HEAggregator, HEClient
@@ -42,6 +43,7 @@ from .masking import MaskingParams
 from .masking_aggregator import MaskingAggregator
 from .masking_client import MaskingClient
 from .masking_wire import decode_survivors
+from .pool import ClientPool
 from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
@@ -68,15 +70,10 @@ class _Clock:
         self.server = 0.0
         self.sent = 0
 
-    def client_call(self, fn, *args):
-        t0 = time.perf_counter()
-        try:
-            out = fn(*args)
-        finally:
-            self.client += time.perf_counter() - t0
-        if isinstance(out, (bytes, bytearray)):
-            self.sent += len(out)
-        return out
+    def client_reply(self, reply: Reply) -> None:
+        self.client += reply.seconds
+        if reply.payload is not None:
+            self.sent += len(reply.payload)
 
     def server_call(self, fn, *args):
         t0 = time.perf_counter()
@@ -98,22 +95,33 @@ class SecAggSession:
         min_clients: int,
         params: BFVParams | MaskingParams,
         encoding: FixedPoint = FixedPoint(),
+        workers: int = 1,
     ) -> None:
         ids = [check_client_id(c) for c in client_ids]
         if not ids or len(set(ids)) != len(ids):
             raise BadInputError("client_ids must be a non-empty sequence of distinct ids")
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or not 1 <= min_clients <= len(ids):
             raise BadInputError(f"min_clients must be an integer in [1, {len(ids)}], got {min_clients!r}")
+        if scheme not in ("bfv", "masking"):
+            raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise BadInputError(f"workers must be an integer >= 1, got {workers!r}")
         self.scheme = scheme
         self.dim = check_dim(dim)
         self.client_ids = sorted(ids)
         self.min_clients = min_clients
         self.params = params
         self.encoding = encoding
-        self.session_tag = secrets.token_bytes(16)
-        self.identities = {c: ClientIdentity.generate(c) for c in self.client_ids}
-        self.directory = IdentityDirectory.of(self.identities)
-        tag = self.session_tag
+        self.session_tag = tag = secrets.token_bytes(16)
+        # Identity keys are made where the clients live; the session sees only the public halves.
+        pool = ClientPool(workers, self.client_ids) if workers > 1 else None
+        if pool is None:
+            identities = {c: ClientIdentity.generate(c) for c in self.client_ids}
+            public_keys = {c: ident.public_bytes for c, ident in identities.items()}
+        else:
+            public_keys = pool.public_keys
+        self.directory = IdentityDirectory(public_keys)
+        setup = ClientSetup(scheme, dim, params, encoding, tag, min_clients, public_keys)
         if scheme == "bfv":
             assert isinstance(params, BFVParams)
             self.key_holder: KeyHolder | None = KeyHolder.create(
@@ -123,19 +131,9 @@ class SecAggSession:
             self.aggregator: HEAggregator | MaskingAggregator = HEAggregator(
                 public, self.directory, dim, min_clients=min_clients, session_tag=tag
             )
-            shared = ts.context_from(public, n_threads=1)
-            self.clients: dict[int, HEClient | MaskingClient] = {
-                c: HEClient(
-                    self.identities[c],
-                    shared,
-                    dim,
-                    encoding=encoding,
-                    session_tag=tag,
-                    tag_key=self.key_holder.client_key(c),
-                )
-                for c in self.client_ids
-            }
-        elif scheme == "masking":
+            tag_keys = {c: self.key_holder.client_key(c) for c in self.client_ids}
+            setup = dataclasses.replace(setup, public_context=public, tag_keys=tag_keys)
+        else:
             assert isinstance(params, MaskingParams)
             self.key_holder = None
             self.server_identity = ServerIdentity.generate()
@@ -148,22 +146,22 @@ class SecAggSession:
                 min_clients=min_clients,
                 session_tag=tag,
             )
-            server_key = self.server_identity.public_bytes
-            self.clients = {
-                c: MaskingClient(
-                    self.identities[c],
-                    self.directory,
-                    dim,
-                    params,
-                    server_key=server_key,
-                    encoding=encoding,
-                    min_clients=min_clients,
-                    session_tag=tag,
-                )
-                for c in self.client_ids
-            }
+            setup = dataclasses.replace(setup, server_key=self.server_identity.public_bytes)
+        if pool is None:
+            self.host: LocalClients | ClientPool = LocalClients(setup, identities)
+            self.clients: dict[int, HEClient | MaskingClient] = self.host.roles
         else:
-            raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
+            pool.start(setup)
+            self.host, self.clients = pool, {}
+
+    @property
+    def workers(self) -> int:
+        """Processes running the clients' roles (1: all in this process)."""
+        return self.host.workers if isinstance(self.host, ClientPool) else 1
+
+    def close(self) -> None:
+        """Stop the clients' worker processes, if any."""
+        self.host.close()
 
     def run_round(
         self,
@@ -175,6 +173,7 @@ class SecAggSession:
         drop_after_masking: set[int] | frozenset[int] = frozenset(),
         admit: Admit | None = None,
         intercept: Intercept | None = None,
+        round_seed: bytes | None = None,
     ) -> RoundResult:
         """Aggregate ``uploads`` (client id -> vector of length ``dim``).
 
@@ -193,9 +192,12 @@ class SecAggSession:
         ``intercept(client_id, payload)`` sees each main upload (ciphertexts,
         masked input) on its way to the aggregator and returns the bytes to
         deliver, or None to drop them; tests use it to tamper.
+        ``round_seed``: the masking attempt's public seed, which fixes the
+        neighbour graph (fresh random bytes by default; a simulation passes its
+        own so that :mod:`.arithmetic` can reproduce the round's outcome).
         """
         check_round(round_idx)
-        unknown = sorted(set(uploads) - set(self.clients))
+        unknown = sorted(set(uploads) - set(self.client_ids))
         if unknown:
             raise BadInputError(f"uploads for clients not in this session: {unknown[:10]}")
         stray = sorted(set(drop_after_masking) - set(uploads))
@@ -205,17 +207,20 @@ class SecAggSession:
             raise BadInputError("noise_shares must name exactly the clients that upload")
         if central_noise is not None:
             central_noise = check_vector(central_noise, self.dim, "central noise")
-        run = self._run_he if self.scheme == "bfv" else self._run_masking
-        return run(round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
+        args = (round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
+        return self._run_he(*args) if self.scheme == "bfv" else self._run_masking(*args, round_seed)
 
     @staticmethod
-    def _deliver(clock: _Clock, receive, client: int, payload: bytes | None, rejected: dict[int, str]) -> None:
+    def _deliver(clock: _Clock, receive, reply: Reply, intercept: Intercept | None, rejected: dict[int, str]) -> None:
+        payload = reply.payload
+        if payload is not None and intercept is not None:
+            payload = intercept(reply.client, payload)
         if payload is None:
             return
         try:
             clock.server_call(receive, payload)
         except RejectedPayload as exc:
-            rejected[client] = exc.reason.value
+            rejected[reply.client] = exc.reason.value
 
     def _cost(self, clock: _Clock, n: int, finalize: float) -> dict[str, float]:
         return {
@@ -225,32 +230,22 @@ class SecAggSession:
             "finalize_seconds": finalize,
         }
 
-    @staticmethod
-    def _admit(admit: Admit | None, contributors: list[int], rejected: dict[int, str], round_idx: int) -> None:
-        reason = None if admit is None else admit(sorted(contributors))
-        if reason is not None:
-            raise RoundSkipped("not_admitted", f"round {round_idx}: {reason}", rejected)
-
     def _run_he(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, HEAggregator) and self.key_holder is not None
         clock, rejected, clipped = _Clock(), {}, 0
         agg.begin_round(round_idx)
         cohort = sorted(uploads)
-        for c in cohort:
-            client = self.clients[c]
-            payload = clock.client_call(client.upload, round_idx, uploads[c], shares.get(c))
-            clipped += client.last_clipped
-            if c in dropped:
-                continue
-            if intercept is not None:
-                payload = intercept(c, payload)
-            self._deliver(clock, agg.receive, c, payload, rejected)
+        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], shares.get(c))):
+            clock.client_reply(reply)
+            clipped += reply.clipped
+            if reply.client not in dropped:
+                self._deliver(clock, agg.receive, reply, intercept, rejected)
         try:
             aggregate = clock.server_call(agg.finish)
         except RoundSkipped as exc:
             raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        self._admit(admit, aggregate.contributors, rejected, round_idx)
+        admit_or_skip(admit, aggregate.contributors, round_idx, rejected)
         blob = clock.server_call(aggregate.serialize)
         t0 = time.perf_counter()
         total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
@@ -259,49 +254,42 @@ class SecAggSession:
             round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
         )
 
-    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
+    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, MaskingAggregator)
         clock, rejected, clipped = _Clock(), {}, 0
         cohort = sorted(uploads)
 
-        def client_step(c, fn, *args):
-            try:
-                return clock.client_call(fn, *args)
-            except RejectedPayload as exc:
-                # The client refused a message from the aggregator and drops out.
-                log.warning("round %s: client %s dropped out: %s", round_idx, c, exc)
-                rejected[c] = exc.reason.value
-                return None
+        def step(method: str, clients, args, *, keep=lambda c: True, tamper=None) -> None:
+            nonlocal clipped
+            for reply in self.host.run(method, clients, args):
+                clock.client_reply(reply)
+                clipped += reply.clipped
+                if reply.payload is None:  # the client refused an aggregator message and dropped out
+                    rejected[reply.client] = reply.reason
+                elif keep(reply.client):
+                    self._deliver(clock, agg.receive, reply, tamper, rejected)
 
         try:
-            announcement = clock.server_call(agg.begin_round, round_idx)
-            for c in cohort:
-                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].advertise, announcement), rejected)
+            announcement = clock.server_call(agg.begin_round, round_idx, round_seed)
+            step("advertise", cohort, lambda c: (announcement,))
             broadcast = clock.server_call(agg.close_adverts)
-            shared = [c for c in cohort if c not in rejected]
-            for c in shared:
-                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].share_keys, broadcast), rejected)
+            step("share_keys", [c for c in cohort if c not in rejected], lambda c: (broadcast,))
             inboxes = clock.server_call(agg.close_shares)
-            for c in sorted(inboxes):
-                payload = client_step(c, self.clients[c].masked_input, inboxes[c], uploads[c], shares.get(c))
-                clipped += self.clients[c].last_clipped
-                if c in dropped or payload is None:
-                    continue
-                if intercept is not None:
-                    payload = intercept(c, payload)
-                self._deliver(clock, agg.receive, c, payload, rejected)
+            step(
+                "masked_input",
+                inboxes,
+                lambda c: (inboxes[c], uploads[c], shares.get(c)),
+                keep=lambda c: c not in dropped,
+                tamper=intercept,
+            )
             check = clock.server_call(agg.close_masked)
             survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-            self._admit(admit, survivors, rejected, round_idx)
-            answering = [c for c in survivors if c not in dropped and c not in rejected]
-            for c in answering:
-                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].confirm, check), rejected)
+            admit_or_skip(admit, survivors, round_idx, rejected)
+            step("confirm", [c for c in survivors if c not in dropped and c not in rejected], lambda c: (check,))
             request = clock.server_call(agg.close_confirms)
-            for c in answering:
-                if c in rejected:
-                    continue
-                self._deliver(clock, agg.receive, c, client_step(c, self.clients[c].unmask, request), rejected)
+            answering = [c for c in survivors if c not in dropped and c not in rejected]
+            step("unmask", answering, lambda c: (request,))
             t0 = time.perf_counter()
             out = agg.finish(central)
         except RoundSkipped as exc:
@@ -320,6 +308,7 @@ def make_session(
     min_clients: int,
     params: BFVParams | MaskingParams | None = None,
     encoding: FixedPoint = FixedPoint(),
+    workers: int = 1,
     **overrides: object,
 ) -> SecAggSession:
     """Build a session; keyword ``overrides`` set fields of the scheme's params.
@@ -345,4 +334,6 @@ def make_session(
         raise BadInputError(f"params for scheme {scheme!r} must be {cls.__name__}")
     elif overrides:
         params = dataclasses.replace(params, **overrides)
-    return SecAggSession(scheme, dim, client_ids, min_clients=min_clients, params=params, encoding=encoding)
+    return SecAggSession(
+        scheme, dim, client_ids, min_clients=min_clients, params=params, encoding=encoding, workers=workers
+    )

@@ -1,0 +1,76 @@
+"""Who a secure-aggregation round releases the sum of, decided without the cryptography (simulation only).
+
+Both schemes are exact. Masking releases Σ g_i mod 2^64 over the survivors,
+BFV Σ g_i mod t over the valid uploads, where g_i are client i's fixed-point
+integers (its upload plus its DP noise share, clipped: :meth:`FixedPoint.encode`),
+and both read that sum as a signed integer inside the range that
+:meth:`FixedPoint.check_capacity` guarantees. So a round's release is the
+plain integer sum of the contributors' g_i (plus central noise on the grid),
+and *who* contributes follows from facts that need no keys: the cohort, who
+goes silent after masking or has an upload refused, the public round seed
+(which fixes masking's neighbour graph), and the caller's admit check.
+:func:`contributors` applies the protocol's checks to those facts in the
+protocol's order and raises the same :class:`RoundSkipped`.
+
+Every client here is honest (nothing plays a malicious server or a client that
+refuses a message), so the outcomes are those of an honest run with dropouts
+and refused uploads; a client's own checks then always pass. The equivalence
+with the full protocol is a test (``tests/test_secagg_arithmetic.py``), not an
+assumption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .errors import RoundSkipped
+from .he import BFVParams
+from .masking import MaskingParams, neighbour_graph
+
+
+def contributors(
+    params: BFVParams | MaskingParams,
+    cohort: Iterable[int],
+    lost: set[int],
+    *,
+    min_clients: int,
+    round_idx: int,
+    round_seed: bytes,
+    admit: Callable[[list[int]], str | None] | None = None,
+) -> list[int]:
+    """The sorted ids whose uploads the round sums, or :class:`RoundSkipped` as the protocol would raise it.
+
+    ``cohort``: every client that takes part (advertises keys, or encrypts);
+    ``lost``: those whose upload never counts (silent after masking, or refused).
+    """
+    cohort = sorted(cohort)
+    survivors = [c for c in cohort if c not in lost]
+    if isinstance(params, BFVParams):
+        # The aggregator sums every valid ciphertext; the key holder decrypts a sum of >= min_clients.
+        if len(survivors) < min_clients:
+            raise RoundSkipped.too_few_clients(round_idx, len(survivors), "valid uploads", min_clients)
+        admit_or_skip(admit, survivors, round_idx)
+        return survivors
+    # Masking, step by step as MaskingAggregator closes them.
+    if len(cohort) < min_clients:
+        raise RoundSkipped.too_few_clients(round_idx, len(cohort), "clients advertised keys", min_clients)
+    if len(survivors) < min_clients:
+        raise RoundSkipped.too_few_clients(round_idx, len(survivors), "masked inputs", min_clients)
+    graph = neighbour_graph(cohort, params, round_seed)
+    t = params.threshold_for(params.neighbour_count(len(cohort)))
+    alive = set(survivors)
+    short = [i for i in cohort if len(set(graph[i]) & alive) < t]
+    if short:  # a survivor's self-mask seed or a dropout's key would have fewer than t holders left
+        raise RoundSkipped.below_threshold(round_idx, t, short)
+    admit_or_skip(admit, survivors, round_idx)
+    need = params.consistency_threshold(len(cohort))
+    if len(survivors) < need:  # only survivors sign the survivor set
+        raise RoundSkipped.inconsistent(round_idx, len(survivors), need)
+    return survivors
+
+
+def admit_or_skip(admit, ids: list[int], round_idx: int, rejected: dict[int, str] | None = None) -> None:
+    """Ask the caller's ``admit`` about the contributors; a reason it returns skips the round (``not_admitted``)."""
+    reason = None if admit is None else admit(sorted(ids))
+    if reason is not None:
+        raise RoundSkipped.not_admitted(round_idx, reason, rejected)
