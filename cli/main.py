@@ -99,7 +99,9 @@ def train(
         out.print(
             f"secure aggregation: {secagg.describe()}"
             + (
-                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it" if secagg.workers is None else ""
+                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it"
+                if secagg.simulation == "arithmetic"
+                else ""
             ),
             highlight=False,
         )
@@ -126,7 +128,7 @@ def train(
                     f"  secagg: client {cost.client_seconds:.2f} s, {cost.upload_bytes / 1e6:.1f} MB up, "
                     f"server {cost.server_seconds:.2f} s"
                 )
-            elif secagg is not None and secagg.workers is None:
+            elif secagg is not None and secagg.simulation == "arithmetic":
                 extra += f"  secagg: {secagg.scheme}, arithmetic"
             if info.clipped_values:
                 extra += f"  [yellow]{info.clipped_values} values clipped to the fixed-point range[/]"

@@ -218,3 +218,26 @@ def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
     out = driver.run_round(1, ALL, adverts=adverts)
     assert sent == ["share", "masked", "confirm", "unmask"]
     assert np.array_equal(out.total, reference(ALL, 1))
+
+
+@pytest.mark.parametrize("stage", ["confirm", "unmask"])
+def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(tmp_path, stage):
+    # Malicious server: each clientapp process is fresh, so "sign one survivor set" and "answer the unmask
+    # request once" must survive on disk. It sends node 0 the same request a second time, to a new process.
+    nodes, driver = start(tmp_path)
+    nodes.round = 1
+    second = {}
+
+    def exchange(s, payloads):
+        out = nodes.exchange(s, payloads)
+        if s == stage:
+            got = from_record(to_record(payloads[0]))
+            second.update(nodes.node(0).step(stage, messages_of(got), nodes.inputs).__dict__)
+        return out
+
+    driver.exchange = exchange
+    out = driver.run_round(1, ALL)
+    assert np.array_equal(out.total, reference(ALL, 1))  # the honest first answers released the sum
+    assert second["replies"] == {}  # the replay got nothing: no second signature, no second set of shares
+    # refused because the node remembers answering, not because it lost the attempt
+    assert second["refused"] == dict.fromkeys(USERS_OF[0], "already_answered")

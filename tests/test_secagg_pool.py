@@ -12,7 +12,7 @@ import pytest
 from fedrecgel_secure.errors import ProtocolStateError
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
 from fedrecgel_secure.privacy.secagg.clients import ClientSetup
-from fedrecgel_secure.privacy.secagg.masking import MaskingParams
+from fedrecgel_secure.privacy.secagg.he import BFVParams
 
 DIM = 20_000  # big enough that vectors and uploads travel through shared memory
 CLIENTS = list(range(1, 25))
@@ -61,9 +61,12 @@ def test_a_pool_of_workers_releases_the_same_bits_as_one_process(scheme):
         pooled.close()
 
 
-def test_each_worker_gets_only_its_own_clients_tag_keys():
-    setup = ClientSetup("bfv", 4, MaskingParams(), FixedPoint(), b"t" * 16, 2, tag_keys={1: b"a", 2: b"b", 3: b"c"})
-    assert setup.only_for([1, 3]).tag_keys == {1: b"a", 3: b"c"}
+def test_the_setup_a_worker_is_sent_keeps_only_its_own_clients_tag_keys():
+    # ClientPool.start sends each worker setup.only_for(its clients)
+    setup = ClientSetup("bfv", 4, BFVParams(), FixedPoint(), b"t" * 16, 2, tag_keys={1: b"a", 2: b"b", 3: b"c"})
+    mine = setup.only_for([1, 3])
+    assert mine.tag_keys == {1: b"a", 3: b"c"}
+    assert mine.params == setup.params and setup.tag_keys == {1: b"a", 2: b"b", 3: b"c"}
 
 
 def _shm_names() -> set[str]:

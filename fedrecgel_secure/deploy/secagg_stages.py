@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from fedrecgel_secure.deploy.secagg_node import StageResult
+from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
@@ -141,9 +142,7 @@ class MaskingDriver:
             _, clipped = self._stage("masked", round_idx, inboxes, rejected)
             check = self.agg.close_masked()
             survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-            reason = None if admit is None else admit(sorted(survivors))
-            if reason is not None:
-                raise RoundSkipped("not_admitted", f"round {round_idx}: {reason}", rejected)
+            admit_or_skip(admit, survivors, round_idx, rejected)
             asked = [u for u in survivors if u not in rejected]
             confirmed, _ = self._stage("confirm", round_idx, dict.fromkeys(asked, b""), rejected, check)
             request_ = self.agg.close_confirms()

@@ -13,6 +13,7 @@ Both answer :meth:`run`: call one protocol step on many clients and yield each
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -49,7 +50,7 @@ class ClientSetup:
     def only_for(self, clients: Iterable[int]) -> ClientSetup:
         """This setup as sent to a host of ``clients``: the others' tag keys left out."""
         keep = set(clients)
-        return ClientSetup(**{**self.__dict__, "tag_keys": {c: k for c, k in self.tag_keys.items() if c in keep}})
+        return dataclasses.replace(self, tag_keys={c: k for c, k in self.tag_keys.items() if c in keep})
 
 
 def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, HEClient | MaskingClient]:
