@@ -206,5 +206,5 @@ def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts
         timeout=120,
     )
     assert result.returncode == 2, result.stderr
-    assert field in result.stderr and "cannot be deployed yet" in result.stderr
+    assert field in result.stderr and "cannot be deployed" in result.stderr
     assert not (out / "logs").exists()  # no SuperLink or SuperNode was started

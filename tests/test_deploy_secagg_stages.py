@@ -167,13 +167,8 @@ def test_a_node_reporting_foreign_users_is_refused(tmp_path):
     [
         (["privacy.secure_aggregation.scheme=bfv"], "privacy.secure_aggregation.scheme"),
         (
-            [
-                "privacy.secure_aggregation.scheme=masking",
-                "privacy.dp.enabled=true",
-                "privacy.dp.mode=central",
-                "privacy.dp.noise_multiplier=1.0",
-            ],
-            "privacy.dp.enabled",
+            ["privacy.dp.enabled=true", "privacy.dp.mode=distributed", "privacy.dp.noise_multiplier=1.0"],
+            "privacy.dp.mode",
         ),
         (
             ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.cover=item_embeddings"],
@@ -198,11 +193,13 @@ def test_what_deployed_masking_cannot_run_faithfully_is_refused_by_field(overrid
         check_deployable(load_policy(None, overrides))
 
 
-def test_masking_alone_is_deployable():
+@pytest.mark.parametrize("dp", ["off", "central", "distributed"])
+def test_masking_with_or_without_dp_is_deployable(dp):
     from fedrecgel_secure.deploy import check_deployable
     from fedrecgel_secure.policy import load_policy
 
-    check_deployable(load_policy(None, ["privacy.secure_aggregation.scheme=masking"]))
+    on = [] if dp == "off" else ["privacy.dp.enabled=true", "privacy.dp.noise_multiplier=1.0", f"privacy.dp.mode={dp}"]
+    check_deployable(load_policy(None, ["privacy.secure_aggregation.scheme=masking", *on]))
 
 
 def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):

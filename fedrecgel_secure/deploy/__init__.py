@@ -13,11 +13,12 @@ from fedrecgel_secure.errors import BadInputError
 def check_deployable(policy) -> None:
     """Refuse what the deployment cannot yet run faithfully.
 
-    Masking runs as stages on the nodes (:mod:`.secagg_stages`); BFV, DP with
-    masking and distributed DP need parts that do not run on the nodes yet.
-    Running them on the server over plaintext uploads would look like a secure
-    run while the server saw every upload, so they are refused rather than
-    simulated.
+    Masking runs as stages on the nodes (:mod:`.secagg_stages`), and under DP
+    each node clips its users' uploads and draws their noise shares
+    (:meth:`.node.Node.protect`). BFV needs its key holder on a node of its
+    own. Running a protocol on the server over plaintext uploads would look
+    like a secure run while the server saw every upload, so what cannot run on
+    the nodes is refused rather than simulated.
     """
     secagg = policy.privacy.secure_aggregation
     dp = policy.privacy.dp
@@ -27,11 +28,6 @@ def check_deployable(policy) -> None:
             " run on a node yet; use 'masking' or 'none' (or fedrecgel train to simulate the protocol)"
         )
     if secagg.scheme == "masking":
-        if dp.enabled:
-            raise BadInputError(
-                "privacy.dp.enabled = true with privacy.secure_aggregation.scheme = 'masking' cannot be deployed yet:"
-                " clipping and noise shares do not run on the nodes yet; disable DP or use scheme = 'none'"
-            )
         if secagg.cover != "shared":
             raise BadInputError(
                 "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"
@@ -45,8 +41,9 @@ def check_deployable(policy) -> None:
             raise BadInputError(
                 "privacy.secure_aggregation.tampered simulates altered uploads; a deployment has real ones: set it to 0"
             )
-    if dp.enabled and dp.mode == "distributed":
+    elif dp.enabled and dp.mode == "distributed":
         raise BadInputError(
-            "privacy.dp.mode = 'distributed' cannot be deployed yet: it needs secure aggregation on the nodes;"
-            " use mode = 'central'"
+            "privacy.dp.mode = 'distributed' cannot be deployed without secure aggregation: each noise share is"
+            " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
+            " 'masking' or use mode = 'central'"
         )

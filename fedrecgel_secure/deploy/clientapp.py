@@ -46,12 +46,14 @@ def train(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
-    out = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     if node.policy.privacy.secure_aggregation.scheme == "masking":
-        # the vectors stay here until the masked stage; the server gets each client's loss and size only
-        n_items, width = node.model.item_embeddings.shape
-        masking = _masking_node(context, node.policy, node.users.tolist(), int(req["shared"].size))
-        masking.keep_inputs(round_idx, out, n_items, width)
+        # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage;
+        # the server gets each client's loss and size only
+        clip_norm = req.get("clip_norm")
+        vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
+        masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
+        masking.keep_inputs(round_idx, out["clients"], vectors, shares)
         out = {k: out[k] for k in ("clients", "bce", "examples")}
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply

@@ -148,12 +148,13 @@ class Node:
     # -- the two things a node does ------------------------------------------------------
     def train(
         self, round_idx: int, clients: np.ndarray, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int
-    ) -> dict:
+    ):
         """Round ``round_idx`` for this node's sampled ``clients``: the simulator's engine on its own local sets.
 
-        Returns per client (in ``clients`` order): the item rows its upload
-        touches, those rows, its dense mlp part, its summed BCE and its number of
-        examples. The new private state waits in ``pending-R.pt``.
+        Returns the reply, per client (in ``clients`` order): the item rows its
+        upload touches, those rows, its dense mlp part, its summed BCE and its
+        number of examples; and the uploads themselves (:class:`Uploads`), for
+        secure aggregation. The new private state waits in ``pending-R.pt``.
         """
         import torch
 
@@ -194,7 +195,7 @@ class Node:
             if update.client_bce is not None
             else [update.loss * float(sizes.sum())] + [0.0] * (clients.size - 1)
         )
-        return {
+        reply = {
             "clients": clients.astype(np.int64),
             "rows": torch.cat(rows).numpy(),
             "row_item": torch.cat(row_item).numpy(),
@@ -203,6 +204,31 @@ class Node:
             "bce": np.asarray(bce, dtype=np.float64),
             "examples": sizes.astype(np.int64),
         }
+        return reply, update.uploads
+
+    def protect(self, round_idx: int, clients: np.ndarray, uploads, participants: int, clip_norm: float | None):
+        """What the sampled ``clients`` put into secure aggregation, as float64 arrays (one row per client): their
+        upload vectors and their DP noise shares (None without distributed DP).
+
+        Under DP this is :meth:`DPFedAvg.protect`, the simulator's own clients'
+        part: clipping to the server's announced ``clip_norm``, the clipped bit
+        under adaptive clipping, and the noise share for ``participants``
+        sampled clients, drawn here (seeded mode: the simulator's own draws).
+        """
+        import torch
+
+        dim = sum(p.numel() for p in self.model.parameters())
+        dtype = self.model.item_embeddings.dtype
+        if not self.policy.privacy.dp.enabled:
+            return torch.stack([uploads.vector(c).double() for c in range(clients.size)]).numpy(), None
+        from fedrecgel_secure.federation.trainer import make_dp_rule
+
+        part = make_dp_rule(self.policy, self.split.n_users).protect(
+            round_idx, clients, uploads, dim, dtype, participants=participants, clip_norm=clip_norm
+        )
+        vectors = torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy()
+        shares = None if part.noise is None else torch.stack([part.noise(c) for c in range(clients.size)]).numpy()
+        return vectors, shares
 
     def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
         """Scores of every hosted user's candidates (test, and validation if any), as the engine's evaluation

@@ -18,6 +18,7 @@ from torch.nn.utils import parameters_to_vector
 
 from fedrecgel_secure.data.split import Split
 from fedrecgel_secure.deploy import check_deployable
+from fedrecgel_secure.federation.aggregation import DPFedAvg
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads
@@ -36,7 +37,9 @@ class Stages(Protocol):
 
 
 class SealedUploads(Uploads):
-    """Uploads the server never sees: under masking they stay on the nodes, which mask them in the protocol."""
+    """Uploads the server never sees: under masking they stay on the nodes, which protect (under DP) and mask them."""
+
+    sealed = True
 
     def __init__(self, num_clients: int):
         self.num_clients = num_clients
@@ -56,7 +59,8 @@ class RemoteTrainer(Trainer):
         if self.masking:  # the aggregation rule's summer runs the protocol's stages on the nodes
             from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
 
-            dim = sum(p.numel() for p in self.model.parameters())
+            # the clipped bit of adaptive clipping travels as one more coordinate
+            dim = sum(p.numel() for p in self.model.parameters()) + getattr(self.aggregation, "extra", 0)
             users_of = {
                 s: policy.deployment.shard_users(split.n_users, s).tolist() for s in range(policy.deployment.nodes)
             }
@@ -93,7 +97,10 @@ class RemoteTrainer(Trainer):
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
         common = self._common(self.round)
         if self.masking:  # the round's announcement goes with the train message; the replies carry the adverts
-            common["announce"] = self.aggregation.summer.announce(r)
+            summer = self.aggregation.summer
+            common.update(announce=summer.announce(r), dim=summer.setup.dim, participants=int(clients.size))
+            if isinstance(self.aggregation, DPFedAvg):  # each node clips its users' uploads to this round's norm
+                common["clip_norm"] = float(self.aggregation.clip_norm)
         replies = self.stages.train(r, per_shard, common)
         if self.masking:
             self.aggregation.summer.advertised(replies)

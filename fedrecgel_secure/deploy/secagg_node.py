@@ -105,26 +105,16 @@ class MaskingNode:
         load_attempt(client, self.dir / f"attempt-{user}.json")
         return client
 
-    def keep_inputs(self, round_idx: int, reply: dict, n_items: int, width: int) -> None:
-        """Keep the users' upload vectors of a training reply (:meth:`Node.train`) for the masked stage.
-
-        Each vector is the dense (item table, mlp) vector the simulator's
-        uploads hold, as float64: what :class:`SecureSum` hands the protocol.
-        """
+    def keep_inputs(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None) -> None:
+        """Keep the sampled ``clients``' vectors of round ``round_idx`` (and their DP noise shares) for the masked
+        stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol."""
         import io
 
-        clients = np.asarray(reply["clients"], dtype=np.int64)
-        dense = np.zeros((clients.size, n_items * width + reply["mlp"].shape[1]), dtype=np.float64)
-        for c in range(clients.size):
-            mine = reply["row_owner"] == c
-            table = np.zeros((n_items, width), dtype=np.float64)
-            table[reply["row_item"][mine]] = reply["rows"][mine]
-            dense[c, : n_items * width] = table.reshape(-1)
-            dense[c, n_items * width :] = reply["mlp"][c]
         for old in self.dir.glob("inputs-*.npz"):
             old.unlink()
         buffer = io.BytesIO()
-        np.savez(buffer, clients=clients, vectors=dense)
+        extra = {} if shares is None else {"shares": shares}
+        np.savez(buffer, clients=np.asarray(clients, dtype=np.int64), vectors=vectors, **extra)
         write_private_file(self.dir / f"inputs-{round_idx}.npz", buffer.getvalue())
 
     def inputs(self, round_idx: int) -> Inputs:
@@ -134,7 +124,8 @@ class MaskingNode:
             with np.load(self.dir / f"inputs-{round_idx}.npz", allow_pickle=False) as data:
                 row = {int(c): i for i, c in enumerate(data["clients"].tolist())}
                 vectors = data["vectors"]
-                return {u: (vectors[row[u]], None) for u in users}
+                shares = data.get("shares")
+                return {u: (vectors[row[u]], None if shares is None else shares[row[u]]) for u in users}
 
         return get
 

@@ -90,8 +90,9 @@ class NodeMaskingSum:
         self.adverts = replies
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
-        if central_noise is not None or contributions.noise is not None:
-            raise RuntimeError("DP noise under deployed masking is not supported yet")  # check_deployable refuses it
+        if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
+            raise RuntimeError("the server holds no client's noise share under deployed masking")
+        noise = None if central_noise is None else central_noise.double().numpy()
         if self.driver is None:
             self.start()
         assert self.driver is not None
@@ -99,7 +100,9 @@ class NodeMaskingSum:
         t0 = time.perf_counter()
         try:
             adverts, self.adverts = self.adverts, None
-            result = self.driver.run_round(round_idx, [int(c) for c in clients], admit=admit, adverts=adverts)
+            result = self.driver.run_round(
+                round_idx, [int(c) for c in clients], central_noise=noise, admit=admit, adverts=adverts
+            )
         except RoundSkipped as skipped:
             log.warning("round %d skipped: %s", round_idx, skipped)
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(skipped.rejected))

@@ -128,9 +128,13 @@ class FlowerStages:
         payloads = {
             s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()
         }
-        if common.get("announce") is not None:  # masking: the users advertise their keys in the same message
-            for p in payloads.values():
-                p["announce"] = common["announce"]
+        # masking: the round's announcement (the users advertise their keys in the same message), the vector
+        # length, the number of sampled clients and, under DP, the clip norm: what each client needs to protect
+        # its own upload
+        for key in ("announce", "dim", "participants", "clip_norm"):
+            if common.get(key) is not None:
+                for p in payloads.values():
+                    p[key] = common[key]
         return self.exchange("train", f"round-{round_idx}", payloads)
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:

@@ -193,7 +193,7 @@ class DPFedAvg:
 
     canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
 
-    def __init__(self, resolved: ResolvedDP, summer: Summer, grid: FixedPoint, randomness: DPRandomness):
+    def __init__(self, resolved: ResolvedDP, summer: Summer | None, grid: FixedPoint, randomness: DPRandomness):
         self.dp, self.summer, self.grid, self.randomness = resolved, summer, grid, randomness
         self.accountant = resolved.make_accountant()
         self.adaptive = resolved.make_adaptive_clipping()
@@ -220,14 +220,14 @@ class DPFedAvg:
             BudgetExhausted(round, self.accountant.epsilon(), self.accountant.epsilon_if_step(), self.dp.max_epsilon)
         )
 
-    def clip(self, uploads: Uploads, dim: int) -> tuple[Uploads, torch.Tensor]:
+    def clip(self, uploads: Uploads, dim: int, clip_norm: float | None = None) -> tuple[Uploads, torch.Tensor]:
         """Clipped uploads and the unclipped norms (the clipped bit needs those).
 
-        The clip norm is C minus the rounding slack of the fixed-point grid
-        (:meth:`FixedPoint.dp_clip`), so that the integers each client hands over
-        still have norm at most C on the grid.
+        The clip norm is C (``clip_norm``, by default this round's) minus the
+        rounding slack of the fixed-point grid (:meth:`FixedPoint.dp_clip`), so
+        that the integers each client hands over still have norm at most C on the grid.
         """
-        clip_norm = self.grid.dp_clip(self.clip_norm, dim)
+        clip_norm = self.grid.dp_clip(self.clip_norm if clip_norm is None else clip_norm, dim)
         group_sq = uploads.group_sq_norms()
         norms = group_sq.sum(1).sqrt()
         if self.dp.group_fractions is None:
@@ -236,10 +236,27 @@ class DPFedAvg:
         group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype)
         return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
 
-    def protect(self, round_idx: int, clients: np.ndarray, uploads: Uploads, dim: int, dtype) -> Contributions:
-        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share."""
-        clipped, norms = self.clip(uploads, dim)
-        bits = None if self.adaptive is None else self.adaptive.indicators(norms)
+    def protect(
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        uploads: Uploads,
+        dim: int,
+        dtype,
+        *,
+        participants: int | None = None,
+        clip_norm: float | None = None,
+    ) -> Contributions:
+        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
+
+        This is the clients' part of the mechanism. The simulator runs it for
+        every sampled client; a deployment's node runs it for the ones it hosts,
+        with the round's ``participants`` (everyone sampled, which sets the share)
+        and ``clip_norm`` as the server announces them.
+        """
+        clip_norm = self.clip_norm if clip_norm is None else clip_norm
+        clipped, norms = self.clip(uploads, dim, clip_norm)
+        bits = None if self.adaptive is None else self.adaptive.indicators(norms, clip_norm)
 
         def vector(pos: int) -> torch.Tensor:
             v = clipped.vector(pos)
@@ -251,8 +268,8 @@ class DPFedAvg:
 
         noise = None
         if self.dp.mode == "distributed":
-            n = clients.size
-            share = self.dp.update_noise_std(self.clip_norm, n)
+            n = clients.size if participants is None else participants
+            share = self.dp.update_noise_std(clip_norm, n)
             count_share = None if bits is None else self.dp.count_noise_std(n)
 
             def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
@@ -287,7 +304,10 @@ class DPFedAvg:
             if self.canaries is not None:
                 self.canaries.released(round_idx, gradient)
             return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
-        contributions = self.protect(round_idx, clients, uploads, dim, dtype)
+        if uploads.sealed:  # a deployment's nodes protected their own uploads (this class's protect, on each node)
+            contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
+        else:
+            contributions = self.protect(round_idx, clients, uploads, dim, dtype)
         participants = clients.size
 
         def admit(contributors: list[int]) -> str | None:

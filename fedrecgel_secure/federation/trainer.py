@@ -60,16 +60,21 @@ def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationR
             MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed)),
             dim,
         )
+    rule = make_dp_rule(policy, split.n_users)
+    rule.summer = make_summer(secagg, split.n_users, dim + rule.extra, n_items, policy.seed)
+    return _with_canaries(policy, rule, dim)
+
+
+def make_dp_rule(policy: Policy, n_users: int) -> DPFedAvg:
+    """The policy's DP-FedAvg, with no summer yet; a deployment's node uses it for the clients' part alone
+    (:meth:`DPFedAvg.protect`). Its randomness is a fresh CSPRNG secret unless the policy asks for seeded noise."""
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
-    resolved = validate_against_population(
-        settings, split.n_users, policy.federation.rounds, policy.federation.fraction
-    )
+    settings = policy.privacy.dp
+    resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    extra = 0 if resolved.adaptive is None else 1  # the clipped bit travels as one more coordinate
-    summer = make_summer(secagg, split.n_users, dim + extra, n_items, policy.seed)
-    return _with_canaries(policy, DPFedAvg(resolved, summer, secagg.encoding(), randomness), dim)
+    return DPFedAvg(resolved, None, policy.privacy.secure_aggregation.encoding(), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):

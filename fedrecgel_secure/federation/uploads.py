@@ -26,6 +26,7 @@ GROUPS = ("item_embeddings", "mlp")
 
 class Uploads:
     num_clients: int
+    sealed = False  # True: the server holds no client's upload (a deployment under secure aggregation)
 
     def group_sq_norms(self) -> torch.Tensor:
         """(C, 2) squared L2 norms of each client's item-table and mlp parts."""

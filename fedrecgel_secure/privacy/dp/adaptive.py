@@ -104,11 +104,11 @@ class AdaptiveClipping:
     def count_noise_multiplier(self) -> float:
         return self.count_noise_multiplier_for(self.count_noise_std)
 
-    def indicators(self, norms: torch.Tensor) -> torch.Tensor:
+    def indicators(self, norms: torch.Tensor, clip_norm: float | None = None) -> torch.Tensor:
         r"""Each client's centred contribution :math:`b_i - \tfrac12 \in \{-\tfrac12, \tfrac12\}` for the
-        current :math:`C`."""
+        current :math:`C` (or ``clip_norm``, as a deployment's server announced it to the clients)."""
         check_norms(norms)
-        return (norms <= self.clip_norm).to(torch.float64) - 0.5
+        return (norms <= (self.clip_norm if clip_norm is None else clip_norm)).to(torch.float64) - 0.5
 
     def update(self, noisy_indicator_sum: float) -> float:
         r"""Take the geometric step from the noised sum of :meth:`indicators`; return the new :math:`C`."""

@@ -1,0 +1,69 @@
+"""A Flower Grid whose SuperNodes are this process, for fast end-to-end tests of the deployment's code.
+
+:class:`InProcessGrid` hands each pushed message to the project's real
+``ClientApp`` at once, with a fresh ``Context`` (as each new ``flwr-clientapp``
+process gets one), so the ServerApp's ``run_server``, ``FlowerStages``, the
+record encoding and every node handler run unchanged; only the SuperLink and
+the processes are missing (``tests/test_deploy.py`` has those). A node in
+``down`` never answers the stages whose group starts with one of its prefixes:
+the ServerApp waits out the stage timeout, as for a killed node.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+FIRST_NODE_ID = 1000
+
+
+class InProcessGrid:
+    def __init__(self, policy_file: Path, state_dirs: list[Path], down: dict[int, tuple[str, ...]] | None = None):
+        from fedrecgel_secure.deploy import clientapp
+        from fedrecgel_secure.deploy.local import node_config
+
+        # the ServerApp's messages take their source from the running task's identity
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+        self.app = clientapp.app
+        self.configs = {
+            FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d)) for shard, d in enumerate(state_dirs)
+        }
+        self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
+        self.replies: dict[str, Message] = {}
+        self.groups: list[str] = []  # every message's group, in the order sent
+        self._ids = itertools.count()
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.configs)
+
+    def push_messages(self, messages) -> list[str]:
+        ids = []
+        for msg in messages:
+            mid = f"m{next(self._ids)}"
+            msg.metadata.__dict__["_message_id"] = mid  # the SuperLink's job
+            ids.append(mid)
+            node, group = msg.metadata.dst_node_id, msg.metadata.group_id
+            self.groups.append(group)
+            if any(group.startswith(p) for p in self.down.get(node, ())):
+                continue
+            context = Context(run_id=1, node_id=node, node_config=self.configs[node], state=RecordDict(), run_config={})
+            try:
+                self.replies[mid] = self.app(msg, context)
+            except Exception as exc:  # the SuperNode reports a failed ClientApp as an error reply
+                self.replies[mid] = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+        return ids
+
+    def pull_messages(self, message_ids) -> list[Message]:
+        return [self.replies.pop(m) for m in message_ids if m in self.replies]
+
+
+def _parse(config: str) -> dict:
+    """``k=v k="v"`` (the --node-config string) as a dict."""
+    out = {}
+    for part in config.split(" "):
+        key, value = part.split("=", 1)
+        out[key] = int(value) if value.isdigit() else value.strip('"')
+    return out
