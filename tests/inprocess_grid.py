@@ -6,7 +6,8 @@ process gets one), so the ServerApp's ``run_server``, ``FlowerStages``, the
 record encoding and every node handler run unchanged; only the SuperLink and
 the processes are missing (``tests/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
-the ServerApp waits out the stage timeout, as for a killed node.
+the ServerApp waits out the stage timeout, as for a killed node. With
+``key_holder_dir`` one more node is the BFV key holder (``role=keyholder``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ FIRST_NODE_ID = 1000
 
 
 class InProcessGrid:
-    def __init__(self, policy_file: Path, state_dirs: list[Path], down: dict[int, tuple[str, ...]] | None = None):
+    def __init__(
+        self,
+        policy_file: Path,
+        state_dirs: list[Path],
+        down: dict[int, tuple[str, ...]] | None = None,
+        key_holder_dir: Path | None = None,
+    ):
         from fedrecgel_secure.deploy import clientapp
-        from fedrecgel_secure.deploy.local import node_config
+        from fedrecgel_secure.deploy.local import KEY_HOLDER, node_config
 
         # the ServerApp's messages take their source from the running task's identity
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
@@ -31,6 +38,8 @@ class InProcessGrid:
         self.configs = {
             FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d)) for shard, d in enumerate(state_dirs)
         }
+        if key_holder_dir is not None:  # BFV: the key holder is a node of its own
+            self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(node_config(policy_file, KEY_HOLDER, key_holder_dir))
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
         self.replies: dict[str, Message] = {}
         self.groups: list[str] = []  # every message's group, in the order sent

@@ -175,19 +175,23 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("override", "field"),
+    ("overrides", "field"),
     [
-        ("privacy.secure_aggregation.scheme=bfv", "privacy.secure_aggregation.scheme"),
-        ("privacy.dp.enabled=true", "privacy.dp.mode"),
+        (
+            ["privacy.secure_aggregation.scheme=bfv", "privacy.secure_aggregation.cover=item_embeddings"],
+            "privacy.secure_aggregation.cover",
+        ),
+        (
+            ["privacy.dp.enabled=true", "privacy.dp.mode=distributed", "privacy.dp.noise_multiplier=1.0"],
+            "privacy.dp.mode",
+        ),
     ],
 )
-def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts(tmp_path, override, field):
+def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts(tmp_path, overrides, field):
     import subprocess
     import sys
 
-    extra = ["--set", override] + (
-        ["--set", "privacy.dp.mode=distributed", "--set", "privacy.dp.noise_multiplier=1.0"] if "dp" in override else []
-    )
+    extra = [arg for o in overrides for arg in ("--set", o)]
     out = tmp_path / "run"
     result = subprocess.run(
         [

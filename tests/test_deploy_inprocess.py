@@ -64,10 +64,11 @@ def _records(run: Path) -> list[dict]:
     ]
 
 
-def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None) -> InProcessGrid:
+def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder: bool = False) -> InProcessGrid:
     from fedrecgel_secure.deploy.serverapp import run_server
 
-    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down)
+    key_holder_dir = out / "nodes" / "keyholder" if key_holder else None
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down, key_holder_dir)
     run_server(grid, policy_file, out, resume=False)
     return grid
 
@@ -134,3 +135,113 @@ def test_distributed_noise_shares_are_drawn_on_the_nodes_not_by_the_server(tmp_p
     shares = [on for purpose, on in purposes if purpose == "update-share"]
     assert shares and all(shares)
     assert not any(purpose == "update-noise" for purpose, _ in purposes)  # and no central noise either
+
+
+BFV = """[privacy.secure_aggregation]
+scheme = "bfv"
+min_clients = 2
+"""
+
+
+@pytest.mark.parametrize("privacy", ["bfv", "bfv + seeded central DP", "bfv + seeded distributed DP, adaptive"])
+def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
+    import stat
+
+    import torch
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+
+    extra = BFV
+    if "DP" in privacy:
+        extra += DP.format(mode="central" if "central" in privacy else "distributed")
+    extra += ADAPTIVE if "adaptive" in privacy else ""
+    policy_file = _policy(tmp_path, extra)
+    sim = _simulate(policy_file, tmp_path / "sim")
+    out = tmp_path / "deployed"
+    grid = _deploy(policy_file, out, key_holder=True)
+    assert _records(out) == _records(tmp_path / "sim")
+    assert all(r["contributors"] > 0 for r in _records(out))
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+    # the secret key lives on the key holder's node alone, 0600; the nodes hold their tag keys, 0600
+    key = out / "nodes" / "keyholder" / "keyholder.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert not any(p.name == "keyholder.key" for p in (out / "nodes").rglob("*") if p.parent.name != "keyholder")
+    for shard in range(3):
+        assert stat.S_IMODE((out / "nodes" / str(shard) / "secagg" / "he.json").stat().st_mode) == 0o600
+    # one decryption per round, and the key holder answered nothing else
+    assert grid.groups.count("keyholder-decrypt") == 2 and grid.groups.count("keyholder-start") == 1
+
+
+def _he_world(tmp_path, dim=5):
+    """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
+    from fedrecgel_secure.deploy.he_node import HENode, HESetup, KeyHolderNode
+    from fedrecgel_secure.privacy.secagg import FixedPoint
+    from fedrecgel_secure.privacy.secagg.he import BFVParams
+
+    users_of = {0: [0, 1], 1: [2, 3]}
+    setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)
+    nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
+    seal = {n: node.sealing_key() for n, node in nodes.items()}
+    directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
+    tag = b"t" * 16
+    context, sealed = KeyHolderNode(tmp_path / "kh", setup).start(directory, tag, seal, users_of)
+    for n, node in nodes.items():
+        node.join(context, tag, sealed[n], directory)
+    return setup, nodes, directory, context, tag, sealed
+
+
+def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_path):
+    # A curious server replays round 1's aggregate to a fresh key-holder process, hoping for a second
+    # release (with fresh central noise, two releases average the noise away). The record survives on disk.
+    import numpy as np
+
+    from fedrecgel_secure.deploy.he_node import KeyHolderNode
+    from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
+    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+
+    setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
+    agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
+    agg.begin_round(1)
+    for node in nodes.values():
+        for blob in node.encrypt(1, np.asarray(node.users), x[node.users], None)[0].values():
+            agg.receive(blob)
+    blob = agg.finish().serialize()
+    assert np.allclose(KeyHolderNode(tmp_path / "kh", setup).decrypt(blob, None), x.sum(0), atol=1e-9)
+    with pytest.raises(RejectedPayload, match="already released"):
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(blob, None)
+
+
+def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
+    # The server relays each node's sealed tag keys; with everything it saw (the sealed bytes, the session tag,
+    # the nodes' public sealing keys) and a key of its own it cannot open them, and a node given another node's
+    # bundle cannot either.
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from fedrecgel_secure.deploy.he_node import _INFO, _suite
+
+    _, nodes, directory, context, tag, sealed = _he_world(tmp_path)
+    with pytest.raises(InvalidTag):
+        _suite().decrypt(sealed[0], X25519PrivateKey.generate(), info=_INFO + tag)
+    with pytest.raises(InvalidTag):
+        nodes[1].join(context, tag, sealed[0], directory)
+
+
+def test_under_bfv_the_train_reply_carries_ciphertexts_and_no_vector(tmp_path):
+    from fedrecgel_secure.deploy.stages import from_record
+
+    out = tmp_path / "deployed"
+    grid = InProcessGrid(
+        _policy(tmp_path, BFV, rounds=1), [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder"
+    )
+    seen = []
+    pull = grid.pull_messages
+    grid.pull_messages = lambda ids: [seen.append(m) or m for m in pull(ids)]
+    from fedrecgel_secure.deploy.serverapp import run_server
+
+    run_server(grid, tmp_path / "policy.toml", out, resume=False)
+    train = [from_record(m.content) for m in seen if m.metadata.group_id == "round-1"]
+    assert train and all(not {"rows", "mlp", "row_item"} & set(rep) for rep in train)
+    assert all(any(k.startswith("c:") for k in rep) for rep in train)

@@ -165,7 +165,10 @@ def test_a_node_reporting_foreign_users_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        (["privacy.secure_aggregation.scheme=bfv"], "privacy.secure_aggregation.scheme"),
+        (
+            ["privacy.secure_aggregation.scheme=bfv", "privacy.secure_aggregation.cover=item_embeddings"],
+            "privacy.secure_aggregation.cover",
+        ),
         (
             ["privacy.dp.enabled=true", "privacy.dp.mode=distributed", "privacy.dp.noise_multiplier=1.0"],
             "privacy.dp.mode",
@@ -184,7 +187,7 @@ def test_a_node_reporting_foreign_users_is_refused(tmp_path):
         ),
     ],
 )
-def test_what_deployed_masking_cannot_run_faithfully_is_refused_by_field(overrides, field):
+def test_what_deployed_secure_aggregation_cannot_run_faithfully_is_refused_by_field(overrides, field):
     from fedrecgel_secure.deploy import check_deployable
     from fedrecgel_secure.errors import BadInputError
     from fedrecgel_secure.policy import load_policy

@@ -15,19 +15,15 @@ def check_deployable(policy) -> None:
 
     Masking runs as stages on the nodes (:mod:`.secagg_stages`), and under DP
     each node clips its users' uploads and draws their noise shares
-    (:meth:`.node.Node.protect`). BFV needs its key holder on a node of its
-    own. Running a protocol on the server over plaintext uploads would look
-    like a secure run while the server saw every upload, so what cannot run on
-    the nodes is refused rather than simulated.
+    (:meth:`.node.Node.protect`); under BFV the nodes encrypt and the key
+    holder is a node of its own (:mod:`.he_node`). Running a protocol on the
+    server over plaintext uploads would look like a secure run while the server
+    saw every upload, so what cannot run on the nodes is refused rather than
+    simulated.
     """
     secagg = policy.privacy.secure_aggregation
     dp = policy.privacy.dp
-    if secagg.scheme not in ("none", "masking"):
-        raise BadInputError(
-            f"privacy.secure_aggregation.scheme = {secagg.scheme!r} cannot be deployed yet: its key holder does not"
-            " run on a node yet; use 'masking' or 'none' (or fedrecgel train to simulate the protocol)"
-        )
-    if secagg.scheme == "masking":
+    if secagg.scheme != "none":
         if secagg.cover != "shared":
             raise BadInputError(
                 "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"
@@ -45,5 +41,5 @@ def check_deployable(policy) -> None:
         raise BadInputError(
             "privacy.dp.mode = 'distributed' cannot be deployed without secure aggregation: each noise share is"
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
-            " 'masking' or use mode = 'central'"
+            " 'masking' or 'bfv', or use mode = 'central'"
         )

@@ -35,9 +35,11 @@ def hello(msg: Message, context: Context) -> Message:
 
     private_umask()
     cfg = context.node_config
+    digest = load_policy(cfg["policy"]).digest()
+    if cfg.get("role") == "keyholder":
+        return Message(to_record({"role": "keyholder", "digest": digest}), reply_to=msg)
     shard = int(cfg["shard"])
     public = ensure_identity(Path(cfg["state-dir"]), shard)
-    digest = load_policy(cfg["policy"]).digest()
     return Message(to_record({"shard": shard, "digest": digest, "identity": public}), reply_to=msg)
 
 
@@ -47,14 +49,20 @@ def train(msg: Message, context: Context) -> Message:
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
     out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
-    if node.policy.privacy.secure_aggregation.scheme == "masking":
-        # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage;
-        # the server gets each client's loss and size only
+    scheme = node.policy.privacy.secure_aggregation.scheme
+    if scheme != "none":  # the server gets each client's loss and size, and no vector in the clear
         clip_norm = req.get("clip_norm")
         vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
+        out = {k: out[k] for k in ("clients", "bce", "examples")}
+    if scheme == "bfv":  # the users' signed, tagged ciphertexts go with the reply
+        ciphertexts, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).encrypt(
+            round_idx, out["clients"], vectors, shares
+        )
+        out.update({f"c:{u}": c for u, c in ciphertexts.items()}, clipped=clipped)
+    if scheme == "masking":
+        # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
         masking.keep_inputs(round_idx, out["clients"], vectors, shares)
-        out = {k: out[k] for k in ("clients", "bce", "examples")}
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
@@ -68,6 +76,12 @@ def _masking_node(context: Context, policy, users: list[int], dim: int):
     from fedrecgel_secure.deploy.secagg_summer import setup_of
 
     return MaskingNode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
+
+
+def _he_node(context: Context, policy, users: list[int], dim: int):
+    from fedrecgel_secure.deploy.he_node import HENode, setup_of
+
+    return HENode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
 
 
 @app.query("secagg")
@@ -87,14 +101,60 @@ def secagg(msg: Message, context: Context) -> Message:
     users = policy.deployment.shard_users(load_split(policy.data).n_users, shard).tolist()
     node = _masking_node(context, policy, users, int(req["dim"]))
     stage = str(req["stage"])
+    keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
+    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
+    he = _he_node(context, policy, users, int(req["dim"])) if bfv else None
     if stage == "keys":
         out = {f"k:{u}": k for u, k in node.public_keys().items()}
+        if he is not None:
+            out["seal"] = he.sealing_key()
+    elif stage == "join" and he is not None:
+        he.join(req["context"], req["session_tag"], req["sealed"], keys)
+        out = {"joined": 1}
     elif stage == "join":
-        keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
         node.join(req["server_key"], req["session_tag"], keys)
         out = {"joined": 1}
     else:
         out = reply(node.step(stage, messages_of(req), node.inputs(int(req["round"]))))
+    return Message(to_record(out), reply_to=msg)
+
+
+@app.query("keyholder")
+def keyholder(msg: Message, context: Context) -> Message:
+    """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
+    import numpy as np
+
+    from fedrecgel_secure.deploy.he_node import KeyHolderNode, setup_of
+    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.policy import load_policy
+    from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+
+    private_umask()
+    if context.node_config.get("role") != "keyholder":
+        raise RuntimeError("this node is not the key holder")
+    req = from_record(msg.content)
+    policy = load_policy(context.node_config["policy"])
+    if req["digest"] != policy.digest():
+        raise RuntimeError("the server runs a different policy than this node")
+    holder = KeyHolderNode(Path(context.node_config["state-dir"]), setup_of(policy, int(req["dim"])))
+    if req["stage"] == "start":
+        directory = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
+        seal = {int(k[5:]): v for k, v in req.items() if k.startswith("seal:")}
+        users_of = {int(k[6:]): v.tolist() for k, v in req.items() if k.startswith("users:")}
+        public, sealed = holder.start(directory, req["session_tag"], seal, users_of)
+        out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
+    else:
+        round_idx, noise = int(req["round"]), None
+        if "clip_norm" in req:  # central DP: the key holder draws the noise, so the server never learns it
+            from fedrecgel_secure.federation.trainer import make_dp_rule
+
+            rule = make_dp_rule(policy, int(req["population"]))
+            rule.clip_norm = float(req["clip_norm"])
+            noise = rule.central_noise(round_idx, int(req["dim"]) - rule.extra).numpy()
+        try:
+            out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise), dtype=np.float64)}
+        except RejectedPayload as exc:
+            out = {"refused": exc.reason.value}
     return Message(to_record(out), reply_to=msg)
 
 

@@ -76,8 +76,13 @@ def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_
     (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
-def node_config(policy_file: Path, shard: int, state_dir: Path) -> str:
-    return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}"'
+KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index
+
+
+def node_config(policy_file: Path, shard: int | str, state_dir: Path) -> str:
+    """A SuperNode's ``--node-config``: the shard of users it hosts, or ``role="keyholder"``."""
+    who = 'role="keyholder"' if shard == KEY_HOLDER else f"shard={shard}"
+    return f'{who} state-dir="{state_dir}" policy="{policy_file}"'
 
 
 def resolve_policy(
@@ -166,7 +171,7 @@ class Deployment:
             ":flwr-in-memory:",
         ]
 
-    def supernode_argv(self, shard: int, port: int, auth_key: Path | None = None) -> list[str]:
+    def supernode_argv(self, shard: int | str, port: int, auth_key: Path | None = None) -> list[str]:
         """Node ``shard``'s command; ``auth_key`` is its OpenSSH private key under node authentication."""
         state_dir = state_dir_for(self.policy, self.out, shard)
         sec = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
@@ -217,7 +222,8 @@ class Deployment:
 
     def start(self) -> None:
         d = self.policy.deployment
-        n = d.nodes
+        roles = list(range(d.nodes)) + ([KEY_HOLDER] if self.policy.privacy.secure_aggregation.scheme == "bfv" else [])
+        n = len(roles)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
         self.port, *node_ports = free_ports(1 + n)
         self.procs.log_dir.mkdir(parents=True, exist_ok=True)
@@ -230,14 +236,14 @@ class Deployment:
             insecure=self.tls is None,
             root_cert=str(self.tls.ca_cert) if self.tls else None,
         )
-        for shard in range(n):
+        for shard, port in zip(roles, node_ports):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             key = None
             if d.tls.node_authentication:
                 key = state_dir / NODE_KEY  # made for this node in its own 0700 directory; kept across restarts
                 self.register_node(make_node_key(key), f"node-{shard}")
-            self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, node_ports[shard], key), self.env)
+            self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, port, key), self.env)
         if d.tls.node_authentication:
             self.say(
                 f"node authentication: registered {n} node keys with the SuperLink"
@@ -253,9 +259,12 @@ class Deployment:
         )
 
     def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
-        """Until the run's summary appears (bounded: two stages per round at the stage timeout, plus start-up)."""
+        """Until the run's summary appears (bounded: each stage of a round at the stage timeout, plus start-up)."""
         d = self.policy.deployment
-        deadline = time.monotonic() + 120 + rounds_to_go * 2 * (d.stage_timeout + 10)
+        scheme = self.policy.privacy.secure_aggregation.scheme
+        stages = 2 + {"none": 0, "masking": 4, "bfv": 1}[scheme]  # train and evaluate, plus the protocol's
+        setup = 2 * stages * d.stage_timeout  # hello, and the protocol's once-per-server stages
+        deadline = time.monotonic() + 120 + setup + rounds_to_go * stages * (d.stage_timeout + 10)
         started = time.time()
         summary = self.out / SUMMARY
         seen = 0

@@ -35,9 +35,11 @@ class Stages(Protocol):
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]: ...
 
+    def key_holder(self, stage: str, payload: dict) -> dict | None: ...
+
 
 class SealedUploads(Uploads):
-    """Uploads the server never sees: under masking they stay on the nodes, which protect (under DP) and mask them."""
+    """Uploads the server never sees: the nodes protect them (under DP) and mask or encrypt them."""
 
     sealed = True
 
@@ -55,18 +57,26 @@ class RemoteTrainer(Trainer):
     def __init__(self, policy: Policy, split: Split, stages: Stages):
         check_deployable(policy)
         super().__init__(policy, split)
-        self.masking = policy.privacy.secure_aggregation.scheme == "masking"
-        if self.masking:  # the aggregation rule's summer runs the protocol's stages on the nodes
-            from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
-
+        scheme = policy.privacy.secure_aggregation.scheme
+        self.sealed = scheme != "none"  # the uploads never reach the server: the summer runs the protocol's stages
+        if self.sealed:
             # the clipped bit of adaptive clipping travels as one more coordinate
             dim = sum(p.numel() for p in self.model.parameters()) + getattr(self.aggregation, "extra", 0)
             users_of = {
                 s: policy.deployment.shard_users(split.n_users, s).tolist() for s in range(policy.deployment.nodes)
             }
-            self.aggregation.summer = NodeMaskingSum(
-                setup_of(policy, dim), self._secagg_exchange(stages, dim), users_of
-            )
+            exchange = self._secagg_exchange(stages, dim)
+            if scheme == "masking":
+                from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
+
+                self.aggregation.summer = NodeMaskingSum(setup_of(policy, dim), exchange, users_of)
+            else:
+                from fedrecgel_secure.deploy import he_node
+                from fedrecgel_secure.deploy.he_summer import NodeHESum
+
+                dp = {"population": int(split.n_users)} if policy.privacy.dp.enabled else {}
+                setup = he_node.setup_of(policy, dim)
+                self.aggregation.summer = NodeHESum(setup, exchange, self._key_holder_call(stages, dim), users_of, dp)
         self.states = None  # every client's private state lives on its node
         self.stages = stages
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
@@ -83,6 +93,13 @@ class RemoteTrainer(Trainer):
 
         return exchange
 
+    @staticmethod
+    def _key_holder_call(stages, dim: int):
+        def call(stage: str, payload: dict) -> dict | None:
+            return stages.key_holder(stage, {**payload, "dim": dim})
+
+        return call
+
     def _common(self, upto: int) -> dict:
         shared = parameters_to_vector(self.model.parameters()).detach().numpy()
         # the whole log (a few ints per client and round): a node that was away for a while still catches up exactly
@@ -96,14 +113,21 @@ class RemoteTrainer(Trainer):
             return clients, None
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
         common = self._common(self.round)
-        if self.masking:  # the round's announcement goes with the train message; the replies carry the adverts
+        if self.sealed:
+            # what the nodes need to protect their users' uploads: the vector length, how many were sampled,
+            # under DP this round's clip norm; under masking the round's announcement (the replies carry the
+            # adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
-            common.update(announce=summer.announce(r), dim=summer.setup.dim, participants=int(clients.size))
-            if isinstance(self.aggregation, DPFedAvg):  # each node clips its users' uploads to this round's norm
-                common["clip_norm"] = float(self.aggregation.clip_norm)
+            clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
+            common.update(
+                announce=summer.announce(r, clip_norm),
+                dim=summer.setup.dim,
+                participants=int(clients.size),
+                clip_norm=clip_norm,
+            )
         replies = self.stages.train(r, per_shard, common)
-        if self.masking:
-            self.aggregation.summer.advertised(replies)
+        if self.sealed:
+            self.aggregation.summer.received(replies)
             return self._sealed_updates(replies, per_shard, clients.dtype)
         got = {}
         for s, rep in replies.items():

@@ -54,7 +54,7 @@ class StageResult:
 
 
 class MaskingNode:
-    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup):
+    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup | None):
         self.dir = Path(state_dir) / "secagg"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.users = [int(u) for u in users]
@@ -62,6 +62,10 @@ class MaskingNode:
 
     def _key_path(self, user: int) -> Path:
         return self.dir / f"user-{user}.pem"
+
+    def identity(self, user: int) -> ClientIdentity:
+        """User ``user``'s identity key (private; it signs that user's protocol messages)."""
+        return ClientIdentity.load(user, self._key_path(user))
 
     def public_keys(self) -> dict[int, bytes]:
         """Each user's public identity key; the private halves are made here on first call and stay here."""
@@ -93,7 +97,7 @@ class MaskingNode:
         directory = IdentityDirectory({int(u): bytes.fromhex(k) for u, k in facts["directory"].items()})
         s = self.setup
         client = MaskingClient(
-            ClientIdentity.load(user, self._key_path(user)),
+            self.identity(user),
             directory,
             s.dim,
             s.params,

@@ -77,15 +77,16 @@ class NodeMaskingSum:
         )
         self.driver = MaskingDriver(agg, self.exchange, self.users_of)
 
-    def announce(self, round_idx: int) -> bytes:
-        """Start round ``round_idx``'s attempt; its announcement goes with the train message."""
+    def announce(self, round_idx: int, clip_norm: float | None = None) -> bytes:
+        """Start round ``round_idx``'s attempt; its announcement goes with the train message (``clip_norm``, which
+        the nodes clip to, travels with it too)."""
         if self.driver is None:
             self.start()
         assert self.driver is not None
         self.adverts = None
         return self.driver.begin(round_idx)
 
-    def advertised(self, replies: dict[int, dict]) -> None:
+    def received(self, replies: dict[int, dict]) -> None:
         """The train replies, which carry the users' adverts (``r:U`` / ``x:U``)."""
         self.adverts = replies
 

@@ -25,7 +25,8 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
     policy = load_policy(policy_path)
     if (out_dir / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
-    stages = FlowerStages(grid, policy.deployment, policy.digest())
+    with_key_holder = policy.privacy.secure_aggregation.scheme == "bfv"
+    stages = FlowerStages(grid, policy.deployment, policy.digest(), with_key_holder)
     stages.connect(wait=policy.deployment.stage_timeout)
     trainer = RemoteTrainer(policy, load_split(policy.data), stages)
     if resume and (out_dir / CHECKPOINT).exists():

@@ -16,7 +16,7 @@ import numpy as np
 from fedrecgel_secure.deploy.wire import pack, pack_json, unpack, unpack_json
 from fedrecgel_secure.policy import DeploymentPolicy
 
-ARRAYS = ("clients", "rows", "row_item", "row_owner", "mlp", "bce", "examples", "users", "test", "val")
+KEY_HOLDER = -1  # the key holder's place among the shards in one exchange
 
 
 def to_record(payload: dict):
@@ -51,19 +51,25 @@ class FlowerStages:
     grid: object
     settings: DeploymentPolicy
     digest: str
+    with_key_holder: bool = False  # BFV: one more SuperNode, role=keyholder
     node_of: dict[int, int] = field(default_factory=dict)  # shard -> Flower node id
+    key_holder_node: int | None = None  # the key holder's Flower node id
     log: callable = print
 
-    def exchange(self, message_type: str, group: str, payloads: dict[int, dict]) -> dict[int, dict]:
-        """Send ``payloads[shard]`` to each shard's node; the replies that arrive in time, by shard."""
+    def exchange(
+        self, message_type: str, group: str, payloads: dict[int, dict], node_of: dict[int, int] | None = None
+    ) -> dict[int, dict]:
+        """Send ``payloads[shard]`` to each shard's node (``node_of``: shard -> node id, the client nodes' by
+        default); the replies that arrive in time, by shard."""
         from flwr.app import Message
 
+        node_of = self.node_of if node_of is None else node_of
         timeout = self.settings.stage_timeout
-        shards = [s for s in payloads if s in self.node_of]
+        shards = [s for s in payloads if s in node_of]
         messages = [
             Message(
                 to_record(payloads[s]),
-                dst_node_id=self.node_of[s],
+                dst_node_id=node_of[s],
                 message_type=message_type,
                 group_id=group,
                 ttl=timeout,
@@ -101,7 +107,7 @@ class FlowerStages:
     def connect(self, wait: float) -> None:
         """Wait (bounded) for ``nodes`` SuperNodes, ask each which shard it hosts, check it runs the same policy."""
         deadline = time.monotonic() + wait
-        nodes = self.settings.nodes
+        nodes = self.settings.nodes + int(self.with_key_holder)
         while True:
             ids = list(self.grid.get_node_ids())
             if len(ids) >= nodes or time.monotonic() > deadline:
@@ -111,17 +117,25 @@ class FlowerStages:
         replies = self.exchange("query.hello", "hello", {k: {"digest": self.digest} for k in self.node_of})
         node_of = {}
         for key, rep in replies.items():
-            shard = int(rep["shard"])
+            who = "the key holder" if rep.get("role") == "keyholder" else f"node {rep.get('shard')}"
             if rep["digest"] != self.digest:
                 raise RuntimeError(
-                    f"node {shard} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})"
+                    f"{who} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})"
                 )
+            if rep.get("role") == "keyholder":
+                if self.key_holder_node is not None:
+                    raise RuntimeError("two nodes claim to be the key holder")
+                self.key_holder_node = self.node_of[key]
+                continue
+            shard = int(rep["shard"])
             if shard in node_of:
                 raise RuntimeError(f"two nodes claim shard {shard}")
             node_of[shard] = self.node_of[key]
-        missing = sorted(set(range(nodes)) - set(node_of))
+        missing = sorted(set(range(self.settings.nodes)) - set(node_of))
         if missing:
             raise RuntimeError(f"shards {missing} have no connected node after {wait:g} s")
+        if self.with_key_holder and self.key_holder_node is None:
+            raise RuntimeError(f"no key holder (a SuperNode with role=keyholder) connected after {wait:g} s")
         self.node_of = node_of
 
     def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]:
@@ -146,6 +160,16 @@ class FlowerStages:
         return self.exchange(
             "query.secagg", f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
         )
+
+    def key_holder(self, stage: str, payload: dict) -> dict | None:
+        """One request to the key holder (BFV); its reply, or None if it failed or missed the stage timeout."""
+        replies = self.exchange(
+            "query.keyholder",
+            f"keyholder-{stage}",
+            {KEY_HOLDER: {**payload, "digest": self.digest}},
+            {KEY_HOLDER: self.key_holder_node},
+        )
+        return replies.get(KEY_HOLDER)
 
     @staticmethod
     def _wire(common: dict) -> dict:

@@ -1,0 +1,178 @@
+"""BFV across nodes: the client nodes' side (:class:`HENode`) and the key holder, a SuperNode of its own
+(:class:`KeyHolderNode`, node_config ``role=keyholder``).
+
+Every Flower message starts a fresh process, so each side keeps its state in
+its own directory, secrets 0600:
+
+client node, ``secagg/``: ``user-U.pem`` (user U's Ed25519 identity, shared
+with masking), ``seal.key`` (the node's X25519 key that the key holder seals
+its users' tag keys to), ``he.json`` (the session: public context, session tag,
+the users' tag keys).
+
+key holder: ``keyholder.key`` (the BFV secret key and tag master key, made
+here, never sent), ``session.json`` (the directory, session tag, dimension and
+the last round it released: one aggregate per round, also across restarts).
+
+Threat model: :mod:`fedrecgel_secure.privacy.secagg.he` (an honest-but-curious
+aggregator that does not collude with the key holder). The tag keys travel
+through the server sealed with HPKE (RFC 9180, X25519, HKDF-SHA256,
+AES-128-GCM) to the node's sealing key, so the aggregator relays them without
+reading them; like the identity directory, the sealing keys reach the key
+holder through the server, which this threat model trusts to relay them
+faithfully.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
+
+KEY_FILE = "keyholder.key"
+_INFO = b"fedrecgel/he-tag-keys/v1"
+
+
+def _suite():
+    from cryptography.hazmat.primitives import hpke
+
+    return hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
+
+
+@dataclass(frozen=True)
+class HESetup:
+    """What every party derives from the policy: vector length, BFV parameters, value grid, threshold."""
+
+    dim: int
+    params: object  # BFVParams
+    encoding: FixedPoint
+    min_clients: int
+
+
+def setup_of(policy, dim: int) -> HESetup:
+    settings = policy.privacy.secure_aggregation
+    return HESetup(dim, settings.bfv.params(), settings.encoding(), settings.min_clients)
+
+
+class HENode:
+    """A client node's users as BFV clients: they encrypt and sign their vectors in the train stage."""
+
+    def __init__(self, state_dir: Path, users: list[int], setup: HESetup):
+        from fedrecgel_secure.deploy.secagg_node import MaskingNode
+
+        self.keys = MaskingNode(state_dir, users, None)  # only for the users' identity keys (secagg/user-U.pem)
+        self.dir, self.users, self.setup = self.keys.dir, self.keys.users, setup
+
+    def sealing_key(self) -> bytes:
+        """The public half of the node's X25519 key; the private half is made here on first call, 0600."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        path = self.dir / "seal.key"
+        if not path.exists():
+            write_private_file(path, X25519PrivateKey.generate().private_bytes_raw())
+        key = X25519PrivateKey.from_private_bytes(read_private_file(path))
+        return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def join(self, public_context: bytes, session_tag: bytes, sealed: bytes, directory: Mapping[int, bytes]) -> None:
+        """Open the tag keys the key holder sealed to this node; keep the session (0600)."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+        mine = self.keys.public_keys()
+        wrong = [u for u in self.users if directory.get(u) != mine[u]]
+        if wrong:
+            raise ValueError(f"the server's directory misstates the keys of users {wrong[:10]}")
+        key = X25519PrivateKey.from_private_bytes(read_private_file(self.dir / "seal.key"))
+        tag_keys = json.loads(_suite().decrypt(sealed, key, info=_INFO + session_tag))
+        if sorted(int(u) for u in tag_keys) != sorted(self.users):
+            raise ValueError("the key holder sealed tag keys for other users than this node's")
+        facts = {"context": public_context.hex(), "session_tag": session_tag.hex(), "tag_keys": tag_keys}
+        write_private_file(self.dir / "he.json", json.dumps(facts).encode())
+
+    def encrypt(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
+        """Each sampled client's signed, tagged ciphertexts of its vector (plus its noise share), and the number
+        of values the grid clipped."""
+        from fedrecgel_secure.privacy.secagg.he import HEClient
+        from fedrecgel_secure.privacy.secagg.he_wire import load_context
+
+        facts = json.loads((self.dir / "he.json").read_text())
+        context = load_context(bytes.fromhex(facts["context"]), "public context")
+        out, clipped = {}, 0
+        for pos, u in enumerate(int(c) for c in clients):
+            client = HEClient(
+                self.keys.identity(u),
+                context,
+                self.setup.dim,
+                encoding=self.setup.encoding,
+                session_tag=bytes.fromhex(facts["session_tag"]),
+                tag_key=bytes.fromhex(facts["tag_keys"][str(u)]),
+            )
+            out[u] = client.upload(round_idx, vectors[pos], None if shares is None else shares[pos])
+            clipped += client.last_clipped
+        return out, clipped
+
+
+class KeyHolderNode:
+    """The key holder's node: makes the BFV keys, hands out tag keys sealed per node, decrypts one aggregate a round."""
+
+    def __init__(self, state_dir: Path, setup: HESetup):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.setup = setup
+
+    def _key_holder(self, directory: Mapping[int, bytes], session_tag: bytes):
+        from fedrecgel_secure.privacy.secagg.he_keyholder import KeyHolder
+        from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
+
+        s, path = self.setup, self.dir / KEY_FILE
+        kwargs = dict(dim=s.dim, min_clients=s.min_clients, session_tag=session_tag, encoding=s.encoding)
+        if path.exists():  # a resumed server starts a new session with the same keys
+            return KeyHolder.load(path, IdentityDirectory(dict(directory)), **kwargs)
+        holder = KeyHolder.create(s.params, IdentityDirectory(dict(directory)), **kwargs)
+        holder.save(path)
+        return holder
+
+    def start(
+        self,
+        directory: Mapping[int, bytes],
+        session_tag: bytes,
+        seal_keys: Mapping[int, bytes],
+        users_of: Mapping[int, list[int]],
+    ) -> tuple[bytes, dict[int, bytes]]:
+        """A session: the public context, and each node's users' tag keys sealed to that node's key."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+        holder = self._key_holder(directory, session_tag)
+        last = self._last_released()
+        facts = {
+            "directory": {str(u): k.hex() for u, k in directory.items()},
+            "session_tag": session_tag.hex(),
+            "last_released": last,
+        }
+        write_private_file(self.dir / "session.json", json.dumps(facts).encode())
+        sealed = {}
+        for node, users in users_of.items():
+            keys = {str(u): holder.client_key(int(u)).hex() for u in users}
+            public = X25519PublicKey.from_public_bytes(seal_keys[node])
+            sealed[node] = _suite().encrypt(json.dumps(keys).encode(), public, info=_INFO + session_tag)
+        return holder.public_context(), sealed
+
+    def _last_released(self) -> int:
+        path = self.dir / "session.json"
+        return json.loads(read_private_file(path))["last_released"] if path.exists() else -1
+
+    def decrypt(self, aggregate: bytes, noise: np.ndarray | None) -> np.ndarray:
+        """The checked aggregate's sum, plus the central ``noise`` drawn here; refuses a round already released."""
+        facts = json.loads(read_private_file(self.dir / "session.json"))
+        directory = {int(u): bytes.fromhex(k) for u, k in facts["directory"].items()}
+        holder = self._key_holder(directory, bytes.fromhex(facts["session_tag"]))
+        holder.last_decrypted_round = facts["last_released"]
+        total = holder.decrypt(aggregate, noise)
+        facts["last_released"] = holder.last_decrypted_round
+        write_private_file(self.dir / "session.json", json.dumps(facts).encode())
+        return total

@@ -1,0 +1,136 @@
+"""The server's summer under BFV in a deployment: the nodes encrypt, the server adds, the key-holder node decrypts.
+
+It stands where the simulator's :class:`~fedrecgel_secure.federation.summers.SecureSum`
+stands in the aggregation rule and releases the same exact fixed-point sum
+(BFV and masking share the grid). The server holds only the public context: the
+users' ciphertexts arrive with the train replies, the server's
+:class:`HEAggregator` checks and adds them, and the key holder, a SuperNode of
+its own (:class:`~fedrecgel_secure.deploy.he_node.KeyHolderNode`), receives the
+one summed aggregate of the round, checks its proofs and tags, adds the central
+DP noise it draws itself, and returns the sum.
+
+The session is set up once per server process (:meth:`NodeHESum.start`): the
+nodes report their users' identity keys and their sealing keys, the key holder
+makes (or, after a resume, reloads) the BFV keys and seals each node's tag keys
+to it, and every node joins with the public context.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from fedrecgel_secure.deploy.he_node import HESetup
+from fedrecgel_secure.deploy.secagg_stages import reported_keys
+from fedrecgel_secure.federation.summers import SecAggCost, SumResult
+from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
+from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
+
+log = logging.getLogger("fedrecgel_secure.secagg")
+
+# stage, payload per shard -> replies per shard that arrived in time
+Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
+# stage, payload -> the key holder's reply, or None if it did not answer in time
+KeyHolderCall = Callable[[str, dict], "dict | None"]
+
+
+class NodeHESum:
+    def __init__(
+        self, setup: HESetup, exchange: Exchange, key_holder: KeyHolderCall, users_of: dict[int, list[int]], dp: dict
+    ):
+        """``dp``: what the key holder needs to draw the central noise itself (``population``; empty without DP)."""
+        self.setup, self.exchange, self.key_holder, self.users_of, self.dp = setup, exchange, key_holder, users_of, dp
+        self.aggregator = None
+        self.uploads: dict[int, bytes] = {}  # this round's ciphertexts, by user, from the train replies
+        self.clip_norm: float | None = None
+        self.clipped = 0  # values the grid clipped on the nodes this round
+
+    def start(self) -> None:
+        """Users' identity keys and nodes' sealing keys in, the key holder's session out, every node joined."""
+        from fedrecgel_secure.privacy.secagg.he import HEAggregator
+        from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
+
+        keys = self.exchange("keys", {s: {"stage": "keys"} for s in self.users_of})
+        missing = sorted(set(self.users_of) - set(keys))
+        if missing:
+            raise RuntimeError(f"BFV setup: nodes {missing} did not report their users' keys")
+        public, tag = reported_keys(keys, self.users_of), secrets.token_bytes(16)
+        request = {"stage": "start", "session_tag": tag, **{f"k:{u}": k for u, k in public.items()}}
+        for s, users in self.users_of.items():
+            request[f"seal:{s}"] = keys[s]["seal"]
+            request[f"users:{s}"] = np.asarray(users, dtype=np.int64)
+        session = self.key_holder("start", request)
+        if session is None:
+            raise RuntimeError("BFV setup: the key holder did not answer")
+        joined = self.exchange(
+            "join",
+            {
+                s: {
+                    "stage": "join",
+                    "context": session["context"],
+                    "session_tag": tag,
+                    "sealed": session[f"sealed:{s}"],
+                    **{f"k:{u}": k for u, k in public.items()},
+                }
+                for s in self.users_of
+            },
+        )
+        missing = sorted(set(self.users_of) - set(joined))
+        if missing:
+            raise RuntimeError(f"BFV setup: nodes {missing} did not join the session")
+        s = self.setup
+        self.aggregator = HEAggregator(
+            session["context"], IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
+        )
+
+    def announce(self, round_idx: int, clip_norm: float | None) -> None:
+        """Round ``round_idx`` starts (the session first, once); under DP the key holder noises with ``clip_norm``."""
+        if self.aggregator is None:
+            self.start()
+        self.uploads, self.clip_norm, self.clipped = {}, clip_norm, 0
+
+    def received(self, replies: dict[int, dict]) -> None:
+        """The train replies, which carry each user's signed ciphertexts (``c:U``)."""
+        for rep in replies.values():
+            self.clipped += int(rep.get("clipped", 0))
+            self.uploads.update({int(k[2:]): v for k, v in rep.items() if k.startswith("c:")})
+
+    def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
+        if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
+            raise RuntimeError("the server holds no client's noise share under deployed BFV")
+        t0 = time.perf_counter()
+        agg, rejected = self.aggregator, {}
+        agg.begin_round(round_idx)
+        for c in (int(c) for c in contributions.clients):
+            if c not in self.uploads:
+                continue
+            try:
+                agg.receive(self.uploads[c])
+            except RejectedPayload as exc:
+                rejected[c] = exc.reason.value
+        self.uploads = {}
+        try:
+            aggregate = agg.finish()
+            admit_or_skip(admit, aggregate.contributors, round_idx, rejected)
+        except RoundSkipped as skipped:
+            log.warning("round %d skipped: %s", round_idx, skipped)
+            return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(rejected))
+        request = {"stage": "decrypt", "round": round_idx, "aggregate": aggregate.serialize()}
+        if central_noise is not None:  # the key holder draws it: the server never learns the noise
+            request.update(clip_norm=float(self.clip_norm), **self.dp)
+        reply = self.key_holder("decrypt", request)
+        if reply is None or "total" not in reply:
+            why = "no reply" if reply is None else reply.get("refused", "refused")
+            skipped = f"round {round_idx}: the key holder released nothing ({why})"
+            log.warning(skipped)
+            return SumResult(None, np.zeros(0, dtype=np.int64), skipped=skipped, rejected=len(rejected))
+        position = {int(cid): pos for pos, cid in enumerate(contributions.clients)}
+        contributors = np.array(sorted(position[c] for c in aggregate.contributors), dtype=np.int64)
+        total = torch.from_numpy(np.asarray(reply["total"], dtype=np.float64)).to(contributions.dtype)
+        cost = SecAggCost(0.0, 0.0, time.perf_counter() - t0, 0.0)
+        return SumResult(total, contributors, cost=cost, rejected=len(rejected), clipped_values=self.clipped)
