@@ -86,14 +86,25 @@ min_clients = 2
 """
 
 
-@pytest.mark.parametrize("privacy", ["plaintext", "seeded-central-dp", "masking"])
+BFV = """[privacy.secure_aggregation]
+scheme = "bfv"
+min_clients = 2
+"""
+
+
+# Plaintext and central DP without secure aggregation are checked in one process (test_deploy_inprocess.py) and
+# by the TLS and resume tests here; these two runs show that the protocols' stages work across real processes.
+@pytest.mark.parametrize("privacy", ["masking-seeded-distributed-dp", "bfv-seeded-central-dp"])
 def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.local import Deployment, resolve_policy
 
-    extra = {"plaintext": "", "seeded-central-dp": SEEDED_CENTRAL_DP, "masking": MASKING}[privacy]
+    extra = {
+        "masking-seeded-distributed-dp": MASKING + SEEDED_CENTRAL_DP.replace('"central"', '"distributed"'),
+        "bfv-seeded-central-dp": BFV + SEEDED_CENTRAL_DP,
+    }[privacy]
     policy_file = _policy(tmp_path, extra=extra)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
@@ -109,10 +120,13 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     for shard in range(3):  # each node made its own identity key, readable by it alone
         key = out / "nodes" / str(shard) / "identity.pem"
         assert key.stat().st_mode & 0o777 == 0o600
-        if privacy == "masking":  # and one per hosted user, the protocol client; with the attempt secrets
+        if privacy.startswith("masking"):  # and one per hosted user, the protocol client; with the attempt secrets
             secrets_ = list((out / "nodes" / str(shard) / "secagg").iterdir())
             assert any(p.name.startswith("user-") for p in secrets_)
             assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets_)
+    if privacy.startswith("bfv"):  # the secret key was made by the key holder's own node, 0600, and stayed there
+        assert (out / "nodes" / "keyholder" / "keyholder.key").stat().st_mode & 0o777 == 0o600
+        assert len(list(out.rglob("keyholder.key"))) == 1
     assert not dep.procs.procs
 
 

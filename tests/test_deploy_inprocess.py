@@ -81,6 +81,20 @@ def _simulate(policy_file: Path, out: Path):
     return trainer
 
 
+@pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP"])
+def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tmp_path, privacy):
+    import torch
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+
+    policy_file = _policy(tmp_path, "" if privacy == "plaintext" else DP.format(mode="central"))
+    sim = _simulate(policy_file, tmp_path / "sim")
+    _deploy(policy_file, tmp_path / "deployed")
+    assert _records(tmp_path / "deployed") == _records(tmp_path / "sim")
+    model = load_checkpoint(tmp_path / "deployed" / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+
+
 @pytest.mark.parametrize(
     "privacy",
     [
@@ -191,26 +205,46 @@ def _he_world(tmp_path, dim=5):
     return setup, nodes, directory, context, tag, sealed
 
 
+def _aggregate(context, directory, tag, nodes, round_idx, x, users=None):
+    import numpy as np
+
+    from fedrecgel_secure.privacy.secagg import IdentityDirectory
+    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+
+    agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
+    agg.begin_round(round_idx)
+    for node in nodes.values():
+        mine = [u for u in node.users if users is None or u in users]
+        for blob in node.encrypt(round_idx, np.asarray(mine), x[mine], None)[0].values():
+            agg.receive(blob)
+    return agg.finish().serialize()
+
+
 def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_path):
-    # A curious server replays round 1's aggregate to a fresh key-holder process, hoping for a second
-    # release (with fresh central noise, two releases average the noise away). The record survives on disk.
+    # A curious server asks a fresh key-holder process (every message is one) for round 1 again, hoping for a
+    # second release: with other contributors it could difference the two sums down to one upload, and with
+    # fresh central noise average the noise away. The record of what was released survives on disk.
     import numpy as np
 
     from fedrecgel_secure.deploy.he_node import KeyHolderNode
-    from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+    from fedrecgel_secure.privacy.secagg import RejectedPayload
 
     setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
-    agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
-    agg.begin_round(1)
-    for node in nodes.values():
-        for blob in node.encrypt(1, np.asarray(node.users), x[node.users], None)[0].values():
-            agg.receive(blob)
-    blob = agg.finish().serialize()
-    assert np.allclose(KeyHolderNode(tmp_path / "kh", setup).decrypt(blob, None), x.sum(0), atol=1e-9)
+    first = KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x), None)
+    assert np.allclose(first, x.sum(0), atol=1e-9)
+    # the same round without client 0: refused, so the two sums never give client 0's upload
     with pytest.raises(RejectedPayload, match="already released"):
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(blob, None)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
+    # the same round and contributors with other values (a resumed server, fresh noise): the first release again
+    again = _aggregate(context, directory, tag, nodes, 1, x + 1.0)
+    assert np.array_equal(KeyHolderNode(tmp_path / "kh", setup).decrypt(again, None), first)
+    # a new session (a resumed server's) keeps the record
+    KeyHolderNode(tmp_path / "kh", setup).start(
+        directory, tag, {n: nd.sealing_key() for n, nd in nodes.items()}, {n: nd.users for n, nd in nodes.items()}
+    )
+    with pytest.raises(RejectedPayload, match="already released"):
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
 
 
 def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
@@ -245,3 +279,36 @@ def test_under_bfv_the_train_reply_carries_ciphertexts_and_no_vector(tmp_path):
     train = [from_record(m.content) for m in seen if m.metadata.group_id == "round-1"]
     assert train and all(not {"rows", "mlp", "row_item"} & set(rep) for rep in train)
     assert all(any(k.startswith("c:") for k in rep) for rep in train)
+
+
+def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    # The server dies after the key holder released round 2 and before its checkpoint of round 2: the resumed
+    # server repeats round 2 with the same contributors and gets the same release, so the run is unchanged.
+    import torch
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.serverapp import run_server
+
+    policy_file = _policy(tmp_path, BFV + DP.format(mode="central"), rounds=3)
+    sim = _simulate(policy_file, tmp_path / "sim")
+    out = tmp_path / "deployed"
+    state_dict = RemoteTrainer.state_dict
+
+    def dies_at_round_2(self):
+        if self.round == 2:
+            raise KeyboardInterrupt("killed")
+        return state_dict(self)
+
+    monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
+    with pytest.raises(KeyboardInterrupt):
+        run_server(grid, policy_file, out, resume=False)
+    assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
+    monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
+    run_server(grid, policy_file, out, resume=True)
+    assert grid.groups.count("keyholder-decrypt") == 2  # rounds 2 (the repeat) and 3
+    assert _records(out) == _records(tmp_path / "sim")
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())

@@ -10,8 +10,9 @@ its users' tag keys to), ``he.json`` (the session: public context, session tag,
 the users' tag keys).
 
 key holder: ``keyholder.key`` (the BFV secret key and tag master key, made
-here, never sent), ``session.json`` (the directory, session tag, dimension and
-the last round it released: one aggregate per round, also across restarts).
+here, never sent), ``session.json`` (the directory, the session tag, the last
+round it released and its contributors: one release per round, also across
+restarts) and ``released.npy`` (that release).
 
 Threat model: :mod:`fedrecgel_secure.privacy.secagg.he` (an honest-but-curious
 aggregator that does not collude with the key holder). The tag keys travel
@@ -148,11 +149,13 @@ class KeyHolderNode:
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
         holder = self._key_holder(directory, session_tag)
-        last = self._last_released()
-        facts = {
+        path = self.dir / "session.json"
+        before = json.loads(read_private_file(path)) if path.exists() else {"last_released": -1}
+        facts = {  # the record of what was released outlives the session
             "directory": {str(u): k.hex() for u, k in directory.items()},
             "session_tag": session_tag.hex(),
-            "last_released": last,
+            "last_released": before["last_released"],
+            "contributors": before.get("contributors"),
         }
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         sealed = {}
@@ -162,17 +165,27 @@ class KeyHolderNode:
             sealed[node] = _suite().encrypt(json.dumps(keys).encode(), public, info=_INFO + session_tag)
         return holder.public_context(), sealed
 
-    def _last_released(self) -> int:
-        path = self.dir / "session.json"
-        return json.loads(read_private_file(path))["last_released"] if path.exists() else -1
-
     def decrypt(self, aggregate: bytes, noise: np.ndarray | None) -> np.ndarray:
-        """The checked aggregate's sum, plus the central ``noise`` drawn here; refuses a round already released."""
+        """The checked aggregate's sum, plus the central ``noise`` drawn here.
+
+        Each round is released once. A request for the last released round
+        that names the same contributors (a resumed server repeating the round
+        its checkpoint missed) gets that same release back, so nothing new
+        leaves; any other request for a released round is refused (``replay``).
+        """
+        from fedrecgel_secure.privacy.secagg.he_wire import parse_aggregate
+
         facts = json.loads(read_private_file(self.dir / "session.json"))
+        round_idx, _, proofs, _, _ = parse_aggregate(bytes(aggregate))
+        contributors = sorted(p.client_id for p in proofs)
+        released = self.dir / "released.npy"
+        if round_idx == facts["last_released"] and contributors == facts.get("contributors") and released.exists():
+            return np.frombuffer(read_private_file(released), dtype=np.float64).copy()
         directory = {int(u): bytes.fromhex(k) for u, k in facts["directory"].items()}
         holder = self._key_holder(directory, bytes.fromhex(facts["session_tag"]))
         holder.last_decrypted_round = facts["last_released"]
-        total = holder.decrypt(aggregate, noise)
-        facts["last_released"] = holder.last_decrypted_round
+        total = np.asarray(holder.decrypt(aggregate, noise), dtype=np.float64)
+        write_private_file(released, total.tobytes())
+        facts.update(last_released=holder.last_decrypted_round, contributors=contributors)
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total

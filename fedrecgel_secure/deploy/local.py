@@ -346,6 +346,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
     state = {k: d.state_dir.format(shard=k) for k in shards}
     each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
+    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
+    keyed = shards + ([KEY_HOLDER] if bfv else [])  # every SuperNode: the client nodes, and the BFV key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
@@ -387,7 +389,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     if auth:
         section("Node keys: on each node's own machine (the private key never leaves it)")
         out.append("# ECDSA P-384 in OpenSSH format (flwr accepts NIST curves only); ssh-keygen writes the key 0600")
-        for k in shards:
+        for k in keyed:
             out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
         out += [*each, "# send node-K.key.pub (public) to the operator"]
     section("SuperLink machine")
@@ -413,7 +415,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
     if auth:
         section("Operator: register each node's public key before that node starts")
-        out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in shards]
+        out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in keyed]
         out += [*each, "flwr supernode list deploy   # registered nodes; 'online' once connected"]
     section("Each node, on its own machine")
     for k in shards:
@@ -425,6 +427,17 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
         ]
     out += each
+    if bfv:
+        kh = d.state_dir.format(shard=KEY_HOLDER)
+        section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
+        out += [
+            f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",
+            "# session.json (the last round it released); it reads the policy but no data",
+            f"mkdir -m 700 -p {kh}",
+            f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
+            + (f" --auth-supernode-private-key node-{KEY_HOLDER}.key" if auth else "")
+            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}"\'',
+        ]
     section("Start the run (operator)")
     out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
