@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,7 @@ class MaskingSetup:
 class StageResult:
     replies: dict[int, bytes]  # user -> its signed reply
     refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
-    clipped: int = 0  # values the fixed-point range clipped (masked stage)
+    clipped: dict[int, int] = field(default_factory=dict)  # user -> values the grid clipped (masked stage)
 
 
 class MaskingNode:
@@ -157,7 +157,7 @@ class MaskingNode:
                 elif stage == "masked":
                     x, noise = vectors[u]
                     reply = client.masked_input(messages[u], x, noise)
-                    out.clipped += client.last_clipped
+                    out.clipped[u] = client.last_clipped
                 elif stage == "confirm":
                     reply = client.confirm(messages[u])
                 else:

@@ -1,9 +1,10 @@
 """The server's side of masking over nodes: the aggregator's steps as one message round-trip per node and stage.
 
-The order of steps is :meth:`SecAggSession._run_masking`'s (the in-process
-reference); here each step's messages go to the nodes hosting the users, one
-message per node carrying all its users' parts (:func:`request`), and come back
-as each user's reply or refusal (:func:`reply`). A node that misses a stage's
+The round is :func:`~fedrecgel_secure.privacy.secagg.session.masking_round`,
+the one the in-process session runs; here its client host is
+:class:`NodeClients`: each step's messages go to the nodes hosting the users,
+one message per node carrying all its users' parts (:func:`request`), and come
+back as each user's reply or refusal (:func:`reply`). A node that misses a stage's
 deadline is absent from ``exchange``'s result: its users are dropped from that
 stage on, and the protocol's dropout recovery runs, or the round is skipped
 (:class:`RoundSkipped`) when too few remain.
@@ -16,17 +17,14 @@ built from the public keys the nodes report (:func:`reported_keys`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from fedrecgel_secure.deploy.secagg_node import StageResult
-from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
-from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
-from fedrecgel_secure.privacy.secagg.identity import Envelope
+from fedrecgel_secure.privacy.secagg.clients import Reply
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
-from fedrecgel_secure.privacy.secagg.masking_wire import decode_survivors
-from fedrecgel_secure.privacy.secagg.session import RoundResult
+from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -54,9 +52,10 @@ def messages_of(payload: Mapping) -> dict[int, bytes]:
 
 
 def reply(result: StageResult) -> dict:
-    out: dict = {"clipped": int(result.clipped)}
-    out.update({f"r:{u}": m for u, m in result.replies.items()})
+    """A node's answer to a stage: each user's reply (``r:U``), refusal (``x:U``) and clipped values (``n:U``)."""
+    out: dict = {f"r:{u}": m for u, m in result.replies.items()}
     out.update({f"x:{u}": why for u, why in result.refused.items()})
+    out.update({f"n:{u}": int(n) for u, n in result.clipped.items() if n})
     return out
 
 
@@ -75,45 +74,79 @@ def reported_keys(keys_by_node: Mapping[int, Mapping], users_of: Mapping[int, li
     return keys
 
 
+# the protocol's client steps (as :class:`MaskingClient` names them) and the stages that carry them
+STAGE_OF = {
+    "advertise": "advertise",
+    "share_keys": "share",
+    "masked_input": "masked",
+    "confirm": "confirm",
+    "unmask": "unmask",
+}
+
+
+class NodeClients:
+    """The users on their nodes as a client host, like :class:`LocalClients` or :class:`ClientPool`.
+
+    A step is one message per node carrying its users' parts, and yields a
+    :class:`Reply` per user of the nodes that answered in time; a node that
+    did not yields nothing for its users, who then drop out of the round.
+    Only the aggregator's message of a step travels: the vectors a user masks
+    stay on its node. ``adverts``: the nodes' replies to the announcement when
+    it went with another message (the train stage); the advertise step then
+    sends nothing.
+    """
+
+    def __init__(self, exchange: Exchange, users_of: Mapping[int, list[int]]):
+        self.exchange = exchange
+        self.node_of = {int(u): n for n, users in users_of.items() for u in users}
+        self.round_idx = 0
+        self.adverts: Mapping[int, dict] | None = None
+
+    def run(self, method: str, clients, args) -> Iterator[Reply]:
+        per_node: dict[int, dict[int, bytes]] = {}
+        for u in clients:
+            per_node.setdefault(self.node_of[int(u)], {})[int(u)] = args(u)[0]
+        if method == "advertise" and self.adverts is not None:
+            replies, self.adverts = self.adverts, None
+        else:
+            payloads = {}
+            for n, ms in per_node.items():
+                first = next(iter(ms.values()))
+                same = all(m == first for m in ms.values())
+                payloads[n] = request(STAGE_OF[method], self.round_idx, ms, first if same else None)
+            replies = self.exchange(STAGE_OF[method], payloads)
+        for n, rep in replies.items():
+            for u in sorted(per_node.get(n, ())):
+                if f"x:{u}" in rep:
+                    log.warning("round %s: user %s dropped out in %s: %s", self.round_idx, u, method, rep[f"x:{u}"])
+                    yield Reply(u, None, str(rep[f"x:{u}"]))
+                elif f"r:{u}" in rep:
+                    yield Reply(u, rep[f"r:{u}"], clipped=int(rep.get(f"n:{u}", 0)))
+
+    def close(self) -> None:
+        pass
+
+
 class MaskingDriver:
-    """Runs masking rounds of ``aggregator`` over the nodes (``users_of``: node -> its users)."""
+    """Runs masking rounds of ``aggregator`` over the nodes (``users_of``: node -> its users): the protocol's own
+    round (:func:`masking_round`) with the nodes as its client host."""
 
     def __init__(self, aggregator: MaskingAggregator, exchange: Exchange, users_of: Mapping[int, list[int]]):
         self.agg = aggregator
-        self.exchange = exchange
-        self.node_of = {int(u): n for n, users in users_of.items() for u in users}
+        self.nodes = NodeClients(exchange, users_of)
+
+    @property
+    def exchange(self) -> Exchange:
+        return self.nodes.exchange
+
+    @exchange.setter
+    def exchange(self, exchange: Exchange) -> None:
+        self.nodes.exchange = exchange
 
     def begin(self, round_idx: int, round_seed: bytes | None = None) -> bytes:
         """Start an attempt; the announcement may travel with the train message (then pass the replies'
         adverts to :meth:`run_round`), saving one stage per round."""
         return self.agg.begin_round(round_idx, round_seed)
-
-    def _stage(self, stage, round_idx, messages, rejected, broadcast=None, replies=None) -> tuple[dict, int]:
-        """Send each user's part to its node; deliver the replies to the aggregator; the users that answered.
-
-        ``replies`` (per node): this stage's replies already came with another message; nothing is sent.
-        """
-        per_node: dict[int, dict[int, bytes]] = {}
-        for u, m in messages.items():
-            per_node.setdefault(self.node_of[u], {})[u] = m
-        if replies is None:
-            payloads = {n: request(stage, round_idx, ms, broadcast) for n, ms in per_node.items()}
-            replies = self.exchange(stage, payloads)
-        replies = {n: rep for n, rep in replies.items() if n in per_node}
-        answered, clipped = {}, 0
-        for n, rep in replies.items():
-            clipped += int(rep.get("clipped", 0))
-            for u in per_node[n]:
-                if f"x:{u}" in rep:
-                    log.warning("round %s: user %s dropped out in %s: %s", round_idx, u, stage, rep[f"x:{u}"])
-                    rejected[u] = str(rep[f"x:{u}"])
-                elif f"r:{u}" in rep:
-                    try:
-                        self.agg.receive(rep[f"r:{u}"])
-                        answered[u] = rep[f"r:{u}"]
-                    except RejectedPayload as exc:
-                        rejected[u] = exc.reason.value
-        return answered, clipped
 
     def run_round(
         self,
@@ -125,29 +158,20 @@ class MaskingDriver:
         admit: Admit | None = None,
         adverts: Mapping[int, dict] | None = None,
     ) -> RoundResult:
-        """Aggregate the inputs the nodes make for ``cohort`` in the masked stage; raises :class:`RoundSkipped`.
+        """Aggregate the inputs the nodes hold for ``cohort``; raises :class:`RoundSkipped`.
 
         ``adverts``: the nodes' replies to the announcement of :meth:`begin` when
         it went with another message; otherwise the attempt starts here.
         """
-        rejected: dict[int, str] = {}
-        cohort = sorted(int(u) for u in cohort)
-        try:
-            announcement = self.begin(round_idx, round_seed) if adverts is None else None
-            alive, _ = self._stage("advertise", round_idx, dict.fromkeys(cohort, b""), rejected, announcement, adverts)
-            broadcast = self.agg.close_adverts()
-            alive, _ = self._stage("share", round_idx, dict.fromkeys(alive, b""), rejected, broadcast)
-            inboxes = self.agg.close_shares()
-            inboxes = {u: m for u, m in inboxes.items() if u in alive}
-            _, clipped = self._stage("masked", round_idx, inboxes, rejected)
-            check = self.agg.close_masked()
-            survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-            admit_or_skip(admit, survivors, round_idx, rejected)
-            asked = [u for u in survivors if u not in rejected]
-            confirmed, _ = self._stage("confirm", round_idx, dict.fromkeys(asked, b""), rejected, check)
-            request_ = self.agg.close_confirms()
-            self._stage("unmask", round_idx, dict.fromkeys(confirmed, b""), rejected, request_)
-            out = self.agg.finish(central_noise)
-        except RoundSkipped as exc:
-            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        return RoundResult(round_idx, out.values, out.contributors, rejected, {}, clipped)
+        self.nodes.round_idx, self.nodes.adverts = round_idx, adverts
+        return masking_round(
+            self.agg,
+            self.nodes,
+            round_idx,
+            sorted(int(u) for u in cohort),
+            lambda u: (),  # each node masks the vectors it kept from its train stage
+            central_noise=central_noise,
+            admit=admit,
+            round_seed=round_seed,
+            announced=adverts is not None,
+        )

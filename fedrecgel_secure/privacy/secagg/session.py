@@ -83,6 +83,27 @@ class _Clock:
             self.server += time.perf_counter() - t0
 
 
+def _deliver(clock: _Clock, receive, reply: Reply, intercept: Intercept | None, rejected: dict[int, str]) -> None:
+    payload = reply.payload
+    if payload is not None and intercept is not None:
+        payload = intercept(reply.client, payload)
+    if payload is None:
+        return
+    try:
+        clock.server_call(receive, payload)
+    except RejectedPayload as exc:
+        rejected[reply.client] = exc.reason.value
+
+
+def _cost(clock: _Clock, n: int, finalize: float) -> dict[str, float]:
+    return {
+        "client_seconds": clock.client / max(n, 1),
+        "upload_bytes": clock.sent / max(n, 1),
+        "aggregate_seconds": clock.server,
+        "finalize_seconds": finalize,
+    }
+
+
 class SecAggSession:
     """All roles of one scheme, wired together with byte messages."""
 
@@ -210,26 +231,6 @@ class SecAggSession:
         args = (round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
         return self._run_he(*args) if self.scheme == "bfv" else self._run_masking(*args, round_seed)
 
-    @staticmethod
-    def _deliver(clock: _Clock, receive, reply: Reply, intercept: Intercept | None, rejected: dict[int, str]) -> None:
-        payload = reply.payload
-        if payload is not None and intercept is not None:
-            payload = intercept(reply.client, payload)
-        if payload is None:
-            return
-        try:
-            clock.server_call(receive, payload)
-        except RejectedPayload as exc:
-            rejected[reply.client] = exc.reason.value
-
-    def _cost(self, clock: _Clock, n: int, finalize: float) -> dict[str, float]:
-        return {
-            "client_seconds": clock.client / max(n, 1),
-            "upload_bytes": clock.sent / max(n, 1),
-            "aggregate_seconds": clock.server,
-            "finalize_seconds": finalize,
-        }
-
     def _run_he(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
         agg = self.aggregator
         assert isinstance(agg, HEAggregator) and self.key_holder is not None
@@ -240,7 +241,7 @@ class SecAggSession:
             clock.client_reply(reply)
             clipped += reply.clipped
             if reply.client not in dropped:
-                self._deliver(clock, agg.receive, reply, intercept, rejected)
+                _deliver(clock, agg.receive, reply, intercept, rejected)
         try:
             aggregate = clock.server_call(agg.finish)
         except RoundSkipped as exc:
@@ -251,53 +252,93 @@ class SecAggSession:
         total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
         finalize = time.perf_counter() - t0
         return RoundResult(
-            round_idx, total, aggregate.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
+            round_idx, total, aggregate.contributors, rejected, _cost(clock, len(cohort), finalize), clipped
         )
 
     def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
-        agg = self.aggregator
-        assert isinstance(agg, MaskingAggregator)
-        clock, rejected, clipped = _Clock(), {}, 0
-        cohort = sorted(uploads)
-
-        def step(method: str, clients, args, *, keep=lambda c: True, tamper=None) -> None:
-            nonlocal clipped
-            for reply in self.host.run(method, clients, args):
-                clock.client_reply(reply)
-                clipped += reply.clipped
-                if reply.payload is None:  # the client refused an aggregator message and dropped out
-                    rejected[reply.client] = reply.reason
-                elif keep(reply.client):
-                    self._deliver(clock, agg.receive, reply, tamper, rejected)
-
-        try:
-            announcement = clock.server_call(agg.begin_round, round_idx, round_seed)
-            step("advertise", cohort, lambda c: (announcement,))
-            broadcast = clock.server_call(agg.close_adverts)
-            step("share_keys", [c for c in cohort if c not in rejected], lambda c: (broadcast,))
-            inboxes = clock.server_call(agg.close_shares)
-            step(
-                "masked_input",
-                inboxes,
-                lambda c: (inboxes[c], uploads[c], shares.get(c)),
-                keep=lambda c: c not in dropped,
-                tamper=intercept,
-            )
-            check = clock.server_call(agg.close_masked)
-            survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-            admit_or_skip(admit, survivors, round_idx, rejected)
-            step("confirm", [c for c in survivors if c not in dropped and c not in rejected], lambda c: (check,))
-            request = clock.server_call(agg.close_confirms)
-            answering = [c for c in survivors if c not in dropped and c not in rejected]
-            step("unmask", answering, lambda c: (request,))
-            t0 = time.perf_counter()
-            out = agg.finish(central)
-        except RoundSkipped as exc:
-            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        finalize = time.perf_counter() - t0
-        return RoundResult(
-            round_idx, out.values, out.contributors, rejected, self._cost(clock, len(cohort), finalize), clipped
+        return masking_round(
+            self.aggregator,
+            self.host,
+            round_idx,
+            sorted(uploads),
+            lambda c: (uploads[c], shares.get(c)),
+            central_noise=central,
+            dropped=dropped,
+            admit=admit,
+            intercept=intercept,
+            round_seed=round_seed,
         )
+
+
+def masking_round(
+    agg: MaskingAggregator,
+    host,
+    round_idx: int,
+    cohort: list[int],
+    inputs: Callable[[int], tuple],
+    *,
+    central_noise: np.ndarray | None = None,
+    dropped: set[int] | frozenset[int] = frozenset(),
+    admit: Admit | None = None,
+    intercept: Intercept | None = None,
+    round_seed: bytes | None = None,
+    announced: bool = False,
+) -> RoundResult:
+    """One masking round: the aggregator's steps, each a call of the clients' step on ``host``.
+
+    ``host.run(method, clients, args)`` reaches the clients wherever they are
+    (:class:`LocalClients`, :class:`.pool.ClientPool`, or a deployment's nodes)
+    and yields a :class:`Reply` per client that answered; a client that does not
+    answer a step is left out of the later ones, and the protocol's dropout
+    recovery, or its skip (:class:`RoundSkipped`), follows. ``inputs(c)`` is what
+    client ``c`` masks beside the aggregator's message (its vector and noise share;
+    nothing where the client keeps its own). ``announced``: the aggregator's
+    :meth:`~MaskingAggregator.begin_round` already ran and its announcement went
+    out with another message (the host then has the adverts).
+    """
+    clock, rejected, clipped = _Clock(), {}, 0
+
+    def step(method: str, clients, args, *, keep=lambda c: True, tamper=None) -> list[int]:
+        """Run ``method`` on ``clients``; the ones that answered with a message."""
+        nonlocal clipped
+        answered = []
+        for reply in host.run(method, clients, args):
+            clock.client_reply(reply)
+            clipped += reply.clipped
+            if reply.payload is None:  # the client refused an aggregator message and dropped out
+                rejected[reply.client] = reply.reason
+                continue
+            answered.append(reply.client)
+            if keep(reply.client):
+                _deliver(clock, agg.receive, reply, tamper, rejected)
+        return sorted(answered)
+
+    try:
+        announcement = None if announced else clock.server_call(agg.begin_round, round_idx, round_seed)
+        advertised = step("advertise", cohort, lambda c: (announcement,))
+        broadcast = clock.server_call(agg.close_adverts)
+        shared = set(step("share_keys", [c for c in advertised if c not in rejected], lambda c: (broadcast,)))
+        inboxes = clock.server_call(agg.close_shares)
+        step(
+            "masked_input",
+            [c for c in inboxes if c in shared],
+            lambda c: (inboxes[c], *inputs(c)),
+            keep=lambda c: c not in dropped,
+            tamper=intercept,
+        )
+        check = clock.server_call(agg.close_masked)
+        survivors = decode_survivors(Envelope.parse(check).body, round_idx)
+        admit_or_skip(admit, survivors, round_idx, rejected)
+        asked = [c for c in survivors if c not in dropped and c not in rejected]
+        confirmed = step("confirm", asked, lambda c: (check,))
+        request = clock.server_call(agg.close_confirms)
+        step("unmask", [c for c in confirmed if c not in rejected], lambda c: (request,))
+        t0 = time.perf_counter()
+        out = agg.finish(central_noise)
+    except RoundSkipped as exc:
+        raise RoundSkipped(exc.reason, exc.detail, rejected) from None
+    finalize = time.perf_counter() - t0
+    return RoundResult(round_idx, out.values, out.contributors, rejected, _cost(clock, len(cohort), finalize), clipped)
 
 
 def make_session(
