@@ -312,3 +312,24 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     assert _records(out) == _records(tmp_path / "sim")
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+
+
+@pytest.mark.parametrize(("scheme", "stage"), [("masking", "secagg-masked"), ("bfv", "round-1")])
+def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_the_sum(tmp_path, scheme, stage):
+    # Distributed DP: node 1 goes silent (after key sharing under masking, every round; in round 1's train stage
+    # under BFV). Its users' noise shares never reach the sum, so a round is charged at the noise that did:
+    # z * sqrt(contributors / sampled) with z = 1, and epsilon is computed from that.
+    import math
+
+    from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
+
+    extra = (MASKING if scheme == "masking" else BFV) + DP.format(mode="distributed")
+    out = tmp_path / "deployed"
+    _deploy(_policy(tmp_path, extra, rounds=2), out, down={1: (stage,)}, key_holder=scheme == "bfv")
+    records = _records(out)
+    assert 0 < records[0]["contributors"] < records[0]["sampled"]
+    accountant = PrivacyAccountant("rdp", 0.5, 1.0, 1e-5)  # the policy's q, z and delta
+    for r in records:
+        assert r["noise_multiplier"] == pytest.approx(math.sqrt(r["contributors"] / r["sampled"]))
+        accountant.step(r["noise_multiplier"])
+        assert r["epsilon"] == pytest.approx(accountant.epsilon())

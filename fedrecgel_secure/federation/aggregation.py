@@ -113,8 +113,11 @@ class AggregationRule(Protocol):
     def budget_exhausted(self, round_idx: int) -> str | None:
         """Why this round must not run, or None."""
 
-    def aggregate(self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype) -> Aggregate:
-        """The gradient the server steps with, from the round's uploads (None if nobody was sampled)."""
+    def aggregate(
+        self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
+    ) -> Aggregate:
+        """The gradient the server steps with, from the uploads of the round's answering ``clients`` (None if
+        nobody answered); ``sampled``: how many were sampled, if more than answered (a deployment's dropouts)."""
 
     def commit(self, info: RoundInfo) -> None:
         """The round happened: spend what it cost (privacy) and record that in ``info``."""
@@ -136,7 +139,9 @@ class MeanAggregation:
     def budget_exhausted(self, round: int) -> str | None:
         return None
 
-    def aggregate(self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype) -> Aggregate:
+    def aggregate(
+        self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
+    ) -> Aggregate:
         if uploads is None:  # no upload arrived (every sampled client of a deployment dropped out): nothing changes
             return Aggregate(None, np.zeros(0, dtype=np.int64), RoundInfo(skipped="no upload arrived"))
         contributions = Contributions(
@@ -291,7 +296,9 @@ class DPFedAvg:
             return noise
         return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, self.dp.clipped_count_stddev)])
 
-    def aggregate(self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype) -> Aggregate:
+    def aggregate(
+        self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
+    ) -> Aggregate:
         z = self.dp.noise_multiplier
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
@@ -308,7 +315,9 @@ class DPFedAvg:
             contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
         else:
             contributions = self.protect(round_idx, clients, uploads, dim, dtype)
-        participants = clients.size
+        # the noise shares were sized for everyone sampled; a share lost with a client that did not answer
+        # (a deployment's dropout) is missing from the sum like one lost later, and is accounted the same way
+        participants = clients.size if sampled is None else sampled
 
         def admit(contributors: list[int]) -> str | None:
             reached = mechanism.reached_noise_multiplier(self.dp.mode, z, participants, len(contributors))

@@ -146,7 +146,12 @@ class Trainer:
         clients, update = self.client_updates(sampled)
         dim = sum(p.numel() for p in self.model.parameters())
         result = self.aggregation.aggregate(
-            self.round + 1, clients, None if update is None else update.uploads, dim, self.model.item_embeddings.dtype
+            self.round + 1,
+            clients,
+            None if update is None else update.uploads,
+            dim,
+            self.model.item_embeddings.dtype,
+            sampled=int(sampled.size),
         )
         if sampled.size > clients.size:  # a deployment's clients that did not answer in time
             result.info.sampled = int(sampled.size)
