@@ -447,8 +447,11 @@ class DeploymentPolicy(Section):
         "contiguous",
         description="How users are spread over the nodes: contiguous blocks of ids, or user id modulo nodes.",
     )
-    key_holder: int = Field(
-        0, ge=0, description="Index of the node that holds the HE secret key (secure-aggregation stages, later)."
+    key_holder_dir: str = Field(
+        "nodes/keyholder",
+        description='Under scheme = "bfv": the state directory of the key holder, a SuperNode of its own'
+        ' (--node-config role="keyholder") that keeps the secret key; never a client node\'s.'
+        " Relative paths are under the deployment directory.",
     )
     stage_timeout: float = Field(
         120.0,
@@ -470,10 +473,13 @@ class DeploymentPolicy(Section):
     tls: TlsPolicy = Field(TlsPolicy(), description="TLS and node authentication.")
 
     @model_validator(mode="after")
-    def _key_holder_exists(self) -> DeploymentPolicy:
-        if self.key_holder >= self.nodes:
+    def _key_holder_apart(self) -> DeploymentPolicy:
+        # the secret key must not sit with a client node's state: that node could decrypt its neighbours' uploads
+        clients = {self.state_dir.format(shard=k) for k in range(self.nodes)}
+        if not self.key_holder_dir.strip() or self.key_holder_dir in clients:
             raise BadInputError(
-                f"{DEPLOY}.key_holder = {self.key_holder}: must be a node index below {DEPLOY}.nodes = {self.nodes}"
+                f"{DEPLOY}.key_holder_dir = {self.key_holder_dir!r}: must be a directory of its own,"
+                f" not a client node's ({DEPLOY}.state_dir = {self.state_dir!r})"
             )
         return self
 

@@ -333,3 +333,19 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
         assert r["noise_multiplier"] == pytest.approx(math.sqrt(r["contributors"] / r["sampled"]))
         accountant.step(r["noise_multiplier"])
         assert r["epsilon"] == pytest.approx(accountant.epsilon())
+
+
+@pytest.mark.parametrize("message_type", ["train", "query.evaluate", "query.secagg"])
+def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
+    from flwr.app import Message
+
+    from fedrecgel_secure.deploy.stages import to_record
+
+    out = tmp_path / "deployed"
+    grid = InProcessGrid(_policy(tmp_path, BFV), [out / "nodes" / "0"], None, out / "nodes" / "keyholder")
+    key_holder = grid.get_node_ids()[-1]
+    payload = {"round": 1, "stage": "keys", "dim": 5, "digest": "d"}
+    msg = Message(to_record(payload), dst_node_id=key_holder, message_type=message_type)
+    (mid,) = grid.push_messages([msg])
+    (reply,) = grid.pull_messages([mid])
+    assert reply.has_error() and "only the keyholder stages" in reply.error.reason

@@ -201,7 +201,7 @@ def test_deployment_section_validates_and_shards_users_without_touching_the_dige
     contiguous = [base.deployment.shard_users(10, s) for s in range(3)]
     assert np.array_equal(np.concatenate(contiguous), np.arange(10))
     for override, field in [
-        ("deployment.key_holder=3", "deployment.key_holder"),
+        ("deployment.key_holder_dir=nodes/1", "deployment.key_holder_dir"),
         ("deployment.tls.node_authentication=true", "deployment.tls.node_authentication"),
         ("deployment.stage_timeout=0", "deployment.stage_timeout"),
     ]:

@@ -12,10 +12,17 @@ from fedrecgel_secure.deploy.stages import from_record, to_record
 app = ClientApp()
 
 
+def _not_the_key_holder(context: Context) -> None:
+    """The key holder answers its own stages only: it never trains, evaluates or masks."""
+    if context.node_config.get("role") == "keyholder":
+        raise RuntimeError("the key holder answers only the keyholder stages")
+
+
 def _node(context: Context, digest: str | None):
     from fedrecgel_secure.deploy.node import Node, private_umask
     from fedrecgel_secure.policy import load_policy
 
+    _not_the_key_holder(context)
     private_umask()
     cfg = context.node_config
     policy = load_policy(cfg["policy"])
@@ -92,6 +99,7 @@ def secagg(msg: Message, context: Context) -> Message:
     from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
     from fedrecgel_secure.policy import load_policy
 
+    _not_the_key_holder(context)
     private_umask()
     req = from_record(msg.content)
     policy = load_policy(context.node_config["policy"])

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.node import state_dir_for
+from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
 from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls
 from fedrecgel_secure.errors import BadInputError
@@ -74,9 +74,6 @@ def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_
     lines = ["[superlink]", 'default = "local"', "", "[superlink.local]", f'address = "{address}"']
     lines.append("insecure = true" if insecure else f'root-certificates = "{root_cert}"')
     (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
-
-
-KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index
 
 
 def node_config(policy_file: Path, shard: int | str, state_dir: Path) -> str:
@@ -428,7 +425,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         ]
     out += each
     if bfv:
-        kh = d.state_dir.format(shard=KEY_HOLDER)
+        kh = d.key_holder_dir
         section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
         out += [
             f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",

@@ -260,9 +260,14 @@ class Node:
         return out
 
 
-def state_dir_for(policy: Policy, base: Path, shard: int) -> Path:
-    d = Path(policy.deployment.state_dir.format(shard=shard))
-    return d if d.is_absolute() else Path(base) / d
+KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index
+
+
+def state_dir_for(policy: Policy, base: Path, shard: int | str) -> Path:
+    """Node ``shard``'s state directory (or the key holder's, for ``KEY_HOLDER``), under ``base`` if relative."""
+    d = policy.deployment
+    path = Path(d.key_holder_dir if shard == KEY_HOLDER else d.state_dir.format(shard=shard))
+    return path if path.is_absolute() else Path(base) / path
 
 
 def private_umask() -> None:
