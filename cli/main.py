@@ -484,13 +484,7 @@ def deploy_local_cmd(
                     last = json.loads(lines[-1])
                     progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
 
-            tls = policy_.deployment.tls
-            security = (
-                "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "plaintext"
-            )
-            out.print(
-                f"starting a SuperLink and {policy_.deployment.nodes} SuperNodes, {security} (logs in {out_dir}/logs)"
-            )
+            out.print(dep.describe())
             dep.start()
             dep.wait(dep.launch(resume), rounds, on_progress)
     except KeyboardInterrupt:

@@ -349,3 +349,15 @@ def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
     (mid,) = grid.push_messages([msg])
     (reply,) = grid.pull_messages([mid])
     assert reply.has_error() and "only the keyholder stages" in reply.error.reason
+
+
+def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment
+    from fedrecgel_secure.policy import load_policy
+
+    bfv = load_policy(_policy(tmp_path, BFV + DP.format(mode="distributed")))
+    line = Deployment(bfv, tmp_path / "a").describe()
+    assert "3 client SuperNodes and the BFV key holder's" in line and "ciphertexts and the sum only" in line
+    assert "no TLS" in line and "SEEDED noise" in line
+    plain = Deployment(load_policy(_policy(tmp_path, "")), tmp_path / "b").describe()
+    assert "the server sees every upload" in plain and "key holder" not in plain and "DP" not in plain

@@ -128,6 +128,21 @@ class Deployment:
         self.port: int | None = None
         write_app(self.out / "app")
 
+    def describe(self) -> str:
+        """One line: which processes start, how they talk, what the server sees, the DP noise."""
+        p = self.policy
+        tls, scheme, dp = p.deployment.tls, p.privacy.secure_aggregation.scheme, p.privacy.dp
+        nodes = f"{p.deployment.nodes} client SuperNodes" + (" and the BFV key holder's" if scheme == "bfv" else "")
+        transport = "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "no TLS"
+        sees = {
+            "none": "the server sees every upload",
+            "masking": "masking: the server sees the sum only",
+            "bfv": "bfv: the server sees ciphertexts and the sum only",
+        }[scheme]
+        seeded = ", SEEDED noise (research mode: predictable from the policy)" if dp.noise == "seeded" else ""
+        noise = f"; DP {dp.mode}{seeded}" if dp.enabled else ""
+        return f"starting a SuperLink and {nodes} ({transport}; {sees}{noise}); logs in {self.procs.log_dir}"
+
     def _tls_files(self) -> TlsFiles | None:
         tls = self.policy.deployment.tls
         if not tls.enabled:
