@@ -361,3 +361,18 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
     assert "no TLS" in line and "SEEDED noise" in line
     plain = Deployment(load_policy(_policy(tmp_path, "")), tmp_path / "b").describe()
     assert "the server sees every upload" in plain and "key holder" not in plain and "DP" not in plain
+
+
+def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_key(tmp_path):
+    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.policy import load_policy
+
+    policy = load_policy(
+        _policy(tmp_path, BFV), ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true"]
+    )
+    text = plan(policy)
+    supernodes = [line for line in text.splitlines() if line.startswith("flower-supernode")]
+    assert len(supernodes) == 4 and 'role="keyholder" state-dir="nodes/keyholder"' in supernodes[-1]
+    assert "--auth-supernode-private-key node-keyholder.key" in supernodes[-1]
+    assert "flwr supernode register node-keyholder.key.pub deploy --name node-keyholder" in text
+    assert "shard=" not in supernodes[-1] and all("role=" not in line for line in supernodes[:-1])
