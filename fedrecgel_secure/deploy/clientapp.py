@@ -93,7 +93,8 @@ def _he_node(context: Context, policy, users: list[int], dim: int):
 
 @app.query("secagg")
 def secagg(msg: Message, context: Context) -> Message:
-    """One stage of masking for this node's users (:mod:`fedrecgel_secure.deploy.secagg_node`)."""
+    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
+    masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.deploy.node import private_umask
     from fedrecgel_secure.deploy.secagg_stages import messages_of, reply

@@ -64,9 +64,9 @@ class HENode:
     """A client node's users as BFV clients: they encrypt and sign their vectors in the train stage."""
 
     def __init__(self, state_dir: Path, users: list[int], setup: HESetup):
-        from fedrecgel_secure.deploy.secagg_node import MaskingNode
+        from fedrecgel_secure.deploy.secagg_node import UserIdentities
 
-        self.keys = MaskingNode(state_dir, users, None)  # only for the users' identity keys (secagg/user-U.pem)
+        self.keys = UserIdentities(state_dir, users)
         self.dir, self.users, self.setup = self.keys.dir, self.keys.users, setup
 
     def sealing_key(self) -> bytes:
@@ -84,10 +84,7 @@ class HENode:
         """Open the tag keys the key holder sealed to this node; keep the session (0600)."""
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-        mine = self.keys.public_keys()
-        wrong = [u for u in self.users if directory.get(u) != mine[u]]
-        if wrong:
-            raise ValueError(f"the server's directory misstates the keys of users {wrong[:10]}")
+        self.keys.check(directory)
         key = X25519PrivateKey.from_private_bytes(read_private_file(self.dir / "seal.key"))
         tag_keys = json.loads(_suite().decrypt(sealed, key, info=_INFO + session_tag))
         if sorted(int(u) for u in tag_keys) != sorted(self.users):

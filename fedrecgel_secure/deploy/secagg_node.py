@@ -53,12 +53,13 @@ class StageResult:
     clipped: dict[int, int] = field(default_factory=dict)  # user -> values the grid clipped (masked stage)
 
 
-class MaskingNode:
-    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup | None):
+class UserIdentities:
+    """The Ed25519 identity keys of a node's users (``secagg/user-U.pem``, 0600), used by masking and BFV alike."""
+
+    def __init__(self, state_dir: Path, users: list[int]):
         self.dir = Path(state_dir) / "secagg"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.users = [int(u) for u in users]
-        self.setup = setup
 
     def _key_path(self, user: int) -> Path:
         return self.dir / f"user-{user}.pem"
@@ -77,12 +78,22 @@ class MaskingNode:
             out[u] = ClientIdentity.load(u, path).public_bytes
         return out
 
-    def join(self, server_key: bytes, session_tag: bytes, directory: Mapping[int, bytes]) -> None:
-        """Record the session the server announces; refuse one that misstates this node's own users' keys."""
+    def check(self, directory: Mapping[int, bytes]) -> None:
+        """Refuse a directory (from the server) that misstates this node's own users' keys."""
         mine = self.public_keys()
         wrong = [u for u in self.users if directory.get(u) != mine[u]]
         if wrong:
             raise ValueError(f"the server's directory misstates the keys of users {wrong[:10]}")
+
+
+class MaskingNode(UserIdentities):
+    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup):
+        super().__init__(state_dir, users)
+        self.setup = setup
+
+    def join(self, server_key: bytes, session_tag: bytes, directory: Mapping[int, bytes]) -> None:
+        """Record the session the server announces; refuse one that misstates this node's own users' keys."""
+        self.check(directory)
         facts = {
             "server_key": server_key.hex(),
             "session_tag": session_tag.hex(),
