@@ -376,3 +376,35 @@ def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_ke
     assert "--auth-supernode-private-key node-keyholder.key" in supernodes[-1]
     assert "flwr supernode register node-keyholder.key.pub deploy --name node-keyholder" in text
     assert "shard=" not in supernodes[-1] and all("role=" not in line for line in supernodes[:-1])
+
+
+def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hold(tmp_path, monkeypatch):
+    # Secure noise, central DP: the key holder draws the noise it adds after decryption from a CSPRNG secret of
+    # its own, so the server, which knows the exact sum's release only, cannot subtract the noise.
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.federation import trainer as trainer_module
+
+    made = []  # (where, the rule's randomness secret, what it drew)
+    make = trainer_module.make_dp_rule
+
+    def recording(policy, n_users):
+        rule = make(policy, n_users)
+        normal = rule.randomness.normal
+
+        def drawn(purpose, *args):
+            made.append((purpose, rule.randomness.state_dict()["secret"]))
+            return normal(purpose, *args)
+
+        rule.randomness.normal = drawn
+        return rule
+
+    monkeypatch.setattr(trainer_module, "make_dp_rule", recording)
+    servers = []
+    init = RemoteTrainer.__init__
+    monkeypatch.setattr(RemoteTrainer, "__init__", lambda self, *a: init(self, *a) or servers.append(self))
+    secure_dp = DP.format(mode="central").replace('noise = "seeded"', 'noise = "secure"')
+    _deploy(_policy(tmp_path, BFV + secure_dp, rounds=1), tmp_path / "deployed", key_holder=True)
+    server_secret = servers[0].aggregation.randomness.state_dict()["secret"]
+    key_holder_draws = [secret for purpose, secret in made if purpose == "update-noise" and secret != server_secret]
+    assert len(key_holder_draws) == 1  # round 1's noise, drawn by the key holder from its own secret
+    assert _records(tmp_path / "deployed")[0]["dp_noise"] == "secure"
