@@ -263,7 +263,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
         nodes[1].join(context, tag, sealed[0], directory)
 
 
-def test_under_bfv_the_train_reply_carries_ciphertexts_and_no_vector(tmp_path):
+def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_path):
     from fedrecgel_secure.deploy.stages import from_record
 
     out = tmp_path / "deployed"
@@ -278,7 +278,7 @@ def test_under_bfv_the_train_reply_carries_ciphertexts_and_no_vector(tmp_path):
     run_server(grid, tmp_path / "policy.toml", out, resume=False)
     train = [from_record(m.content) for m in seen if m.metadata.group_id == "round-1"]
     assert train and all(not {"rows", "mlp", "row_item"} & set(rep) for rep in train)
-    assert all(any(k.startswith("c:") for k in rep) for rep in train)
+    assert all("partial" in rep for rep in train)  # one encrypted sum of its users' uploads per node
 
 
 def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
@@ -408,3 +408,85 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     key_holder_draws = [secret for purpose, secret in made if purpose == "update-noise" and secret != server_secret]
     assert len(key_holder_draws) == 1  # round 1's noise, drawn by the key holder from its own secret
     assert _records(tmp_path / "deployed")[0]["dp_noise"] == "secure"
+
+
+def _uploads(nodes, round_idx, x):
+    import numpy as np
+
+    out = {}
+    for node in nodes.values():
+        out.update(node.encrypt(round_idx, np.asarray(node.users), x[node.users], None)[0])
+    return out
+
+
+def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
+    # Someone between the nodes and the key holder (a curious server trying to isolate user 1) presents node 0's
+    # proofs for users 0 and 1 with user 0's ciphertext alone, plus node 1's honest sum. The signatures check out,
+    # the tags do not: nothing is released. The honest sums decrypt to the exact total.
+    import numpy as np
+
+    from fedrecgel_secure.deploy.he_node import KeyHolderNode
+    from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
+    from fedrecgel_secure.privacy.secagg.he import EncryptedAggregate, HEAggregator
+    from fedrecgel_secure.privacy.secagg.he_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
+
+    setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
+    honest = [nodes[n].partial_sum(1, np.asarray(nodes[n].users), x[nodes[n].users], None)[0] for n in (0, 1)]
+
+    def aggregator(min_clients=2):
+        agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=min_clients, session_tag=tag)
+        agg.begin_round(1)
+        return agg
+
+    alone = aggregator(1)
+    alone.receive(_uploads(nodes, 1, x)[0])
+    blob = alone.finish().serialize()
+    _, _, _, offset, count = parse_aggregate(blob)
+    vectors = load_vectors(
+        alone.context, alone.params, read_chunks(blob, offset, count, max_chunk_bytes(alone.params), None), None
+    )
+    forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], vectors).serialize()  # proofs of users 0, 1
+    server = aggregator()
+    assert server.receive_partial(forged) == [0, 1]  # the proofs are genuine
+    server.receive_partial(honest[1])
+    with pytest.raises(RejectedPayload, match="not the sum of the uploads"):
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+    server = aggregator()
+    for partial in honest:
+        server.receive_partial(partial)
+    total = KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+    assert np.allclose(total, x.sum(0), atol=1e-9)
+
+
+def test_the_server_checks_each_proof_of_a_partial_sum(tmp_path):
+    import numpy as np
+
+    from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
+    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+
+    _, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    x = np.ones((4, 5))
+    partial = nodes[0].partial_sum(1, np.asarray(nodes[0].users), x[:2], None)[0]
+
+    def aggregator(round_idx=1):
+        agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
+        agg.begin_round(round_idx)
+        return agg
+
+    with pytest.raises(RejectedPayload) as wrong_round:
+        aggregator(2).receive_partial(partial)
+    assert wrong_round.value.reason == "wrong_round"
+    twice = aggregator()
+    twice.receive_partial(partial)
+    with pytest.raises(RejectedPayload) as duplicate:
+        twice.receive_partial(partial)
+    assert duplicate.value.reason == "duplicate_client"
+    with pytest.raises(RejectedPayload) as stranger:
+        aggregator().receive_partial(partial, cohort={0, 2, 3})
+    assert stranger.value.reason == "not_in_cohort"
+    forged = bytearray(partial)
+    forged[30] ^= 1  # inside the first proof (after the 20-byte header and the client id): its digest
+    with pytest.raises(RejectedPayload) as bad:
+        aggregator().receive_partial(bytes(forged))
+    assert bad.value.reason == "bad_signature"

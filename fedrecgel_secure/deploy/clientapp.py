@@ -61,11 +61,11 @@ def train(msg: Message, context: Context) -> Message:
         clip_norm = req.get("clip_norm")
         vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
         out = {k: out[k] for k in ("clients", "bce", "examples")}
-    if scheme == "bfv":  # the users' signed, tagged ciphertexts go with the reply
-        ciphertexts, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).encrypt(
+    if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
+        partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
             round_idx, out["clients"], vectors, shares
         )
-        out.update({f"c:{u}": c for u, c in ciphertexts.items()}, clipped=clipped)
+        out.update(partial=partial, clipped=clipped)
     if scheme == "masking":
         # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))

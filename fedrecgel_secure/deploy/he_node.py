@@ -114,6 +114,29 @@ class HENode:
             clipped += client.last_clipped
         return out, clipped
 
+    def partial_sum(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
+        """The node's users' ciphertexts added up, with each user's contribution proof
+        (:meth:`HEAggregator.receive_partial`), and the number of values the grid clipped.
+
+        One summed upload per node instead of one per user: at 12 MB a user
+        (FilmTrust, 372,737 values) a node's 30 users would send 360 MB a round.
+        The node sees its users' vectors anyway; the server still sees
+        ciphertexts only, and the key holder's tags still check that the round's
+        sum is exactly the named users' uploads.
+        """
+        from fedrecgel_secure.privacy.secagg.he import HEAggregator
+        from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
+
+        uploads, clipped = self.encrypt(round_idx, clients, vectors, shares)
+        facts = json.loads((self.dir / "he.json").read_text())
+        own = IdentityDirectory({u: k for u, k in self.keys.public_keys().items() if u in uploads})
+        tag = bytes.fromhex(facts["session_tag"])
+        agg = HEAggregator(bytes.fromhex(facts["context"]), own, self.setup.dim, min_clients=1, session_tag=tag)
+        agg.begin_round(round_idx)
+        for blob in uploads.values():
+            agg.receive(blob)
+        return agg.finish().serialize(), clipped
+
 
 class KeyHolderNode:
     """The key holder's node: makes the BFV keys, hands out tag keys sealed per node, decrypts one aggregate a round."""

@@ -3,8 +3,9 @@
 It stands where the simulator's :class:`~fedrecgel_secure.federation.summers.SecureSum`
 stands in the aggregation rule and releases the same exact fixed-point sum
 (BFV and masking share the grid). The server holds only the public context: the
-users' ciphertexts arrive with the train replies, the server's
-:class:`HEAggregator` checks and adds them, and the key holder, a SuperNode of
+nodes' sums of their users' ciphertexts arrive with the train replies (with
+each user's signed contribution proof), the server's :class:`HEAggregator`
+checks the proofs and adds the sums, and the key holder, a SuperNode of
 its own (:class:`~fedrecgel_secure.deploy.he_node.KeyHolderNode`), receives the
 one summed aggregate of the round, checks its proofs and tags, adds the central
 DP noise it draws itself, and returns the sum.
@@ -46,7 +47,7 @@ class NodeHESum:
         """``dp``: what the key holder needs to draw the central noise itself (``population``; empty without DP)."""
         self.setup, self.exchange, self.key_holder, self.users_of, self.dp = setup, exchange, key_holder, users_of, dp
         self.aggregator = None
-        self.uploads: dict[int, bytes] = {}  # this round's ciphertexts, by user, from the train replies
+        self.partials: dict[int, bytes] = {}  # this round's summed ciphertexts, by node, from the train replies
         self.clip_norm: float | None = None
         self.clipped = 0  # values the grid clipped on the nodes this round
 
@@ -92,13 +93,14 @@ class NodeHESum:
         """Round ``round_idx`` starts (the session first, once); under DP the key holder noises with ``clip_norm``."""
         if self.aggregator is None:
             self.start()
-        self.uploads, self.clip_norm, self.clipped = {}, clip_norm, 0
+        self.partials, self.clip_norm, self.clipped = {}, clip_norm, 0
 
     def received(self, replies: dict[int, dict]) -> None:
-        """The train replies, which carry each user's signed ciphertexts (``c:U``)."""
-        for rep in replies.values():
+        """The train replies, each with its node's users' summed ciphertexts and their proofs (``partial``)."""
+        for node, rep in replies.items():
             self.clipped += int(rep.get("clipped", 0))
-            self.uploads.update({int(k[2:]): v for k, v in rep.items() if k.startswith("c:")})
+            if "partial" in rep:
+                self.partials[node] = rep["partial"]
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
         if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
@@ -106,14 +108,13 @@ class NodeHESum:
         t0 = time.perf_counter()
         agg, rejected = self.aggregator, {}
         agg.begin_round(round_idx)
-        for c in (int(c) for c in contributions.clients):
-            if c not in self.uploads:
-                continue
+        answered = {int(c) for c in contributions.clients}
+        for node, partial in sorted(self.partials.items()):
             try:
-                agg.receive(self.uploads[c])
-            except RejectedPayload as exc:
-                rejected[c] = exc.reason.value
-        self.uploads = {}
+                agg.receive_partial(partial, answered & set(self.users_of[node]))
+            except RejectedPayload as exc:  # every user of the node is left out
+                rejected.update(dict.fromkeys(answered & set(self.users_of[node]), exc.reason.value))
+        self.partials = {}
         try:
             aggregate = agg.finish()
             admit_or_skip(admit, aggregate.contributors, round_idx, rejected)

@@ -374,6 +374,47 @@ class HEAggregator:
         self._proofs[env.client_id] = ContributionProof(env.client_id, env.digest, env.signature)
         return env.client_id
 
+    def receive_partial(self, data: bytes, cohort: set[int] | None = None) -> list[int]:
+        """Add a partial aggregate (:meth:`EncryptedAggregate.serialize`) that a host of several clients (a
+        deployment's node) made of its own clients' uploads; returns their ids.
+
+        Each proof is checked as an upload's would be: a known client, this
+        round, not yet counted (and in ``cohort``, if given), a valid signature
+        over its ciphertext's digest.
+        The summed ciphertext itself cannot be matched to the proofs here; the
+        key holder's tags do that (:mod:`.he_tags`), so a sum that is not the
+        named clients' uploads is refused at decryption. A host that knows its
+        clients' tag keys could forge their part, as it could make them upload
+        anything: the clients trust their host.
+        """
+        if self._round is None:
+            raise BadInputError("begin_round() must be called before receiving uploads")
+        data = bytes(data)
+        round_idx, dim, proofs, offset, count = parse_aggregate(data)
+        if round_idx != self._round:
+            raise RejectedPayload(
+                Reason.WRONG_ROUND, f"a partial aggregate of round {round_idx} in round {self._round}"
+            )
+        if dim != self.dim or count != n_chunks(self.dim, self.params):
+            raise RejectedPayload(Reason.WRONG_SHAPE, f"partial aggregate of dim {dim} in {count} ciphertexts")
+        ids = [p.client_id for p in proofs]
+        if not ids or len(set(ids)) != len(ids) or set(ids) & set(self._proofs):
+            raise RejectedPayload(Reason.DUPLICATE_CLIENT, "a partial aggregate names no client, or one twice")
+        if cohort is not None and not set(ids) <= cohort:
+            raise RejectedPayload(Reason.NOT_IN_COHORT, f"a partial aggregate names {sorted(set(ids) - cohort)[:10]}")
+        for p in proofs:
+            self.directory.verify(self.session_tag, HE_UPLOAD, round_idx, p.client_id, p.digest, p.signature)
+        vectors = load_vectors(
+            self._ctx, self.params, read_chunks(data, offset, count, max_chunk_bytes(self.params), None), None
+        )
+        if self._sum is None:
+            self._sum = vectors
+        else:
+            for acc, vec in zip(self._sum, vectors):
+                acc.add_(vec)
+        self._proofs.update({p.client_id: p for p in proofs})
+        return sorted(ids)
+
     def finish(self) -> EncryptedAggregate:
         """Close the round; raises :class:`RoundSkipped` (state unchanged) below ``min_clients``."""
         if self._round is None:
