@@ -1,48 +1,107 @@
-"""Seconds per round of a plaintext deployment on FilmTrust: SuperLink and N SuperNodes on 127.0.0.1.
+"""Seconds per round of a deployment on FilmTrust (a SuperLink and N SuperNodes on 127.0.0.1), and where they go.
 
-    python benchmarks/deploy_round.py [--nodes 4] [--rounds 3] [--out /tmp/deploy-bench]
+    python benchmarks/deploy_round.py [--nodes 4] [--rounds 3] [--schemes plaintext,masking,bfv]
 
-The default policy (batched engine, 10% of the 1,227 clients per round),
-evaluated every round; prints the wall seconds per round as the ServerApp
-measured them (``elapsed_s`` in metrics.jsonl: training, the two stages and
-the evaluation) and the start-up time.
+The default policy (batched engine, 10% of the 1,227 users per round, evaluated
+every round), once per secure-aggregation scheme; BFV adds the key holder's
+node. Per scheme it prints the wall seconds per round as the ServerApp measured
+them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
+round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
+plus the once-per-server set-up (hello, key exchange). Ends with a Markdown
+table for the README.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+
+SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
+
+
+def stage_kind(stage: str) -> str:
+    """``round-3`` -> train, ``eval-3`` -> evaluate, ``secagg-share`` -> share, ``keyholder-decrypt`` -> decrypt."""
+    if re.fullmatch(r"round-\d+", stage):
+        return "train"
+    if re.fullmatch(r"eval-\d+", stage):
+        return "evaluate"
+    return stage.split("-", 1)[1]
+
+
+def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    overrides = [
+        f"federation.rounds={rounds}",
+        "checkpoint.every=1",
+        f"deployment.stage_timeout={stage_timeout}",
+        f"privacy.secure_aggregation.scheme={'none' if scheme == 'plaintext' else scheme}",
+    ]
+    dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out)
+    start = time.perf_counter()
+    try:
+        dep.start()
+        dep.wait(dep.launch(False), rounds)
+    finally:
+        dep.stop()
+    total = time.perf_counter() - start
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["elapsed_s"] for r in records]
+    per_round = [b - a for a, b in zip([0.0, *elapsed], elapsed)]
+    stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
+    setup = sum(s["seconds"] for s in stages if s["stage"] in SETUP)
+    seconds: dict[str, float] = defaultdict(float)
+    for s in stages:
+        if s["stage"] not in SETUP:
+            seconds[stage_kind(s["stage"])] += s["seconds"] / rounds
+    dropped = sum(r.get("dropped", 0) for r in records)
+    return {
+        "scheme": scheme,
+        "per_round": per_round,
+        "stages": dict(seconds),
+        "setup": setup,
+        "total": total,
+        "dropped": dropped,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--schemes", default="plaintext,masking,bfv")
+    ap.add_argument("--stage-timeout", type=float, default=600.0, help="Generous: a benchmark must not drop nodes.")
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
     args = ap.parse_args()
-    shutil.rmtree(args.out, ignore_errors=True)
-    policy = resolve_policy(
-        args.out, None, [f"federation.rounds={args.rounds}", "checkpoint.every=1"], args.nodes, False
-    )
-    dep = Deployment(policy, args.out)
-    start = time.perf_counter()
-    try:
-        dep.start()
-        dep.wait(dep.launch(False), args.rounds)
-    finally:
-        dep.stop()
-    total = time.perf_counter() - start
-    elapsed = [json.loads(line)["elapsed_s"] for line in (args.out / "metrics.jsonl").read_text().splitlines()]
-    per_round = [b - a for a, b in zip([0.0, *elapsed], elapsed)]
-    print(
-        f"{args.nodes} nodes, {args.rounds} rounds: seconds per round {', '.join(f'{s:.1f}' for s in per_round)};"
-        f" total wall {total:.1f} s (start-up and shutdown {total - elapsed[-1]:.1f} s)"
-    )
+    results = []
+    for scheme in args.schemes.split(","):
+        r = run(scheme, args.nodes, args.rounds, args.out / scheme, args.stage_timeout)
+        results.append(r)
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+        print(
+            f"{scheme}: {args.nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
+            f" per stage {stages}; set-up {r['setup']:.1f} s; total wall {r['total']:.1f} s;"
+            f" clients dropped {r['dropped']}",
+            flush=True,
+        )
+    kinds = []
+    for r in results:
+        kinds += [k for k in r["stages"] if k not in kinds]
+    print()
+    print("| scheme | s / round | " + " | ".join(kinds) + " | set-up (once) |")
+    print("| --- | --- | " + " | ".join("---" for _ in kinds) + " | --- |")
+    for r in results:
+        mean = sum(r["per_round"]) / len(r["per_round"])
+        cells = [
+            f"{r['stages'][k]:.1f} ({100 * r['stages'][k] / mean:.0f}%)" if k in r["stages"] else "" for k in kinds
+        ]
+        print(f"| {r['scheme']} | {mean:.1f} | " + " | ".join(cells) + f" | {r['setup']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -490,3 +490,17 @@ def test_the_server_checks_each_proof_of_a_partial_sum(tmp_path):
     with pytest.raises(RejectedPayload) as bad:
         aggregator().receive_partial(bytes(forged))
     assert bad.value.reason == "bad_signature"
+
+
+def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
+    out = tmp_path / "deployed"
+    _deploy(_policy(tmp_path, MASKING, rounds=1), out, down={2: ("secagg-unmask",)})
+    lines = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
+    stages = [line["stage"] for line in lines]
+    assert stages == [
+        "hello", "secagg-keys", "secagg-join", "round-1",
+        "secagg-share", "secagg-masked", "secagg-confirm", "secagg-unmask", "eval-1",
+    ]  # fmt: skip
+    unmask = lines[stages.index("secagg-unmask")]
+    assert unmask["answered"] == unmask["sent"] - 1 and unmask["seconds"] >= 1.0  # node 2 waited out the timeout
+    assert all(line["seconds"] >= 0 for line in lines)

@@ -17,7 +17,7 @@ app = ServerApp()
 def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.deploy.stages import FlowerStages
+    from fedrecgel_secure.deploy.stages import STAGES, FlowerStages
     from fedrecgel_secure.errors import BadInputError
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.rundir import CHECKPOINT
@@ -25,8 +25,9 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
     policy = load_policy(policy_path)
     if (out_dir / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
     with_key_holder = policy.privacy.secure_aggregation.scheme == "bfv"
-    stages = FlowerStages(grid, policy.deployment, policy.digest(), with_key_holder)
+    stages = FlowerStages(grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES)
     stages.connect(wait=policy.deployment.stage_timeout)
     trainer = RemoteTrainer(policy, load_split(policy.data), stages)
     if resume and (out_dir / CHECKPOINT).exists():

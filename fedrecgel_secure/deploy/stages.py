@@ -4,12 +4,16 @@ Only the outstanding message ids are pulled (a pulled reply is deleted on the
 SuperLink). A node that answers with an error, answers late or not at all is
 absent from the result: the caller's dropout path. Messages carry a TTL of the
 stage timeout, so a late reply expires instead of arriving in a later stage.
+With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
+a line: its name, wall time, and how many nodes were asked and answered.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +21,7 @@ from fedrecgel_secure.deploy.wire import pack, pack_json, unpack, unpack_json
 from fedrecgel_secure.policy import DeploymentPolicy
 
 KEY_HOLDER = -1  # the key holder's place among the shards in one exchange
+STAGES = "stages.jsonl"
 
 
 def to_record(payload: dict):
@@ -55,6 +60,7 @@ class FlowerStages:
     node_of: dict[int, int] = field(default_factory=dict)  # shard -> Flower node id
     key_holder_node: int | None = None  # the key holder's Flower node id
     log: callable = print
+    journal: Path | None = None  # stages.jsonl: one line per stage, its wall time and who answered
 
     def exchange(
         self, message_type: str, group: str, payloads: dict[int, dict], node_of: dict[int, int] | None = None
@@ -63,6 +69,7 @@ class FlowerStages:
         default); the replies that arrive in time, by shard."""
         from flwr.app import Message
 
+        started = time.monotonic()
         node_of = self.node_of if node_of is None else node_of
         timeout = self.settings.stage_timeout
         shards = [s for s in payloads if s in node_of]
@@ -102,6 +109,16 @@ class FlowerStages:
                 f"{message_type} {group}: nodes {sorted(shard_of[m] for m in outstanding)} dropped"
                 f" (no reply within {timeout:g} s)"
             )
+        if self.journal is not None:
+            line = {
+                "stage": group,
+                "type": message_type,
+                "seconds": round(time.monotonic() - started, 3),
+                "sent": len(shards),
+                "answered": len(replies),
+            }
+            with open(self.journal, "a") as f:
+                f.write(json.dumps(line) + "\n")
         return replies
 
     def connect(self, wait: float) -> None:
