@@ -40,3 +40,52 @@ def filmtrust_split():
     from fedrecgel_secure.policy import DataPolicy
 
     return load_split(DataPolicy())
+
+
+def write_deploy_policy(
+    tmp_path: Path, extra: str = "", rounds: int = 2, nodes: int = 3, timeout: float = 60.0, heartbeat: float = 0.5
+) -> Path:
+    """A tiny deployment's policy: 24 users over ``nodes`` nodes, the per-client engine (so that a deployment
+    equals ``fedrecgel train`` bit for bit), a checkpoint every round; ``extra`` TOML is appended."""
+    ratings = write_ratings(tmp_path / "ratings.txt")
+    path = tmp_path / "policy.toml"
+    path.write_text(f"""seed = 3
+[data]
+dataset = "{ratings}"
+test_negatives = 20
+[model]
+gmf_dim = 8
+mlp_dim = 8
+tower = [16, 8]
+[federation]
+rounds = {rounds}
+fraction = 0.5
+engine = "per-client"
+[checkpoint]
+every = 1
+[deployment]
+nodes = {nodes}
+stage_timeout = {timeout}
+heartbeat = {heartbeat}
+{extra}
+""")
+    return path
+
+
+def run_records(run: Path) -> list[dict]:
+    """metrics.jsonl without what differs between equal runs: wall time and the protocol's measured costs."""
+    import json
+
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "elapsed_s" and not k.startswith("secagg_")}
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def simulate(policy: Path, out: Path):
+    """``fedrecgel train`` of ``policy`` into ``out``; the trainer."""
+    from fedrecgel_secure.runs import open_run
+
+    trainer = open_run(out, policy)
+    trainer.run(out)
+    return trainer

@@ -10,7 +10,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import write_ratings
+from conftest import run_records as _records
+from conftest import simulate as _simulate
+from conftest import write_deploy_policy
 from inprocess_grid import InProcessGrid
 
 MASKING = """[privacy.secure_aggregation]
@@ -32,36 +34,7 @@ initial = 0.2
 
 
 def _policy(tmp_path: Path, extra: str, rounds: int = 2, nodes: int = 3) -> Path:
-    ratings = write_ratings(tmp_path / "ratings.txt")
-    path = tmp_path / "policy.toml"
-    path.write_text(f"""seed = 3
-[data]
-dataset = "{ratings}"
-test_negatives = 20
-[model]
-gmf_dim = 8
-mlp_dim = 8
-tower = [16, 8]
-[federation]
-rounds = {rounds}
-fraction = 0.5
-engine = "per-client"
-[checkpoint]
-every = 1
-[deployment]
-nodes = {nodes}
-stage_timeout = 1.0
-heartbeat = 0.05
-{extra}
-""")
-    return path
-
-
-def _records(run: Path) -> list[dict]:
-    return [
-        {k: v for k, v in json.loads(line).items() if k != "elapsed_s" and not k.startswith("secagg_")}
-        for line in (run / "metrics.jsonl").read_text().splitlines()
-    ]
+    return write_deploy_policy(tmp_path, extra, rounds, nodes, timeout=1.0, heartbeat=0.05)
 
 
 def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder: bool = False) -> InProcessGrid:
@@ -71,14 +44,6 @@ def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder:
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down, key_holder_dir)
     run_server(grid, policy_file, out, resume=False)
     return grid
-
-
-def _simulate(policy_file: Path, out: Path):
-    from fedrecgel_secure.runs import open_run
-
-    trainer = open_run(out, policy_file)
-    trainer.run(out)
-    return trainer
 
 
 @pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP"])

@@ -112,7 +112,15 @@ class NodeMaskingSum:
         total = torch.from_numpy(np.asarray(result.total, dtype=np.float64)).to(contributions.dtype)
         # the clients' time and bytes are the nodes'; the server reports its own wall time for all stages
         cost = SecAggCost(0.0, 0.0, time.perf_counter() - t0, 0.0)
-        return SumResult(total, contributors, cost=cost, rejected=len(result.rejected), clipped_values=result.clipped)
+        silent = len(clients) - contributors.size - len(result.rejected)  # went quiet during the protocol
+        return SumResult(
+            total,
+            contributors,
+            cost=cost,
+            rejected=len(result.rejected),
+            dropped=silent,
+            clipped_values=result.clipped,
+        )
 
 
 def _keys(public: dict[int, bytes]) -> dict:
