@@ -8,7 +8,8 @@ node. Per scheme it prints the wall seconds per round as the ServerApp measured
 them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
 round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
 plus the once-per-server set-up (hello, key exchange). Ends with a Markdown
-table for the README.
+table for the README, whose seconds per round leave out round 1 (it also
+carries the set-up). ``--report-only`` summarizes the runs already in ``--out``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float) -
         dep.wait(dep.launch(False), rounds)
     finally:
         dep.stop()
-    total = time.perf_counter() - start
+    return summarize(scheme, out, rounds, time.perf_counter() - start)
+
+
+def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -> dict:
+    """Per-round and per-stage seconds of the run in ``out``."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     elapsed = [r["elapsed_s"] for r in records]
     per_round = [b - a for a, b in zip([0.0, *elapsed], elapsed)]
@@ -78,26 +83,32 @@ def main() -> None:
     ap.add_argument("--schemes", default="plaintext,masking,bfv")
     ap.add_argument("--stage-timeout", type=float, default=600.0, help="Generous: a benchmark must not drop nodes.")
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
+    ap.add_argument("--report-only", action="store_true", help="Summarize the runs already in --out.")
     args = ap.parse_args()
     results = []
     for scheme in args.schemes.split(","):
-        r = run(scheme, args.nodes, args.rounds, args.out / scheme, args.stage_timeout)
+        if args.report_only:
+            r = summarize(scheme, args.out / scheme, args.rounds)
+        else:
+            r = run(scheme, args.nodes, args.rounds, args.out / scheme, args.stage_timeout)
         results.append(r)
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+        wall = "" if r["total"] is None else f"; total wall {r['total']:.1f} s"
         print(
             f"{scheme}: {args.nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
-            f" per stage {stages}; set-up {r['setup']:.1f} s; total wall {r['total']:.1f} s;"
-            f" clients dropped {r['dropped']}",
+            f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
             flush=True,
         )
     kinds = []
     for r in results:
         kinds += [k for k in r["stages"] if k not in kinds]
     print()
+    # a round's seconds after the first (which also carries the once-per-server set-up); stages: mean of all rounds
     print("| scheme | s / round | " + " | ".join(kinds) + " | set-up (once) |")
     print("| --- | --- | " + " | ".join("---" for _ in kinds) + " | --- |")
     for r in results:
-        mean = sum(r["per_round"]) / len(r["per_round"])
+        steady = r["per_round"][1:] or r["per_round"]
+        mean = sum(steady) / len(steady)
         cells = [
             f"{r['stages'][k]:.1f} ({100 * r['stages'][k] / mean:.0f}%)" if k in r["stages"] else "" for k in kinds
         ]
