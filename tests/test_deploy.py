@@ -102,7 +102,7 @@ def _took_part_in_key_sharing(secagg_dir: Path) -> bool:
             state = json.loads(f.read_text())
         except (OSError, ValueError):  # being rewritten
             continue
-        if state and state.get("cohort"):
+        if state and (state.get("round") or {}).get("cohort"):
             return True
     return False
 

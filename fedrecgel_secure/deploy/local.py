@@ -123,7 +123,10 @@ class Deployment:
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")
-        self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr")}
+        # SuperExec polls for a new clientapp task every second by default; every stage waits for that poll,
+        # on every node (0.1 s: a stage about 1 s faster, measured; the user's own setting wins)
+        poll = os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+        self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr"), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         write_app(self.out / "app")
