@@ -349,21 +349,21 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.federation import trainer as trainer_module
 
-    made = []  # (where, the rule's randomness secret, what it drew)
-    make = trainer_module.make_dp_rule
+    made = []  # (what was drawn, the randomness secret it was drawn from)
+    make = trainer_module.make_dp_mechanism
 
     def recording(policy, n_users):
-        rule = make(policy, n_users)
-        normal = rule.randomness.normal
+        mechanism = make(policy, n_users)
+        normal = mechanism.randomness.normal
 
         def drawn(purpose, *args):
-            made.append((purpose, rule.randomness.state_dict()["secret"]))
+            made.append((purpose, mechanism.randomness.state_dict()["secret"]))
             return normal(purpose, *args)
 
-        rule.randomness.normal = drawn
-        return rule
+        mechanism.randomness.normal = drawn
+        return mechanism
 
-    monkeypatch.setattr(trainer_module, "make_dp_rule", recording)
+    monkeypatch.setattr(trainer_module, "make_dp_mechanism", recording)
     servers = []
     init = RemoteTrainer.__init__
     monkeypatch.setattr(RemoteTrainer, "__init__", lambda self, *a: init(self, *a) or servers.append(self))

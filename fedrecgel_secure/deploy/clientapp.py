@@ -52,14 +52,21 @@ def hello(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    import numpy as np
+
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
-    out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     scheme = node.policy.privacy.secure_aggregation.scheme
+    dp = None
+    if scheme != "none":  # the DP settings come from the node's own policy; a message that disagrees is refused
+        sampled = np.asarray(req["sampled"])
+        dp = node.dp_round(
+            round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
+        )
+    out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     if scheme != "none":  # the server gets each client's loss and size, and no vector in the clear
-        clip_norm = req.get("clip_norm")
-        vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
+        vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
         out = {k: out[k] for k in ("clients", "bce", "examples")}
     if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
         partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
@@ -154,12 +161,19 @@ def keyholder(msg: Message, context: Context) -> Message:
         out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
     else:
         round_idx, noise = int(req["round"]), None
-        if "clip_norm" in req:  # central DP: the key holder draws the noise, so the server never learns it
-            from fedrecgel_secure.federation.trainer import make_dp_rule
+        dp = policy.privacy.dp
+        if dp.enabled and dp.mode == "central":
+            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy:
+            # C (under adaptive clipping, replayed over the released counts) and N; the request has no say
+            from fedrecgel_secure.deploy.node import population_of
+            from fedrecgel_secure.federation.trainer import make_dp_mechanism
 
-            rule = make_dp_rule(policy, int(req["population"]))
-            rule.clip_norm = float(req["clip_norm"])
-            noise = rule.central_noise(round_idx, int(req["dim"]) - rule.extra).numpy()
+            counts = [float(c) for c in req.get("released_counts", ())]
+            if len(counts) > round_idx - 1:  # one released count per earlier round at most
+                return Message(to_record({"refused": "released counts"}), reply_to=msg)
+            mechanism = make_dp_mechanism(policy, population_of(policy))
+            clip_norm = mechanism.dp.clip_norm_after(counts)
+            noise = mechanism.central_noise(round_idx, int(req["dim"]) - mechanism.extra, clip_norm).numpy()
         try:
             out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise), dtype=np.float64)}
         except RejectedPayload as exc:

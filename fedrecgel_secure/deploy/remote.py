@@ -74,9 +74,9 @@ class RemoteTrainer(Trainer):
                 from fedrecgel_secure.deploy import he_node
                 from fedrecgel_secure.deploy.he_summer import NodeHESum
 
-                dp = {"population": int(split.n_users)} if policy.privacy.dp.enabled else {}
                 setup = he_node.setup_of(policy, dim)
-                self.aggregation.summer = NodeHESum(setup, exchange, self._key_holder_call(stages, dim), users_of, dp)
+                key_holder = self._key_holder_call(stages, dim)
+                self.aggregation.summer = NodeHESum(setup, exchange, key_holder, users_of, self.released_counts)
         self.states = None  # every client's private state lives on its node
         self.stages = stages
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
@@ -85,6 +85,12 @@ class RemoteTrainer(Trainer):
         self.shard = np.empty(split.n_users, dtype=np.int64)
         for s in range(n):
             self.shard[policy.deployment.shard_users(split.n_users, s)] = s
+
+    def released_counts(self) -> np.ndarray:
+        """The noised clipped counts released so far, in order (adaptive clipping; empty otherwise): from them
+        and its own policy, a node or the key holder computes this round's clip norm itself."""
+        adaptive = getattr(self.aggregation, "adaptive", None)
+        return np.asarray([] if adaptive is None else adaptive.released, dtype=np.float64)
 
     @staticmethod
     def _secagg_exchange(stages, dim: int):
@@ -115,8 +121,9 @@ class RemoteTrainer(Trainer):
         common = self._common(self.round)
         if self.sealed:
             # what the nodes need to protect their users' uploads: the vector length, how many were sampled,
-            # under DP this round's clip norm; under masking the round's announcement (the replies carry the
-            # adverts), under BFV nothing more (the replies carry the ciphertexts)
+            # under DP this round's clip norm and, under adaptive clipping, the counts it follows from (each node
+            # checks both against its own policy); under masking the round's announcement (the replies carry
+            # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
             common.update(
@@ -124,6 +131,7 @@ class RemoteTrainer(Trainer):
                 dim=summer.setup.dim,
                 participants=int(clients.size),
                 clip_norm=clip_norm,
+                released_counts=self.released_counts() if clip_norm is not None else None,
             )
         replies = self.stages.train(r, per_shard, common)
         if self.sealed:
