@@ -122,7 +122,27 @@ min_clients = 2
 """
 
 
-@pytest.mark.parametrize("privacy", ["bfv", "bfv + seeded central DP", "bfv + seeded distributed DP, adaptive"])
+def test_only_the_server_builds_a_privacy_accountant(tmp_path, monkeypatch):
+    # The nodes (clipping, noise shares) and the key holder (central noise) spend no privacy: each of their calls
+    # takes DP-FedAvg's clipping and noise alone, without the Opacus accountant (seconds to build, per message).
+    from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
+
+    built = []
+    make = ResolvedDP.make_accountant
+    monkeypatch.setattr(ResolvedDP, "make_accountant", lambda self: built.append(1) or make(self))
+    _deploy(_policy(tmp_path, BFV + DP.format(mode="central"), rounds=2), tmp_path / "deployed", key_holder=True)
+    assert len(built) == 1  # the server's
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        "bfv",
+        "bfv + seeded central DP",
+        "bfv + seeded central DP, adaptive",  # the key holder replays the released counts for its C
+        "bfv + seeded distributed DP, adaptive",
+    ],
+)
 def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
     import stat
 

@@ -76,7 +76,7 @@ def train(msg: Message, context: Context) -> Message:
     if scheme == "masking":
         # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
-        masking.keep_inputs(round_idx, out["clients"], vectors, shares)
+        masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
@@ -131,7 +131,9 @@ def secagg(msg: Message, context: Context) -> Message:
         node.join(req["server_key"], req["session_tag"], keys)
         out = {"joined": 1}
     else:
-        out = reply(node.step(stage, messages_of(req), node.inputs(int(req["round"]))))
+        round_idx = int(req["round"])
+        sampled = node.sampled(round_idx) if stage == "masked" else None
+        out = reply(node.step(stage, messages_of(req), node.inputs(round_idx), sampled))
     return Message(to_record(out), reply_to=msg)
 
 

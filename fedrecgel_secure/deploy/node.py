@@ -61,7 +61,7 @@ class DPRound:
 
     mechanism: DPMechanism  # the policy's clipping and noise, with this node's randomness
     clip_norm: float  # C
-    participants: int  # the sample size the noise shares are sized for
+    participants: int | None  # the sample size the noise shares are sized for (None: central noise, not sent)
 
 
 @dataclass
@@ -254,12 +254,17 @@ class Node:
           Poisson sample (at least the ``hosted`` users this node was asked
           to train, at most :attr:`ResolvedDP.max_participants`). Distributed noise needs it.
 
-        What the server can still do: the released counts come from it (under
-        masking the server alone sees them), so it can steer C by at most
-        :meth:`AdaptiveClipping.max_step` per round; since the nodes clip to
-        that same C and size the noise by it, the noise still covers the
-        sensitivity. And it can overstate the sample up to the bound, which
-        shrinks the noise by at most sqrt(|S| / bound).
+        What the server can still do. The released counts come from it (under
+        masking the server alone sees the released sums; under BFV it relays
+        them), so it can steer C by at most :meth:`AdaptiveClipping.max_step`
+        per released count; distributed noise is sized by the same C each node
+        clips to, so it still covers the sensitivity, whereas the BFV key
+        holder's central noise uses the C it replays from the history it is
+        sent: a server that sends the key holder other counts than the nodes
+        can make the two differ by that factor per count (closing this needs
+        the key holder's releases signed). And it can overstate the sample up
+        to the bound, which shrinks distributed noise by at most
+        sqrt(|S| / bound) (:func:`.mechanism.max_poisson_sample`).
         """
         if not self.policy.privacy.dp.enabled:
             return None
@@ -277,14 +282,13 @@ class Node:
         if participants is None:
             if dp.mode == "distributed":
                 self._refuse(f"{where}: the server did not say how many clients were sampled (participants)")
-            participants = 0  # central noise: the nodes add no share, the number is not used
         elif not max(1, hosted) <= int(participants) <= dp.max_participants:
             self._refuse(
                 f"{where}: the server's participants = {int(participants)} is not a possible sample size"
                 f" ({max(1, hosted)} to {dp.max_participants}: this node hosts {hosted} of them, and"
                 f" N = {dp.population}, q = {dp.sample_rate:g})"
             )
-        return DPRound(mechanism, own, int(participants))
+        return DPRound(mechanism, own, None if participants is None else int(participants))
 
     @staticmethod
     def _refuse(reason: str) -> None:
@@ -306,8 +310,9 @@ class Node:
         dtype = self.model.item_embeddings.dtype
         if dp is None:
             return torch.stack([uploads.vector(c).double() for c in range(clients.size)]).numpy(), None
+        sample = clients.size if dp.participants is None else dp.participants  # None: central, no share to size
         part = dp.mechanism.protect(
-            round_idx, clients, uploads, dim, dtype, participants=dp.participants, clip_norm=dp.clip_norm
+            round_idx, clients, uploads, dim, dtype, participants=sample, clip_norm=dp.clip_norm
         )
         vectors = torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy()
         shares = None if part.noise is None else torch.stack([part.noise(c) for c in range(clients.size)]).numpy()

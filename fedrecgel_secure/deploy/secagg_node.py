@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fedrecgel_secure.deploy.secagg_client_state import load_attempt, save_attempt
-from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
@@ -120,15 +120,25 @@ class MaskingNode(UserIdentities):
         load_attempt(client, self.dir / f"attempt-{user}.json")
         return client
 
-    def keep_inputs(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None) -> None:
+    def keep_inputs(
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        vectors: np.ndarray,
+        shares: np.ndarray | None,
+        sampled: int | None = None,
+    ) -> None:
         """Keep the sampled ``clients``' vectors of round ``round_idx`` (and their DP noise shares) for the masked
-        stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol."""
+        stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol.
+        ``sampled``: the sample size the shares were sized for, which the round's cohort may not exceed."""
         import io
 
         for old in self.dir.glob("inputs-*.npz"):
             old.unlink()
         buffer = io.BytesIO()
         extra = {} if shares is None else {"shares": shares}
+        if sampled is not None:
+            extra["sampled"] = np.asarray(sampled, dtype=np.int64)
         np.savez(buffer, clients=np.asarray(clients, dtype=np.int64), vectors=vectors, **extra)
         write_private_file(self.dir / f"inputs-{round_idx}.npz", buffer.getvalue())
 
@@ -144,8 +154,23 @@ class MaskingNode(UserIdentities):
 
         return get
 
-    def step(self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None) -> StageResult:
-        """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users)."""
+    def sampled(self, round_idx: int) -> int | None:
+        """The sample size round ``round_idx``'s noise shares were sized for (:meth:`keep_inputs`), if kept."""
+        path = self.dir / f"inputs-{round_idx}.npz"
+        if not path.exists():
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            return int(data["sampled"]) if "sampled" in data else None
+
+    def step(
+        self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None, sampled: int | None = None
+    ) -> StageResult:
+        """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users).
+
+        ``sampled`` (masked stage): the sample size the users' DP noise shares
+        were sized for; a user whose signed cohort is larger refuses to upload
+        (the server misstated the sample, so the shares would not add up to the
+        planned noise)."""
         if stage not in STAGES:
             raise ValueError(f"unknown masking stage {stage!r}")
         strangers = sorted(set(messages) - set(self.users))
@@ -166,6 +191,11 @@ class MaskingNode(UserIdentities):
                 elif stage == "share":
                     reply = client.share_keys(messages[u])
                 elif stage == "masked":
+                    cohort = () if client._round is None else client._round.cohort
+                    if sampled is not None and len(cohort) > sampled:
+                        raise client._violation(
+                            Reason.INCONSISTENT, f"a cohort of {len(cohort)} users, but {sampled} were sampled"
+                        )
                     x, noise = vectors[u]
                     reply = client.masked_input(messages[u], x, noise)
                     out.clipped[u] = client.last_clipped

@@ -13,11 +13,14 @@ the norm of those clipped vectors.
 
 Before the fix (commit e24caf5) nodes and the key holder took these settings
 from the server's message: ``participants = 10**12`` cut the noise in the
-released sum from 0.5 (z * C) to 1.7e-6; a clip norm of 1e6 left every upload
-unclipped (norms up to 0.47 under a policy C of 0.01); under adaptive clipping
-a clip norm 1.5 times the rule's was taken as it came; and the key holder added
-no noise at all (std 4e-9, the float rounding) when the request had no clip
-norm, and std z * 1e-9 when it said ``clip_norm = 1e-9``.
+released sum from 0.5 (z * C) to 1.5e-6 while metrics.jsonl still reported
+noise multiplier 1; a clip norm of 1e6 left every upload unclipped (norms up
+to 0.35 under a policy C of 0.01; a missing clip norm was already the policy's
+C); under adaptive clipping a clip norm 1.5 times the rule's was taken as it
+came; the key holder added no noise (std 7e-10, the float rounding) to a
+request without a clip norm, std 1.2e-9 for ``clip_norm = 1e-9``, and failed
+on ``population = 10**12`` (the round was lost); and a sample understated
+below the signed cohort was released with every share sized for it.
 """
 
 from __future__ import annotations
@@ -233,3 +236,21 @@ def test_the_key_holder_adds_its_central_noise_from_its_own_policy(tmp_path, mon
     stds = seen.noise_stds(_update_dim(tmp_path))
     print("noise std of each release:", stds, "planned z*C:", Z * C)
     assert len(stds) == 1 and 0.9 * Z * C < stds[0] < 1.1 * Z * C
+
+
+def test_under_masking_a_cohort_larger_than_the_stated_sample_is_refused(tmp_path, monkeypatch):
+    # Each node is told that the sample is just its own sampled users: a possible size, so the train stage goes
+    # on. But the noise shares are then sized for a sample smaller than the cohort that signed its keys in: the
+    # users refuse to upload at the masked stage, so nothing is released from shares sized on a false count.
+    def understate(group, payload):
+        if group.startswith("round-"):
+            payload["participants"] = int(np.asarray(payload["sampled"]).size)
+            return True
+        return False
+
+    seen = Observed(monkeypatch)
+    _deploy(tmp_path, MASKING + dp("distributed"), understate)
+    record = run_records(tmp_path / "deployed")[0]
+    print("releases:", len(seen.releases), "round record:", record)
+    assert seen.vectors and not seen.releases  # the nodes protected their uploads, and none was released
+    assert record["contributors"] == 0 and "skipped" in record
