@@ -14,7 +14,10 @@ Before the fix (issue #22; these tests run on e24caf5, adapted to its harness):
 - each evaluation reply carried every hosted user's candidate scores, column 0 the held-out item: the
   server recovered the held-out item's rank of all 24 users (and so whether each kept it in its top 10);
 - under masking each train reply carried every sampled user's loss and number of examples: the server
-  recovered the exact number of training interactions of all 19 users sampled in the 2 rounds.
+  recovered the exact number of training interactions of all 19 users sampled in the 2 rounds;
+- the server built the simulator's secure aggregation before replacing its summer: under BFV the server
+  process made a BFV secret context (the simulated key holder's, able to decrypt every upload) and a
+  session with an identity key for every user.
 
 Now the server reads only the public manifest (catalogue size, users per node),
 and the nodes send sums over their users: no user's rank, loss or count.
@@ -38,6 +41,7 @@ MASKING = """[privacy.secure_aggregation]
 scheme = "masking"
 min_clients = 2
 """
+BFV = MASKING.replace("masking", "bfv")
 
 # what the audit hook watches: set while a test runs a server, None otherwise (the hook stays installed)
 _WATCH: dict = {"grid": None, "private": (), "opened": []}
@@ -59,14 +63,17 @@ def _audit(event: str, args) -> None:
 sys.addaudithook(_audit)
 
 
-def _serve(tmp_path: Path, extra: str, rounds: int = 1, watch_opens: bool = False):
+def _serve(tmp_path: Path, extra: str, rounds: int = 1, watch_opens: bool = False, on_grid=None):
     """Run the deployed server to the end; every reply it pulled, by stage group."""
     from fedrecgel_secure.deploy.serverapp import run_server
     from fedrecgel_secure.deploy.stages import from_record
 
     policy_file = write_deploy_policy(tmp_path, extra, rounds, nodes=3, timeout=1.0, heartbeat=0.05)
     out = tmp_path / "deployed"
-    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
+    key_holder = out / "nodes" / "keyholder" if "bfv" in extra else None
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, key_holder)
+    if on_grid is not None:
+        on_grid(grid)
     pulled: list[tuple[str, dict]] = []
     pull = grid.pull_messages
 
@@ -143,3 +150,29 @@ def test_under_masking_the_train_replies_give_the_server_no_users_interaction_co
     for rep in _replies(pulled, "round-"):
         assert isinstance(rep["bce"], float) and isinstance(rep["examples"], int)
         assert not {"rows", "row_item", "row_owner", "mlp"} & set(rep)
+
+
+def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_session(tmp_path, monkeypatch):
+    # The key holder's secret context may be made only on the key holder's node; the server runs the protocol's
+    # server side (NodeHESum), never the simulator's SecureSum with its in-process clients and key holder.
+    from fedrecgel_secure.federation.summers import SecureSum
+    from fedrecgel_secure.privacy.secagg.he import BFVParams
+
+    made: list[tuple[str, bool]] = []  # (what, on a node)
+    grids = []
+    context, session = BFVParams.context, SecureSum.__init__
+
+    def recording_context(self):
+        made.append(("secret context", grids[0].in_node))
+        return context(self)
+
+    def recording_session(self, *args, **kwargs):
+        made.append(("simulated session", grids[0].in_node))
+        return session(self, *args, **kwargs)
+
+    monkeypatch.setattr(BFVParams, "context", recording_context)
+    monkeypatch.setattr(SecureSum, "__init__", recording_session)
+    _serve(tmp_path, BFV, on_grid=grids.append)
+    print(f"made in the server process: {[what for what, on_node in made if not on_node]}")
+    assert ("secret context", True) in made  # the key holder's, on its node
+    assert [what for what, on_node in made if not on_node] == []
