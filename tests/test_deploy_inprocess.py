@@ -46,13 +46,15 @@ def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder:
     return grid
 
 
-@pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP"])
+@pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP", "plaintext, the authors' data protocol"])
 def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
 
-    policy_file = _policy(tmp_path, "" if privacy == "plaintext" else DP.format(mode="central"))
+    policy_file = _policy(tmp_path, DP.format(mode="central") if "DP" in privacy else "")
+    if "authors" in privacy:  # the nodes draw negatives outside the training set only, positives in blocks
+        policy_file.write_text(policy_file.read_text().replace("[data]\n", '[data]\nprotocol = "authors"\n'))
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
     assert _records(tmp_path / "deployed") == summed_per_node(_records(tmp_path / "sim"))
