@@ -18,6 +18,10 @@ INSTALLED_AS = {
 
 
 def test_a_built_wheel_holds_every_module_and_policy_file(tmp_path):
+    # a copy of the sources: a build/ folder left in the checkout would hide a package missing from the list
+    source = tmp_path / "src"
+    junk = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "runs", "docs", "tests")
+    shutil.copytree(ROOT, source, ignore=junk)
     built = subprocess.run(
         [
             sys.executable,
@@ -29,7 +33,7 @@ def test_a_built_wheel_holds_every_module_and_policy_file(tmp_path):
             "-q",
             "-w",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
