@@ -82,10 +82,19 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
+    from fedrecgel_secure.rundir import hold_run_dir
+    from fedrecgel_secure.runs import check_out_dir
+
+    check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
+    with hold_run_dir(out_dir):
+        _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume)
+
+
+def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
+    from fedrecgel_secure.interrupt import StopBetweenRounds
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
     from fedrecgel_secure.runs import open_run
 
-    overrides = list(set_) + ([f"seed={seed}"] if seed is not None else [])
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
     if trainer.round:
@@ -144,9 +153,18 @@ def train(
             progress.update(task, completed=event.round, loss=loss, **latest)
 
         try:
-            trainer.run(out_dir, on_round)
+            with StopBetweenRounds() as stop:
+                trainer.run(out_dir, on_round, stop=stop)
         finally:
             trainer.close()
+    if trainer.interrupted:
+        err.print(
+            f"[bold yellow]interrupted[/] after round {trainer.round}/{rounds}: its checkpoint is saved;"
+            f" continue with `fedrecgel train --out {out_dir} --resume`",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130)
     summary = read_summary(out_dir)
     out.print(
         _metrics_table(
@@ -202,7 +220,7 @@ def evaluate(
 @user_errors
 def audit(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `fedrecgel train`.")],
-    rounds: Annotated[int, typer.Option(help="Fresh rounds to attack.")] = 3,
+    rounds: Annotated[int, typer.Option(min=1, help="Fresh rounds to attack.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ):
     """Attack the run as an honest-but-curious server (can it tell which items a client trained on?) and,
