@@ -19,7 +19,7 @@ from fedrecgel_secure.data.authors import authors_holdout, authors_protocol
 from fedrecgel_secure.data.loaders import DATASETS, read_interactions, resolve_dataset
 from fedrecgel_secure.data.split import Split, prepare_split
 
-PREP_VERSION = 2  # bump when prepare_split changes what it produces
+PREP_VERSION = 3  # bump when prepare_split or authors_protocol changes what it produces (3: authors' set order)
 
 
 def default_cache_dir() -> Path:
