@@ -21,6 +21,7 @@ from fedrecgel_secure.data.authors import (
     TEST_NEG_FILE,
     TRAIN_FILE,
     authors_holdout,
+    authors_ids,
     authors_protocol,
     write_authors_files,
 )
@@ -128,31 +129,35 @@ def _rows(tmp_path, name, text, fmt, k=2):
     path = tmp_path / name
     path.write_text(text)
     raw = read_interactions(path, fmt)
-    return authors_protocol(raw, authors_holdout(fmt, raw), test_negatives=k, min_interactions=3)
+    return authors_protocol(raw, authors_holdout(fmt, raw), ids=authors_ids(fmt), test_negatives=k, min_interactions=3)
 
 
-def test_amazon_tie_on_the_latest_timestamp_goes_to_the_smallest_item(tmp_path):
-    # point 2: user A has items i9 and i3 on the same (latest) day; file order puts i9 last
-    text = "A,i5,5,100\nA,i1,4,200\nA,i9,5,300\nA,i3,1,300\nB,i1,3,100\nB,i5,2,100\nB,i9,4,100\n" + "".join(
+def test_amazon_ids_follow_first_appearance_and_a_tie_goes_to_the_first_seen_item(tmp_path):
+    # point 2: the notebook factorizes Amazon's ids, so the smallest id is the item seen first in the file,
+    # dropped users' rows included (Z has one row, below min_interactions = 3, and is dropped)
+    # user A has items i9 and i3 on the same (latest) day; i9 appears first in the file
+    text = "Z,i7,1,1\nA,i5,5,100\nA,i1,4,200\nA,i9,5,300\nA,i3,1,300\nB,i1,3,100\nB,i5,2,100\nB,i9,4,100\n" + "".join(
         f"C,i{n},5,1\n" for n in range(2, 9)
     )
     d = _rows(tmp_path, "amazon.csv", text, "amazon")
-    items = ["i1", "i2", "i3", "i4", "i5", "i6", "i7", "i8", "i9"]  # re-indexed in ascending raw order
-    assert [items[i] for i in d.test_items] == ["i3", "i1", "i2"]  # B: all tied, smallest item
+    items = ["i7", "i5", "i1", "i9", "i3", "i2", "i4", "i6", "i8"]  # re-indexed in order of first appearance
+    assert [items[i] for i in d.test_items] == ["i9", "i5", "i7"]  # B and C: all tied, the first-seen item
     lines = (write_authors_files(d, tmp_path / "out", all_columns=True)[0]).read_text().splitlines()
-    assert lines[:4] == ["user,item,rating,timestamp", "0,0,4,200", "0,4,5,100", "0,8,5,300"]
+    assert lines[:4] == ["user,item,rating,timestamp", "0,1,5,100", "0,2,4,200", "0,4,1,300"]
     # the authors' format: uid, iid only, no header
-    assert (write_authors_files(d, tmp_path / "a")[0]).read_text().splitlines()[:3] == ["0,0", "0,4", "0,8"]
+    assert (write_authors_files(d, tmp_path / "a")[0]).read_text().splitlines()[:3] == ["0,1", "0,2", "0,4"]
+    # FilmTrust's loader keeps raw ids: ascending order
+    assert authors_ids("filmtrust") == "raw" and authors_ids("tenrec") == authors_ids("lastfm-ts") == "first-seen"
 
 
 def test_qb_article_test_item_is_each_users_last_row_in_file_order(tmp_path):
     # point 3: no timestamp column; the last row of each user, wherever it is in the file
     text = "user_id,item_id,click\n1,30,1\n2,10,1\n1,10,1\n2,40,1\n1,20,1\n2,30,1\n3,10,1\n3,20,1\n3,50,1\n3,40,1\n"
     d = _rows(tmp_path, "QB-article.csv", text, "tenrec", k=1)
-    assert d.test_items.tolist() == [1, 2, 3]  # raw 20, 30, 40 (items 10,20,30,40,50 -> 0..4)
+    assert d.test_items.tolist() == [3, 0, 2]  # raw 20, 30, 40 (items 30,10,40,20,50 -> 0..4, first seen)
     train, test = write_authors_files(d, tmp_path / "out", all_columns=True)
     assert train.read_text().splitlines()[0] == "user,item"  # no timestamp, no rating column
-    assert test.read_text().splitlines()[0].startswith("(0, 1)\t")
+    assert test.read_text().splitlines()[0].startswith("(0, 3)\t")
 
 
 def test_lastfm_2k_reads_the_four_column_file_with_timestamps(tmp_path):

@@ -4,7 +4,11 @@ Read from the authors' ``data/datasets/data_process.ipynb``, ``data/data_utils.p
 and ``models/fedrecgel.py``; every step below is theirs:
 
 1. Users with at least ``min_interactions`` rows (repeats counted) are kept;
-   users and items are re-indexed from 0 in ascending order of their raw ids.
+   users and items are re-indexed from 0 (the *ids* rule): FilmTrust's loader
+   keeps the raw ids, so the order is ascending raw ids (``raw``); the
+   Amazon-Video, LastFM-2K and QB-article loaders first ``pd.factorize`` the
+   whole file, so the order is that of first appearance in the file, dropped
+   users' rows included (``first-seen``).
 2. Timestamps, by dataset (the *holdout* rule):
 
    - ``random`` (FilmTrust, and any file without timestamps except Tenrec's):
@@ -50,6 +54,7 @@ from fedrecgel_secure.data.split import Split, _csr, filter_and_reindex
 from fedrecgel_secure.errors import BadInputError
 
 Holdout = Literal["random", "last-row", "timestamp"]
+IdOrder = Literal["raw", "first-seen"]
 TRAIN_FILE = "train_interactions.csv"
 TEST_NEG_FILE = "test_neg_interactions"
 
@@ -59,6 +64,11 @@ def authors_holdout(fmt: str, raw: RawInteractions) -> Holdout:
     if raw.timestamps is not None:
         return "timestamp"
     return "last-row" if fmt == "tenrec" else "random"
+
+
+def authors_ids(fmt: str) -> IdOrder:
+    """The order in which the authors re-index a file in format ``fmt`` (their loaders factorize all but FilmTrust)."""
+    return "first-seen" if fmt in ("amazon", "lastfm-ts", "tenrec") else "raw"
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ def authors_protocol(
     raw: RawInteractions,
     holdout: Holdout,
     *,
+    ids: IdOrder = "raw",
     min_interactions: int = 5,
     test_negatives: int = 99,
     seed: int = 42,
@@ -120,7 +131,10 @@ def authors_protocol(
             raise BadInputError(f"{raw.source}: the 'timestamp' holdout needs a timestamp column")
         stamps = raw.timestamps
 
-    keep, users, items = filter_and_reindex(raw.source, raw.users, raw.items, min_interactions)
+    users_raw, items_raw = raw.users, raw.items
+    if ids == "first-seen":  # pd.factorize codes: re-indexing them in ascending order keeps first appearance
+        users_raw, items_raw = _first_seen(users_raw), _first_seen(items_raw)
+    keep, users, items = filter_and_reindex(raw.source, users_raw, items_raw, min_interactions)
     stamps = stamps[keep]
     ratings = None if raw.ratings is None else raw.ratings[keep]
     n_users, n_items = int(users.max()) + 1, int(items.max()) + 1
@@ -146,6 +160,14 @@ def authors_protocol(
         is_test=is_test,
         test_negatives=negatives,
     )
+
+
+def _first_seen(ids: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... in order of first appearance (``pd.factorize(ids)[0]``)."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(first.size)
+    return rank[inverse.reshape(-1)]
 
 
 def _running_count(user_idx: np.ndarray) -> np.ndarray:
@@ -204,7 +226,7 @@ def write_authors_files(data: AuthorsData, out_dir: str | Path, *, all_columns: 
     ``str((uid, iid))``, Python's tuple text, then the negatives, tab-separated,
     in the order drawn: ``(0, 8)\\t914\\t13...``; ``\\n`` line ends.
 
-    User and item ids are the re-indexed ones (ascending raw ids).
+    User and item ids are the re-indexed ones (rule 1 of the module).
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
