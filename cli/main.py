@@ -16,11 +16,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fedrecgel_secure.cli.crash import note_run_dir, write_crash_log
 from fedrecgel_secure.errors import BadInputError
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    # never print locals: in a DP run they include the noise secret (main() reports internal errors instead)
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
     help="FedRecGEL federated recommendation with secure aggregation and client-level DP.",
 )
 policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
@@ -42,6 +46,7 @@ def user_errors(command):
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        note_run_dir(kwargs.get("out_dir") or kwargs.get("run_dir") or kwargs.get("study_dir"))
         try:
             return command(*args, **kwargs)
         except BadInputError as e:
@@ -533,7 +538,15 @@ the run."""
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except Exception as exc:  # an internal error: a short message, the traceback in a file, no locals anywhere
+        log = write_crash_log(exc)
+        where = f"the full traceback is in {log}" if log else "no traceback file could be written"
+        err.print(
+            f"internal error: {type(exc).__name__}: {exc}\n{where}", highlight=False, markup=False, soft_wrap=True
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":
