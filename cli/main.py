@@ -322,6 +322,12 @@ def data_split(
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
     test_negatives: Annotated[int, typer.Option(help="Negatives per test item.")] = 99,
     seed: Annotated[int, typer.Option(help="Seed of the timestamps and the test negatives.")] = 42,
+    all_columns: Annotated[
+        bool,
+        typer.Option(
+            "--all-columns", help="Not the authors' format: train file with a header, rating and timestamp columns."
+        ),
+    ] = False,
 ):
     """Write a leave-one-out split in the authors' file formats, to diff against their notebook's output."""
     from fedrecgel_secure.data.authors import write_authors_files
@@ -348,7 +354,7 @@ def data_split(
     except ValidationError as e:
         raise BadInputError(describe_errors(e, "fedrecgel data split")) from None
     split = authors_data(data)
-    train, test = write_authors_files(split, out_dir)
+    train, test = write_authors_files(split, out_dir, all_columns=all_columns)
     out.print(
         f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions"
         f"\nwrote {train}\nwrote {test}"
