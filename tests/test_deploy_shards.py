@@ -97,3 +97,19 @@ def test_a_shard_or_manifest_made_for_another_policy_is_refused_with_the_field(t
         load_shard(shard, policy, 2)
     with pytest.raises(BadInputError, match=r"not a readable shard"):
         load_shard(tmp_path / "ratings.txt", policy, 0)
+
+
+def test_each_node_is_given_its_own_shard_and_the_server_the_manifest(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, plan
+
+    policy = load_policy(_policy(tmp_path), ["privacy.secure_aggregation.scheme=bfv"])
+    dep = Deployment(policy, tmp_path / "deployed")
+    for k in range(3):  # deploy local: node k's command line names shard k's file and no other data
+        config = dep.supernode_argv(k, 9000)[-1]
+        assert f'data="{dep.shards / shard_name(k)}"' in config and config.count(".npz") == 1
+    assert "data=" not in dep.supernode_argv("keyholder", 9000)[-1]  # the key holder reads no data
+    text = plan(policy)
+    nodes = [line for line in text.splitlines() if line.startswith("flower-supernode")]
+    assert [f'data="shard-{k}.npz"' in line for k, line in enumerate(nodes[:3])] == [True] * 3
+    assert "data=" not in nodes[3]
+    assert 'catalogue="manifest.json"' in text and "fedrecgel data shard policy.toml --out shards" in text
