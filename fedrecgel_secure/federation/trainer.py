@@ -25,7 +25,7 @@ from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
-from fedrecgel_secure.federation.summers import make_summer
+from fedrecgel_secure.federation.summers import Summer, make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
@@ -49,17 +49,11 @@ GUARANTEE = {
 }
 
 
-def make_aggregation(policy: Policy, n_users: int, model: NeuMF, summer: Callable | None = None) -> AggregationRule:
-    """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for
-    seeded noise. ``summer(dim)`` builds the summer of ``dim``-long uploads (default: the simulator's, in process)."""
+def make_aggregation(policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer]) -> AggregationRule:
+    """The policy's aggregation rule with the summer ``summer(dim)`` of ``dim``-long uploads (:meth:`Trainer.
+    make_summer`); under DP, with a fresh CSPRNG secret unless the policy asks for seeded noise."""
     dim = sum(p.numel() for p in model.parameters())
-    secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
-    n_items = model.item_embeddings.numel()
-    if summer is None:
-
-        def summer(length: int):
-            return make_summer(secagg, n_users, length, n_items, policy.seed)
-
+    settings = policy.privacy.dp
     if not settings.enabled:
         return _with_canaries(policy, MeanAggregation(policy.federation.fraction, summer(dim)), dim)
     rule = make_dp_rule(policy, n_users)
