@@ -73,8 +73,9 @@ def train(msg: Message, context: Context) -> Message:
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
+        # (only an announcement of the round trained: the inputs are kept for that round alone)
         users = out["clients"].tolist()
-        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]))))
+        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]), round_idx=round_idx)))
     return Message(to_record(out), reply_to=msg)
 
 
@@ -124,7 +125,9 @@ def secagg(msg: Message, context: Context) -> Message:
         node.join(req["server_key"], req["session_tag"], keys)
         out = {"joined": 1}
     else:
-        out = reply(node.step(stage, messages_of(req), node.inputs(int(req["round"]))))
+        # each user masks its input of the round its attempt's signed announcement names; the payload's round is
+        # never read, so a server cannot relabel a released round's inputs for a new attempt
+        out = reply(node.step(stage, messages_of(req)))
     return Message(to_record(out), reply_to=msg)
 
 
