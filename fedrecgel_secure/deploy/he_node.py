@@ -209,7 +209,9 @@ class KeyHolderNode:
     def decrypt(self, aggregate: bytes, noise: np.ndarray | None) -> np.ndarray:
         """The checked aggregate's sum, plus the central ``noise`` drawn here.
 
-        Each round is released once. A request for the last released round
+        Each round is released once. The round is the aggregate's own, which
+        its contributors' signatures and tags bind (no field of the request's
+        payload). A request for the last released round
         that names the same contributors (a resumed server repeating the round
         its checkpoint missed) gets that same release back, so nothing new
         leaves; any other request for a released round is refused (``replay``).

@@ -164,15 +164,14 @@ class MaskingNode(UserIdentities):
         for path in self.dir.glob("inputs-*.npz"):
             round_idx = int(path.stem.split("-", 1)[1])
             with np.load(path, allow_pickle=False) as data:
-                kept = {k: data[k] for k in data.files}
-            done = [confirmed.get(int(c), -1) >= round_idx for c in kept["clients"].tolist()]
-            if not any(done):
-                continue
-            if all(done):
+                done = np.array([confirmed.get(int(c), -1) >= round_idx for c in data["clients"].tolist()])
+                if not done.any():
+                    continue  # the vectors are read only when a row goes
+                kept = {k: data[k][~done] for k in data.files}
+            if done.all():
                 path.unlink()
-                continue
-            keep = ~np.asarray(done)
-            self._write_inputs(path, {k: v[keep] for k, v in kept.items()})
+            else:
+                self._write_inputs(path, kept)
 
     def step(
         self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None, *, round_idx: int | None = None
