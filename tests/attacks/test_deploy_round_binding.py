@@ -9,7 +9,8 @@ ClientApp handlers over their state directories. The attacks:
 
 * relabelling: after round 1's release the server signs a new attempt "round 2"
   but sends the stages ``round = 1`` over the others, with no train stage, so
-  the nodes mask the vectors they kept for round 1;
+  the nodes mask the vectors they kept for round 1; or it has a node train one
+  round under the announcement of another;
 * a new session: the server sets up the session again (what a resumed server
   does), the nodes join it, and the server runs round 1 again over the others;
 * an honest resume: a server killed after round 2's release and before its
@@ -133,6 +134,23 @@ def test_a_server_relabelling_a_released_rounds_inputs_for_a_new_attempt_gets_no
         assert set(skipped.rejected.values()) == {"out_of_phase"}  # no input kept for the signed round 2
     else:
         pytest.fail(_leak(first, second, run.inputs[(1, victim)]))
+
+
+def test_a_train_message_announcing_another_round_than_it_trains_gets_no_advert(tmp_path, monkeypatch):
+    # The relabelling through the train stage: the server has node s train round 2 (its inputs are kept for round
+    # 2) but signs the attempt that rides on the message as round 3, so that round 2's inputs would be masked in an
+    # attempt of round 3 and again in one of round 2. Every user refuses the announcement: no attempt starts.
+    run = Deployed(tmp_path, monkeypatch, MASKING)
+    run.run()
+    server = run.server
+    summer = server.aggregation.summer
+    users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
+    common = server._common(1)
+    common.update(announce=summer.driver.begin(3), dim=summer.setup.dim, participants=int(users.size))
+    replies = server.stages.train(2, {0: users}, common)
+    assert {k: v for k, v in replies[0].items() if k[:2] in ("r:", "x:")} == {
+        f"x:{u}": "wrong_round" for u in users.tolist()
+    }
 
 
 def test_a_new_session_does_not_reopen_a_confirmed_round(tmp_path, monkeypatch):
