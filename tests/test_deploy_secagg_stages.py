@@ -205,7 +205,7 @@ def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
 
     nodes, driver = start(tmp_path)
     announcement = driver.begin(1)
-    payloads = {n: request("advertise", 1, dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
+    payloads = {n: request("advertise", dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
     adverts = nodes.exchange("advertise", payloads)  # as the train replies carry them
     sent = []
     driver.exchange = lambda stage, p: sent.append(stage) or nodes.exchange(stage, p)
@@ -243,7 +243,7 @@ def test_the_train_stages_users_advertise_only_for_the_round_trained(tmp_path):
 
     nodes, driver = start(tmp_path)
     announcement = driver.begin(2)
-    got = from_record(to_record(request("advertise", 2, dict.fromkeys(USERS_OF[0], b""), announcement)))
+    got = from_record(to_record(request("advertise", dict.fromkeys(USERS_OF[0], b""), announcement)))
     result = nodes.node(0).step("advertise", messages_of(got), round_idx=1)
     assert result.replies == {} and result.refused == dict.fromkeys(USERS_OF[0], "wrong_round")
     assert all(nodes.node(0)._client(u).attempt_round is None for u in USERS_OF[0])
