@@ -5,6 +5,7 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
+``nodes.json``          each node's pinned identity key (:mod:`.node_pins`), written by the ServerApp
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
