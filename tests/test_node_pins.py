@@ -62,7 +62,9 @@ def test_a_signed_hello_verifies_only_over_its_own_nonce_and_digest(tmp_path):
     assert "does not verify" in check_hello(7, reply, new_nonce(), "digest").refused
     assert "different policy" in check_hello(7, reply, nonce, "other").refused
     assert "the reply says '1'" in check_hello(7, {**reply, "shard": 1}, nonce, "digest").refused
-    assert "does not verify" in check_hello(7, {**reply, "hello": reply["hello"][:-1]}, nonce, "digest").refused
+    assert "not a signed hello" in check_hello(7, {**reply, "hello": reply["hello"][:-1]}, nonce, "digest").refused
+    flipped = reply["hello"][:-1] + bytes([reply["hello"][-1] ^ 1])
+    assert "does not verify" in check_hello(7, {**reply, "hello": flipped}, nonce, "digest").refused
     holder = signed_hello(tmp_path / "kh", "keyholder", "digest", nonce)
     assert check_hello(8, holder, nonce, "digest").who == "keyholder"
 

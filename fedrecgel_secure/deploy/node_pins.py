@@ -91,16 +91,20 @@ def check_hello(node_id: int, reply: dict, nonce: bytes, digest: str) -> Claim:
         body = json.loads(bytes(env.body))
         public = bytes.fromhex(body["identity"])
         if env.kind != Kind.NODE_HELLO or body.get("hello") != HELLO_VERSION:
-            return Claim(node_id, who, refused="not a signed hello")
-        IdentityDirectory({env.client_id: public}).verify(
-            nonce, env.kind, env.round_idx, env.client_id, env.digest, env.signature
-        )
-    except (KeyError, TypeError, ValueError, RejectedPayload) as exc:  # JSON, hex and key errors are ValueErrors
-        return Claim(node_id, who, refused=f"hello signature does not verify ({exc})")
-    if body["who"] != who or bytes(reply.get("identity", b"")) != public:
-        return Claim(node_id, who, refused=f"signed hello says {body['who']!r}, the reply says {who!r}")
-    if body["digest"] != digest or reply.get("digest") != digest:
-        return Claim(node_id, who, refused=f"runs a different policy (digest {str(body['digest'])[:12]})")
+            raise ValueError(f"kind {env.kind}, version {body.get('hello')!r}")
+        directory = IdentityDirectory({env.client_id: public})
+    except (AttributeError, KeyError, TypeError, ValueError, RejectedPayload, BadInputError) as exc:
+        return Claim(node_id, who, refused=f"not a signed hello ({exc!r})")
+    try:
+        directory.verify(nonce, env.kind, env.round_idx, env.client_id, env.digest, env.signature)
+    except RejectedPayload:
+        return Claim(node_id, who, refused="hello signature does not verify (not this key, or not this nonce)")
+    if body.get("who") != who:
+        return Claim(node_id, who, refused=f"signed hello says {body.get('who')!r}, the reply says {who!r}")
+    if reply.get("identity") != public:
+        return Claim(node_id, who, refused="the reply names another key than the signed hello")
+    if body.get("digest") != digest or reply.get("digest") != digest:
+        return Claim(node_id, who, refused=f"runs a different policy (digest {str(body.get('digest'))[:12]})")
     return Claim(node_id, who, identity=public.hex())
 
 

@@ -6,6 +6,9 @@ absent from the result: the caller's dropout path. Messages carry a TTL of the
 stage timeout, so a late reply expires instead of arriving in a later stage.
 With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
 a line: its name, wall time, and how many nodes were asked and answered.
+Before the first stage, :meth:`FlowerStages.connect` binds each shard (and the
+key holder) to the node whose signed hello carries its pinned identity key
+(:mod:`.node_pins`): a node's word alone never decides which users it is sent.
 """
 
 from __future__ import annotations
