@@ -170,7 +170,8 @@ def bind(claims: list[Claim], pins: dict[str, str], expected: list[str]) -> tupl
         mine = [c for c in mine if c not in elsewhere]
         if who in pins:
             other = [c for c in mine if c.identity != pins[who]]
-            refused += [_refuse(c, f"key {c.identity[:16]}.. is not the pinned {pins[who][:16]}..") for c in other]
+            reason = f"key {{}}.. is not the pinned {pins[who][:16]}.. (to re-key it, remove it from {NODE_PINS})"
+            refused += [_refuse(c, reason.format(c.identity[:16])) for c in other]
             mine = [c for c in mine if c not in other]
         if len(mine) == 1:
             bound[who] = mine[0].node_id
