@@ -37,17 +37,17 @@ def _commits(req: dict) -> dict[int, list[int]]:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    from fedrecgel_secure.deploy.node import ensure_identity, private_umask
+    """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
+    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
     private_umask()
     cfg = context.node_config
     digest = load_policy(cfg["policy"]).digest()
-    if cfg.get("role") == "keyholder":
-        return Message(to_record({"role": "keyholder", "digest": digest}), reply_to=msg)
-    shard = int(cfg["shard"])
-    public = ensure_identity(Path(cfg["state-dir"]), shard)
-    return Message(to_record({"shard": shard, "digest": digest, "identity": public}), reply_to=msg)
+    who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
+    out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
+    return Message(to_record(out), reply_to=msg)
 
 
 @app.train()
