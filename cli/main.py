@@ -588,6 +588,18 @@ the run."""
     typer.echo(plan(load_policy(policy, set_), policy.name))
 
 
+@deploy_app.command("identity")
+@user_errors
+def deploy_identity_cmd(
+    state_dir: Annotated[Path, typer.Argument(help="The node's state directory (its --node-config state-dir).")],
+):
+    """Print a node's identity public key (64 hex digits), making the key (0600) if it has none: run it on the \
+node's own machine and give the key to the server in [deployment] node_keys, so no other node can take its shard."""
+    from fedrecgel_secure.deploy.node_pins import identity_key
+
+    typer.echo(identity_key(state_dir))
+
+
 def main() -> None:
     try:
         app()

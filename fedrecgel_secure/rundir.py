@@ -6,6 +6,7 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 ``policy.resolved.toml``   the policy with every default filled in
 ``metrics.jsonl``          one evaluation record per line (round, loss, metrics, ...)
 ``checkpoint.pt``          everything needed to continue the run exactly (0600)
+``releases/round-R.npz``   a deployed masking round's released sum, reused by a resumed server (0600)
 ``summary.json``           :class:`RunSummary`, written when the run stops
 ``curves.png``             the run's curves (``fedrecgel train``)
 ``audit.json``             the privacy audit (``fedrecgel audit``, audited studies)

@@ -45,6 +45,7 @@ class InProcessGrid:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         self.app = clientapp.app
         shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
+        self.shards = shards
         self.catalogue = write_shards(load_policy(policy_file), shards)
         self.configs = {
             FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d, shards / shard_name(shard)))

@@ -91,6 +91,12 @@ class RemoteTrainer(Trainer):
         setup = he_node.setup_of(self.policy, dim)
         return NodeHESum(setup, exchange, self._key_holder_call(self.stages, dim), self._users_of(), dp)
 
+    def run(self, out_dir=None, *args, **kwargs) -> dict:
+        keep = getattr(self.aggregation.summer, "keep_releases", None)
+        if keep is not None and out_dir is not None:  # masking: each round's sum, for a resumed server to reuse
+            keep(out_dir, self.policy.checkpoint.every)
+        return super().run(out_dir, *args, **kwargs)
+
     @staticmethod
     def _secagg_exchange(stages, dim: int):
         def exchange(stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
