@@ -1,4 +1,4 @@
-"""The ClientApp a SuperNode runs: one shard of users (node_config: shard, state-dir, policy)."""
+"""The ClientApp a SuperNode runs: one shard of users (node_config: shard, state-dir, policy, data: its shard file)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _node(context: Context, digest: str | None):
     policy = load_policy(cfg["policy"])
     if digest is not None and digest != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
-    return Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]))
+    return Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]), Path(cfg["data"]))
 
 
 def _commits(req: dict) -> dict[int, list[int]]:
@@ -37,17 +37,17 @@ def _commits(req: dict) -> dict[int, list[int]]:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    from fedrecgel_secure.deploy.node import ensure_identity, private_umask
+    """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
+    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
     private_umask()
     cfg = context.node_config
     digest = load_policy(cfg["policy"]).digest()
-    if cfg.get("role") == "keyholder":
-        return Message(to_record({"role": "keyholder", "digest": digest}), reply_to=msg)
-    shard = int(cfg["shard"])
-    public = ensure_identity(Path(cfg["state-dir"]), shard)
-    return Message(to_record({"shard": shard, "digest": digest, "identity": public}), reply_to=msg)
+    who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
+    out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
+    return Message(to_record(out), reply_to=msg)
 
 
 @app.train()
@@ -64,10 +64,11 @@ def train(msg: Message, context: Context) -> Message:
         dp = node.dp_round(
             round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
         )
-    out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
-    if scheme != "none":  # the server gets each client's loss and size, and no vector in the clear
+    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
+    out = trained.payload(sealed=scheme != "none")
+    if scheme != "none":
         vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
-        out = {k: out[k] for k in ("clients", "bce", "examples")}
     if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
         partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
             round_idx, out["clients"], vectors, shares
@@ -80,8 +81,9 @@ def train(msg: Message, context: Context) -> Message:
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
+        # (only an announcement of the round trained: the inputs are kept for that round alone)
         users = out["clients"].tolist()
-        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]))))
+        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]), round_idx=round_idx)))
     return Message(to_record(out), reply_to=msg)
 
 
@@ -102,7 +104,7 @@ def _he_node(context: Context, policy, users: list[int], dim: int):
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
     masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
-    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.data.shards import load_shard
     from fedrecgel_secure.deploy.node import private_umask
     from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
     from fedrecgel_secure.policy import load_policy
@@ -114,7 +116,7 @@ def secagg(msg: Message, context: Context) -> Message:
     if req["digest"] != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
     shard = int(context.node_config["shard"])
-    users = policy.deployment.shard_users(load_split(policy.data).n_users, shard).tolist()
+    users = load_shard(Path(context.node_config["data"]), policy, shard).users.tolist()
     node = _masking_node(context, policy, users, int(req["dim"]))
     stage = str(req["stage"])
     keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
@@ -131,9 +133,9 @@ def secagg(msg: Message, context: Context) -> Message:
         node.join(req["server_key"], req["session_tag"], keys)
         out = {"joined": 1}
     else:
-        round_idx = int(req["round"])
-        sampled = node.sampled(round_idx) if stage == "masked" else None
-        out = reply(node.step(stage, messages_of(req), node.inputs(round_idx), sampled))
+        # each user masks its input of the round its attempt's signed announcement names; the payload's round is
+        # never read, so a server cannot relabel a released round's inputs for a new attempt
+        out = reply(node.step(stage, messages_of(req)))
     return Message(to_record(out), reply_to=msg)
 
 
@@ -167,13 +169,14 @@ def keyholder(msg: Message, context: Context) -> Message:
         if dp.enabled and dp.mode == "central":
             # the key holder draws the noise, so the server never learns it, and sizes it from its own policy:
             # C (under adaptive clipping, replayed over the released counts) and N; the request has no say
-            from fedrecgel_secure.deploy.node import population_of
+            from fedrecgel_secure.deploy.node import key_holder_population
             from fedrecgel_secure.federation.trainer import make_dp_mechanism
 
             counts = [float(c) for c in req.get("released_counts", ())]
             if len(counts) > round_idx - 1:  # one released count per earlier round at most
                 return Message(to_record({"refused": "released counts"}), reply_to=msg)
-            mechanism = make_dp_mechanism(policy, population_of(policy))
+            population = key_holder_population(policy, context.node_config.get("catalogue"))
+            mechanism = make_dp_mechanism(policy, population)
             clip_norm = mechanism.dp.clip_norm_after(counts)
             noise = mechanism.central_noise(round_idx, int(req["dim"]) - mechanism.extra, clip_norm).numpy()
         try:
@@ -188,4 +191,4 @@ def evaluate(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     out = node.evaluate(int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
-    return Message(to_record(out), reply_to=msg)
+    return Message(to_record(out.payload()), reply_to=msg)

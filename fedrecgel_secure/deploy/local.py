@@ -4,7 +4,10 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
+``shards/shard-K.npz``  node K's users' data (0600), the only data file node K is given
+``shards/manifest.json`` the public counts the server reads (catalogue size, users per node); no interaction
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
+``nodes.json``          each node's pinned identity key (:mod:`.node_pins`), written by the ServerApp
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
@@ -30,6 +34,7 @@ from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
 
 POLICY_FILE = "policy.deploy.toml"
+SHARDS = "shards"
 
 APP_PYPROJECT = """[build-system]
 requires = ["hatchling"]
@@ -56,6 +61,7 @@ clientapp = "fedrecgel_secure.deploy.clientapp:app"
 policy = ""
 out = ""
 resume = false
+catalogue = ""
 """
 
 
@@ -76,10 +82,14 @@ def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_
     (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
-def node_config(policy_file: Path, shard: int | str, state_dir: Path) -> str:
-    """A SuperNode's ``--node-config``: the shard of users it hosts, or ``role="keyholder"``."""
-    who = 'role="keyholder"' if shard == KEY_HOLDER else f"shard={shard}"
-    return f'{who} state-dir="{state_dir}" policy="{policy_file}"'
+def node_config(policy_file: Path, shard: int | str, state_dir: Path, data: Path | None = None) -> str:
+    """A SuperNode's ``--node-config``: the shard of users it hosts and its shard file ``data``, or
+    ``role="keyholder"`` (which reads no interaction data: its ``data`` is the public shard manifest, whose
+    number of users its central DP noise depends on)."""
+    if shard == KEY_HOLDER:
+        catalogue = "" if data is None else f' catalogue="{data}"'
+        return f'role="keyholder" state-dir="{state_dir}" policy="{policy_file}"{catalogue}'
+    return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}" data="{data}"'
 
 
 def resolve_policy(
@@ -129,6 +139,7 @@ class Deployment:
         self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr"), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
         self.tls: TlsFiles | None = None
         self.port: int | None = None
+        self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
         write_app(self.out / "app")
 
     def describe(self) -> str:
@@ -201,8 +212,15 @@ class Deployment:
             str(port),
             *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
             "--node-config",
-            node_config(self.policy_file, shard, state_dir),
+            node_config(self.policy_file, shard, state_dir, self.node_data(shard)),
         ]
+
+    def node_data(self, shard: int | str) -> Path:
+        """What a SuperNode reads: its shard file, or, for the key holder, the public manifest only."""
+        return self.shards / MANIFEST if shard == KEY_HOLDER else self.shard_file(shard)
+
+    def shard_file(self, shard: int) -> Path:
+        return self.shards / shard_name(shard)
 
     def register_node(self, public_key: Path, name: str) -> None:
         """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
@@ -237,6 +255,8 @@ class Deployment:
 
     def start(self) -> None:
         d = self.policy.deployment
+        # the policy's split, cut into one file per node: each node process is given only its own
+        write_shards(self.policy, self.shards)
         roles = list(range(d.nodes)) + ([KEY_HOLDER] if self.policy.privacy.secure_aggregation.scheme == "bfv" else [])
         n = len(roles)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
@@ -267,7 +287,10 @@ class Deployment:
 
     def launch(self, resume: bool) -> subprocess.Popen:
         """Start the run (``flwr run``); the ServerApp itself is a child of the SuperLink."""
-        cfg = f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
+        cfg = (
+            f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
+            f' catalogue="{self.shards / MANIFEST}"'
+        )
         self.procs.stop("flwr-run")
         return self.procs.start(
             "flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env
@@ -365,8 +388,9 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     keyed = shards + ([KEY_HOLDER] if bfv else [])  # every SuperNode: the client nodes, and the BFV key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
-        "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
-        f"# the same {policy_name} and the dataset it names.",
+        "every machine needs `pip install 'fedrecgel-secure[flower]'`",
+        f"# and the same {policy_name}; node K its own shard-K.npz and no other data, the SuperLink machine"
+        f" {MANIFEST} only.",
     ]
     if not tls.enabled:
         out += [
@@ -407,6 +431,28 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         for k in keyed:
             out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
         out += [*each, "# send node-K.key.pub (public) to the operator"]
+    section("Data: one shard per node (wherever the dataset is; in a real federation each node has its own)")
+    out += [
+        f"fedrecgel data shard {policy_name} --out shards",
+        *[
+            f"# node {k}: copy shards/{shard_name(int(k)) if k != 'K' else 'shard-K.npz'} to node {k}'s machine"
+            " only (0600: its users' interactions, under user indices, no raw ids)"
+            for k in shards
+        ],
+        f"# the SuperLink machine: shards/{MANIFEST} only (public: the catalogue size and each node's user count)",
+        *(
+            [f"# the key holder's machine: shards/{MANIFEST} too (its DP noise needs the number of users)"]
+            if bfv
+            else []
+        ),
+    ]
+    section("Identity keys: on each node's own machine (the private key never leaves it)")
+    out.append("# each node signs its hello to the server with identity.pem (Ed25519) in its state directory")
+    for k in keyed:
+        where = d.key_holder_dir if k == KEY_HOLDER else state[k]
+        who = "the key holder" if k == KEY_HOLDER else f"node {k}"
+        out.append(f"mkdir -m 700 -p {where} && fedrecgel deploy identity {where}   # {who}: prints its key")
+    out += [*each, "# send the printed keys (public) to the operator"]
     section("SuperLink machine")
     out += [
         "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
@@ -432,6 +478,20 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         section("Operator: register each node's public key before that node starts")
         out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in keyed]
         out += [*each, "flwr supernode list deploy   # registered nodes; 'online' once connected"]
+    section(f"Operator: pin the identity keys in {policy_name}, then give every machine that file")
+    out += [
+        "# the server refuses a node whose signed hello is under another key: that node never takes the shard,",
+        "# whose users drop out instead; a node not listed here is pinned when it first answers (nodes.json in",
+        "# the run directory, kept across resumes)",
+        "[deployment.node_keys]",
+    ]
+    for k in [*keyed, *each]:
+        if k.startswith("#"):
+            out.append(k)
+        elif k in d.node_keys:
+            out.append(f'"{k}" = "{d.node_keys[k]}"')
+        else:
+            out.append(f'"{k}" = "<the key {"the key holder" if k == KEY_HOLDER else f"node {k}"} printed>"')
     section("Each node, on its own machine")
     for k in shards:
         out += [
@@ -439,7 +499,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             f"mkdir -m 700 -p {state[k]}",
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
-            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
+            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}" data="shard-{k}.npz"\'',
         ]
     out += each
     if bfv:
@@ -447,16 +507,17 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
         out += [
             f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",
-            "# session.json (the last round it released); it reads the policy but no data",
+            f"# session.json (the last round it released); it reads the policy and {MANIFEST} but no interaction data",
             f"mkdir -m 700 -p {kh}",
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{KEY_HOLDER}.key" if auth else "")
-            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}"\'',
+            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"\'',
         ]
     section("Start the run (operator)")
     out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
-        f'flwr run app deploy --stream --run-config \'policy="{policy_name}" out="runs/deployed" resume=false\'',
+        "flwr run app deploy --stream --run-config"
+        f' \'policy="{policy_name}" out="runs/deployed" resume=false catalogue="{MANIFEST}"\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
         "# after a ServerApp crash, run the same command with resume=true.",
     ]

@@ -135,7 +135,7 @@ def _deploy(tmp_path: Path, extra: str, tamper, rounds: int = 1, key_holder: boo
     out = tmp_path / "deployed"
     holder = out / "nodes" / "keyholder" if key_holder else None
     grid = TamperingGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, holder, tamper=tamper)
-    run_server(grid, policy_file, out, resume=False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     return grid
 
 
