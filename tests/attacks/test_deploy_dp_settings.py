@@ -238,6 +238,37 @@ def test_the_key_holder_adds_its_central_noise_from_its_own_policy(tmp_path, mon
     assert len(stds) == 1 and 0.9 * Z * C < stds[0] < 1.1 * Z * C
 
 
+@pytest.mark.parametrize("forge", ["a forged round and 1000 counts", "forged counts for the real rounds"])
+def test_under_adaptive_clipping_the_key_holder_sizes_its_noise_from_its_own_record(tmp_path, monkeypatch, forge):
+    # Central DP + adaptive clipping under BFV. The server tells the key holder that nobody was clipped, over and
+    # over ("released counts" of 1e9), with a round label far ahead so that a length check passes: each such
+    # count shrinks the clip norm by exp(-eta * gamma). Found by a hostile review: with 1000 forged counts the
+    # noise of every release fell from 0.36-0.42 to below 3e-9; with forged counts for the real rounds it
+    # drifted down by exp(-0.1) a round. The key holder now replays the counts it released itself, for the
+    # aggregate's signed round, and the request carries the aggregate alone.
+    def forged(group, payload):
+        if group != "keyholder-decrypt":
+            return False
+        if forge == "a forged round and 1000 counts":
+            payload["round"], payload["released_counts"] = 1001, [1e9] * 1000
+        else:
+            payload["released_counts"] = [1e9] * 2
+        return True
+
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "attacked").mkdir()
+    honest = Observed(monkeypatch)
+    _deploy(tmp_path / "honest", BFV + dp("central") + ADAPTIVE, lambda group, payload: False, 3, key_holder=True)
+    expected = honest.noise_stds(_update_dim(tmp_path / "honest"))
+    attacked = Observed(monkeypatch)
+    _deploy(tmp_path / "attacked", BFV + dp("central") + ADAPTIVE, forged, 3, key_holder=True)
+    stds = attacked.noise_stds(_update_dim(tmp_path / "attacked"))
+    print("noise std of each release, honest:", expected, "attacked:", stds)
+    assert len(stds) == len(expected) == 3
+    assert stds == pytest.approx(expected, rel=1e-9)  # the very same noise: the request had no say
+    assert min(stds) > 0.5 * Z * 0.2
+
+
 def test_under_masking_a_cohort_larger_than_the_stated_sample_is_refused(tmp_path, monkeypatch):
     # Each node is told that the sample is just its own sampled users: a possible size, so the train stage goes
     # on. But the noise shares are then sized for a sample smaller than the cohort that signed its keys in: the
