@@ -269,6 +269,31 @@ def test_under_adaptive_clipping_the_key_holder_sizes_its_noise_from_its_own_rec
     assert min(stds) > 0.5 * Z * 0.2
 
 
+def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_path, monkeypatch):
+    # The server samples two users and states the largest sample a node accepts (the policy's Poisson bound):
+    # each share is sized for the bound, so the release carried z*C*sqrt(2/bound). Found by a hostile review:
+    # no node refused, and the noise was 0.144 for a planned 0.5. Each user now checks the stated sample against
+    # the cohort it signed in, at the masked stage, and refuses when it is larger: the round is skipped.
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.federation.trainer import make_dp_mechanism
+    from fedrecgel_secure.policy import load_policy
+
+    sample = RemoteTrainer.client_updates
+    monkeypatch.setattr(RemoteTrainer, "client_updates", lambda trainer, clients: sample(trainer, clients[:2]))
+
+    def at_the_bound(group, payload):
+        if not group.startswith("round-"):
+            return False
+        payload["participants"] = make_dp_mechanism(load_policy(tmp_path / "policy.toml"), 24).dp.max_participants
+        return True
+
+    seen = Observed(monkeypatch)
+    grid = _deploy(tmp_path, MASKING + dp("distributed"), at_the_bound)
+    print("refusals:", grid.refusals, "releases:", len(seen.releases))
+    assert seen.releases == []  # nothing released from shares sized for a sample that did not sign in
+    assert run_records(tmp_path / "deployed")[0]["contributors"] == 0
+
+
 def test_under_masking_a_cohort_larger_than_the_stated_sample_is_refused(tmp_path, monkeypatch):
     # Each node is told that the sample is just its own sampled users: a possible size, so the train stage goes
     # on. But the noise shares are then sized for a sample smaller than the cohort that signed its keys in: the
