@@ -79,11 +79,14 @@ def train(msg: Message, context: Context) -> Message:
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
         masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
-        from fedrecgel_secure.deploy.secagg_stages import reply
+        from fedrecgel_secure.deploy.secagg_stages import reply, train_binding
 
-        # (only an announcement of the round trained: the inputs are kept for that round alone)
+        # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
+        # model and settings this node was sent: users sent another model than their peers get no sum
         users = out["clients"].tolist()
-        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]), round_idx=round_idx)))
+        binding = train_binding(req["shared"], req.get("participants"), req.get("clip_norm"))
+        announced = dict.fromkeys(users, req["announce"])
+        out.update(reply(masking.step("advertise", announced, round_idx=round_idx, binding=binding)))
     return Message(to_record(out), reply_to=msg)
 
 

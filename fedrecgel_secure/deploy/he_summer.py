@@ -92,9 +92,10 @@ class NodeHESum:
             session["context"], IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
         )
 
-    def announce(self, round_idx: int, clip_norm: float | None) -> None:
+    def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"") -> None:
         """Round ``round_idx`` starts (the session first, once); ``clip_norm`` goes to the nodes with the train
-        message (the key holder computes its own)."""
+        message (the key holder computes its own). ``binding`` (the model's digest) binds masking attempts only:
+        BFV proofs do not carry it yet."""
         if self.aggregator is None:
             self.start()
         self.partials, self.clipped = {}, 0

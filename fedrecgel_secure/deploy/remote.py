@@ -137,8 +137,11 @@ class RemoteTrainer(Trainer):
             # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
+            from fedrecgel_secure.deploy.secagg_stages import train_binding
+
+            binding = train_binding(common["shared"], int(clients.size), clip_norm)  # the attempt is bound to it
             common.update(
-                announce=summer.announce(r, clip_norm),
+                announce=summer.announce(r, clip_norm, binding),
                 dim=summer.setup.dim,
                 participants=int(clients.size),
                 clip_norm=clip_norm,

@@ -192,15 +192,23 @@ class MaskingNode(UserIdentities):
                 self._write_inputs(path, kept)
 
     def step(
-        self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None, *, round_idx: int | None = None
+        self,
+        stage: str,
+        messages: Mapping[int, bytes],
+        inputs: Inputs | None = None,
+        *,
+        round_idx: int | None = None,
+        binding: bytes = b"",
     ) -> StageResult:
         """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users).
 
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
         default). ``round_idx``: the round the node trained, when the announcement came with the train message;
-        then a user refuses an announcement of any other round. Masked stage: a user whose signed cohort is
-        larger than the sample its DP noise share was sized for (:meth:`sampled`) refuses to upload (the server
-        misstated the sample, so the shares would not add up to the planned noise).
+        then a user refuses an announcement of any other round; ``binding``: the digest of the model it was
+        trained on (:func:`~fedrecgel_secure.deploy.secagg_stages.train_binding`), which the attempt is bound to.
+        Masked stage: a user whose signed cohort is larger than the sample its DP noise share was sized for
+        (:meth:`sampled`), or smaller, refuses to upload: the server misstated the sample, so the shares would
+        not add up to the planned noise.
         """
         if stage not in STAGES:
             raise ValueError(f"unknown masking stage {stage!r}")
@@ -223,7 +231,7 @@ class MaskingNode(UserIdentities):
             client = clients[u]
             try:
                 if stage == "advertise":
-                    reply = client.advertise(messages[u], expect_round=round_idx)
+                    reply = client.advertise(messages[u], expect_round=round_idx, binding=binding)
                 elif stage == "share":
                     reply = client.share_keys(messages[u])
                 elif stage == "masked":

@@ -16,6 +16,7 @@ built from the public keys the nodes report (:func:`reported_keys`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
@@ -31,6 +32,18 @@ log = logging.getLogger("fedrecgel_secure.secagg")
 # stage name, payload per node -> the replies that arrived in time, per node
 Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 Admit = Callable[[list[int]], "str | None"]
+
+
+def train_binding(shared: np.ndarray, participants: int | None, clip_norm: float | None) -> bytes:
+    """SHA-256 of what a round's uploads are computed from, as the train message states it: the model and the DP
+    settings. Server and node each derive it from what they sent or received, and the round's masking attempt is
+    bound to it (:meth:`MaskingClient.advertise`): a server that sends one node another model (say a zero model
+    everywhere but at the victim's node, so that the sum is the victim's upload) gets no sum."""
+    h = hashlib.sha256(b"fedrecgel/train-binding/v1")
+    model = np.ascontiguousarray(shared)
+    h.update(str(model.dtype).encode() + b":" + str(model.shape).encode() + b":" + model.tobytes())
+    h.update(f"|participants={participants}|clip_norm={None if clip_norm is None else float(clip_norm)!r}".encode())
+    return h.digest()
 
 
 def request(stage: str, messages: Mapping[int, bytes], broadcast: bytes | None = None) -> dict:
@@ -147,10 +160,11 @@ class MaskingDriver:
     def exchange(self, exchange: Exchange) -> None:
         self.nodes.exchange = exchange
 
-    def begin(self, round_idx: int, round_seed: bytes | None = None) -> bytes:
-        """Start an attempt; the announcement may travel with the train message (then pass the replies'
-        adverts to :meth:`run_round`), saving one stage per round."""
-        return self.agg.begin_round(round_idx, round_seed)
+    def begin(self, round_idx: int, round_seed: bytes | None = None, binding: bytes = b"") -> bytes:
+        """Start an attempt bound to ``binding`` (:func:`train_binding`); the
+        announcement may travel with the train message (then pass the replies' adverts to :meth:`run_round`),
+        saving one stage per round."""
+        return self.agg.begin_round(round_idx, round_seed, binding)
 
     def run_round(
         self,

@@ -149,14 +149,14 @@ class NodeMaskingSum:
         )
         self.driver = MaskingDriver(agg, self.exchange, self.users_of)
 
-    def announce(self, round_idx: int, clip_norm: float | None = None) -> bytes:
-        """Start round ``round_idx``'s attempt; its announcement goes with the train message (``clip_norm``, which
-        the nodes clip to, travels with it too)."""
+    def announce(self, round_idx: int, clip_norm: float | None = None, binding: bytes = b"") -> bytes:
+        """Start round ``round_idx``'s attempt, bound to ``binding`` (the digest of the model and DP settings the
+        train message carries, :func:`train_binding`); its announcement goes with the train message."""
         if self.driver is None:
             self.start()
         assert self.driver is not None
         self.adverts = None
-        return self.driver.begin(round_idx)
+        return self.driver.begin(round_idx, binding=binding)
 
     def received(self, replies: dict[int, dict]) -> None:
         """The train replies, which carry the users' adverts (``r:U`` / ``x:U``)."""

@@ -147,7 +147,10 @@ def test_a_train_message_announcing_another_round_than_it_trains_gets_no_advert(
     summer = server.aggregation.summer
     users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
     common = server._common(1)
-    common.update(announce=summer.driver.begin(3), dim=summer.setup.dim, participants=int(users.size))
+    from fedrecgel_secure.deploy.secagg_stages import train_binding
+
+    binding = train_binding(common["shared"], int(users.size), None)  # bound to the model, as an honest one is
+    common.update(announce=summer.driver.begin(3, binding=binding), dim=summer.setup.dim, participants=int(users.size))
     replies = server.stages.train(2, {0: users}, common)
     assert {k: v for k, v in replies[0].items() if k[:2] in ("r:", "x:")} == {
         f"x:{u}": "wrong_round" for u in users.tolist()

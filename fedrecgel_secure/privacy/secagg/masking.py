@@ -267,8 +267,12 @@ def _share_cipher(
     return ChaCha20Poly1305(_hkdf(shared, b"share-key", round_seed, info)), info + round_seed + cohort
 
 
-def _context(session_tag: bytes, round_seed: bytes) -> bytes:
-    return struct.pack(">H", len(session_tag)) + session_tag + round_seed
+def _context(session_tag: bytes, round_seed: bytes, binding: bytes = b"") -> bytes:
+    """What every signature of an attempt is bound to: the session, the attempt's seed and, in a deployment,
+    ``binding``, a digest of what the round computes on (the model every user was sent), which each party derives
+    from what it received itself. Users sent different models then derive different contexts, cannot verify
+    each other's adverts, and abort before anything is masked (a model-inconsistency attack)."""
+    return struct.pack(">H", len(session_tag)) + session_tag + round_seed + binding
 
 
 def cohort_digest(cohort: Iterable[int]) -> bytes:

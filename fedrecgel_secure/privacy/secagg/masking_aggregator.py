@@ -68,6 +68,7 @@ class MaskedSum:
 class _AggRound:
     round_idx: int
     round_seed: bytes
+    binding: bytes = b""  # what the attempt's signatures are bound to besides the seed (:func:`_context`)
     phase: Kind = Kind.MASK_ADVERTISE
     adverts: dict[int, bytes] = field(default_factory=dict)
     keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
@@ -120,10 +121,11 @@ class MaskingAggregator:
     # it moves only when finish() succeeds.
 
     def _seal(self, st: _AggRound, kind: Kind, body: bytes) -> bytes:
-        return self.identity.seal(kind, st.round_idx, body, _context(self.session_tag, st.round_seed))
+        return self.identity.seal(kind, st.round_idx, body, _context(self.session_tag, st.round_seed, st.binding))
 
-    def begin_round(self, round_idx: int, round_seed: bytes | None = None) -> bytes:
-        """Start an attempt; returns the signed announcement."""
+    def begin_round(self, round_idx: int, round_seed: bytes | None = None, binding: bytes = b"") -> bytes:
+        """Start an attempt; returns the signed announcement. ``binding``: a digest of the model the round's
+        clients were sent (a deployment), which every signature of the attempt is bound to (:func:`_context`)."""
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
             raise ProtocolStateError(
@@ -132,7 +134,7 @@ class MaskingAggregator:
         seed = secrets.token_bytes(SEED_BYTES) if round_seed is None else bytes(round_seed)
         if len(seed) != SEED_BYTES:
             raise ProtocolStateError(f"round seed must be {SEED_BYTES} bytes")
-        self._round = st = _AggRound(round_idx, seed)
+        self._round = st = _AggRound(round_idx, seed, bytes(binding))
         return self._seal(st, Kind.MASK_ANNOUNCE, encode_announcement(round_idx, seed))
 
     def _skip(self, skipped: RoundSkipped) -> RoundSkipped:
@@ -162,7 +164,7 @@ class MaskingAggregator:
                 kind=st.phase,
                 round_idx=st.round_idx,
                 completed_round=self.last_completed_round,
-                context=_context(self.session_tag, st.round_seed),
+                context=_context(self.session_tag, st.round_seed, st.binding),
             )
             {
                 Kind.MASK_ADVERTISE: self._on_advert,

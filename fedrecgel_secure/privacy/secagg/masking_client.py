@@ -181,15 +181,17 @@ class MaskingClient:
 
     # --- steps ---
 
-    def advertise(self, announcement: bytes, *, expect_round: int | None = None) -> bytes:
+    def advertise(self, announcement: bytes, *, expect_round: int | None = None, binding: bytes = b"") -> bytes:
         """Start an attempt of the announced round; ``expect_round``: the only round the caller has an input for
-        (a deployment's node trained it), so an announcement of another round is refused (``wrong_round``)."""
+        (a deployment's node trained it), so an announcement of another round is refused (``wrong_round``).
+        ``binding``: the digest of the model this client was sent (a deployment); the attempt's signatures are
+        bound to it, so a client sent another model than its peers cannot complete the attempt with them."""
         try:
             env = Envelope.parse(announcement)
             round_idx, seed = decode_announcement(env.body)
         except RejectedPayload as exc:
             raise self._violation(exc.reason, f"announcement: {exc.detail}") from None
-        self._open(announcement, Kind.MASK_ANNOUNCE, round_idx, _context(self.session_tag, seed))
+        self._open(announcement, Kind.MASK_ANNOUNCE, round_idx, _context(self.session_tag, seed, binding))
         if expect_round is not None and round_idx != expect_round:
             raise self._violation(Reason.WRONG_ROUND, f"an announcement of round {round_idx}, expected {expect_round}")
         if round_idx <= self._confirmed_round:
@@ -199,7 +201,7 @@ class MaskingClient:
         st = _ClientRound(
             round_idx, seed, X25519PrivateKey.generate(), X25519PrivateKey.generate(), secrets.token_bytes(32)
         )
-        st.context = _context(self.session_tag, seed)
+        st.context = _context(self.session_tag, seed, binding)
         self._round = st
         body = st.c_key.public_key().public_bytes_raw() + st.s_key.public_key().public_bytes_raw()
         return self.identity.seal(Kind.MASK_ADVERTISE, round_idx, body, st.context)

@@ -1,0 +1,59 @@
+"""Attack: model inconsistency under deployed masking (Pasquini et al., CCS 2022, "Eluding secure aggregation in
+federated learning via model inconsistency").
+
+The malicious server sends the victim's node the real model and every other node an all-zero model, whose local
+training moves almost nothing, and samples the victim alone on its node: the released masked sum is then the
+victim's upload. Found by a hostile review of the deployment: before the fix nothing bound the train message's
+model to the signed announcement, and the released sum equalled the victim's upload in all but 1 of 2281
+coordinates (the output bias). Now each masking attempt is bound to a digest of the model and the DP settings
+each user was sent (:func:`~fedrecgel_secure.deploy.secagg_stages.train_binding`): users sent different models
+cannot verify each other's adverts, so nothing is masked and nothing released.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import write_deploy_policy
+from inprocess_grid import FIRST_NODE_ID
+from test_deploy_dp_settings import MASKING, Observed, TamperingGrid
+
+VICTIM_NODE = FIRST_NODE_ID  # shard 0
+
+
+class PerNodeModels(TamperingGrid):
+    """The server's transport: every train message but the victim node's carries an all-zero model."""
+
+    def push_messages(self, messages):
+        from fedrecgel_secure.deploy.stages import from_record, to_record
+
+        messages = list(messages)
+        for msg in messages:
+            if msg.metadata.group_id.startswith("round-") and msg.metadata.dst_node_id != VICTIM_NODE:
+                payload = from_record(msg.content)
+                payload["shared"] = np.zeros_like(payload["shared"])
+                msg.content = to_record(payload)
+        return super().push_messages(messages)
+
+
+def test_a_model_sent_to_one_node_only_gets_the_server_no_sum(tmp_path, monkeypatch):
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.serverapp import run_server
+
+    sample = RemoteTrainer.client_updates
+
+    def the_victim_alone_on_its_node(trainer, clients):  # the server's own sample, which no one can check
+        first_on_zero = clients[trainer.shard[clients] == 0][:1]
+        return sample(trainer, clients[(trainer.shard[clients] != 0) | np.isin(clients, first_on_zero)])
+
+    monkeypatch.setattr(RemoteTrainer, "client_updates", the_victim_alone_on_its_node)
+    seen = Observed(monkeypatch)
+    policy_file = write_deploy_policy(tmp_path, MASKING, 1, 3, timeout=1.0, heartbeat=0.05)
+    out = tmp_path / "deployed"
+    grid = PerNodeModels(policy_file, [out / "nodes" / str(s) for s in range(3)], None, None, tamper=lambda g, p: False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    print("releases:", [(r, ids.tolist()) for r, ids, _ in seen.releases])
+    assert seen.releases == []  # no sum, so nothing to read the victim's upload from
