@@ -23,13 +23,14 @@ from pathlib import Path
 
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
-from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
+from fedrecgel_secure.deploy.processes import Processes, free_ports, stop_on_signals, wait_for_port
 from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
 
 POLICY_FILE = "policy.deploy.toml"
+CONTROL_TOKEN_FILE = "control-token"  # the SuperLink's Control API token (superlink.py), 0600
 
 APP_PYPROJECT = """[build-system]
 requires = ["hatchling"]
@@ -126,7 +127,9 @@ class Deployment:
         # SuperExec polls for a new clientapp task every second by default; every stage waits for that poll,
         # on every node (0.1 s: a stage about 1 s faster, measured; the user's own setting wins)
         poll = os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
-        self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr"), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
+        self.flwr_home = self.out / ".flwr"
+        self.control_token = self.flwr_home / CONTROL_TOKEN_FILE
+        self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         write_app(self.out / "app")
@@ -144,7 +147,10 @@ class Deployment:
         }[scheme]
         seeded = ", SEEDED noise (research mode: predictable from the policy)" if dp.noise == "seeded" else ""
         noise = f"; DP {dp.mode}{seeded}" if dp.enabled else ""
-        return f"starting a SuperLink and {nodes} ({transport}; {sees}{noise}); logs in {self.procs.log_dir}"
+        # what another account of this machine can still do (see superlink.py for what it cannot)
+        fleet = "" if tls.node_authentication else "; any local account can attach a SuperNode (no node authentication)"
+        control = f"; runs start with this deployment's control token only{fleet}"
+        return f"starting a SuperLink and {nodes} ({transport}; {sees}{noise}{control}); logs in {self.procs.log_dir}"
 
     def _tls_files(self) -> TlsFiles | None:
         tls = self.policy.deployment.tls
@@ -174,7 +180,12 @@ class Deployment:
             ]
         )
         return [
-            _bin("flower-superlink"),
+            # flwr's flower-superlink with the Control API closed to all but this deployment's token (superlink.py)
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.deploy.superlink",
+            "--control-token-file",
+            str(self.control_token),
             *sec,
             *(["--enable-supernode-auth"] if tls.node_authentication else []),
             "--host",
@@ -242,15 +253,17 @@ class Deployment:
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
         self.port, *node_ports = free_ports(1 + n)
         self.procs.log_dir.mkdir(parents=True, exist_ok=True)
+        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
+
         self.tls = self._tls_files()
+        address = f"{self.HOST}:{self.port}"
+        new_control_token(self.control_token)  # a new one for each start: an earlier start's SuperLink is gone
+        write_connection(
+            self.flwr_home, address, insecure=self.tls is None, root_cert=str(self.tls.ca_cert) if self.tls else None
+        )
+        store_control_token(self.flwr_home, address, self.control_token)
         link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
         wait_for_port(self.HOST, self.port, 60, link)
-        write_connection(
-            self.out / ".flwr",
-            f"{self.HOST}:{self.port}",
-            insecure=self.tls is None,
-            root_cert=str(self.tls.ca_cert) if self.tls else None,
-        )
         for shard, port in zip(roles, node_ports):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -329,13 +342,15 @@ def deploy_local(
     on_progress: Callable[[int], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict:
+    """One run to the end; every process stopped by PID, also on Ctrl-C, SIGTERM or SIGHUP (then re-raised)."""
     policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
     dep = Deployment(policy, out, say)
-    try:
-        dep.start()
-        return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
-    finally:
-        dep.stop()
+    with stop_on_signals():
+        try:
+            dep.start()
+            return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
+        finally:
+            dep.stop()
 
 
 def _ip_or_dns(host: str) -> str:
@@ -409,11 +424,16 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out += [*each, "# send node-K.key.pub (public) to the operator"]
     section("SuperLink machine")
     out += [
-        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
-        "# the Control API has NO authentication in this build: anyone who reaches the port can start, stop or",
-        "# register; let only the nodes' and the operator's addresses reach it (firewall)",
-        f"flower-superlink {link_sec}" + (" --enable-supernode-auth" if auth else "") + f" --host {s.host}"
-        f" --port {s.port} --disable-runtime-dependency-installation"
+        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42.",
+        "# Starting a run runs that app's code here and on every node, as their users; flwr's open-source build",
+        "# authenticates nobody on the Control API, so the SuperLink is flwr's flower-superlink (same flags) started",
+        f"# by fedrecgel: it serves the Control API to the holder of {CONTROL_TOKEN_FILE} only (401 for anyone else).",
+        f"# Copy {CONTROL_TOKEN_FILE} (0600) to the operator only; still let only the nodes' and the operator's",
+        "# addresses reach the port (firewall): the Fleet and Runtime APIs take no token",
+        f"(umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > {CONTROL_TOKEN_FILE})",
+        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
+        + (" --enable-supernode-auth" if auth else "")
+        + f" --host {s.host} --port {s.port} --disable-runtime-dependency-installation"
         + (" --database superlink.db   # registrations survive a restart" if auth else ""),
     ]
     section("Operator: the connection (FLWR_HOME/config.toml, default ~/.flwr/config.toml)")
@@ -428,6 +448,10 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     ]
     if tls.enabled:
         out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
+    out += [
+        f"# and the SuperLink's {CONTROL_TOKEN_FILE} (0600), into FLWR_HOME's credential store for this address:",
+        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} --store-for {address}",
+    ]
     if auth:
         section("Operator: register each node's public key before that node starts")
         out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in keyed]
