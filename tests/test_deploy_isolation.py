@@ -13,6 +13,7 @@ Every wait is bounded and every process is stopped by PID in a ``finally``, also
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -121,6 +122,82 @@ def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deploym
     assert ran == {}, f"the stranger's code ran as the deployment's user: {ran}"
     assert result.returncode != 0, result.stdout + result.stderr
     assert len(owner_sees) == 2
+
+
+# Another account's program against a Runtime API (the SuperLink's, or a SuperNode's, on 127.0.0.1): flwr's own
+# client, as a SuperExec uses it, but without anything of the deployment's. It asks for a task of the given type
+# every 5 ms (a SuperExec asks every 0.1 s) until it gets one, reads what the task's process would read, and writes
+# it to OUT; or writes how it was refused.
+TASK_THIEF = """import json, sys, time
+from flwr.proto.runtime_pb2 import AcquireTaskRequest, PullAppMessagesRequest, PullTaskInputRequest
+from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+from flwr.supercore.interceptors.http.runtime_token import RuntimeTokenHttpInterceptor
+from flwr.supercore.runtime import RuntimeHttpClient
+
+address, task_type, out, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+
+def client(*extra):
+    version = RuntimeVersionHttpInterceptor(component_name="SuperExec")
+    return RuntimeHttpClient.from_server_address(address, True, None, [version, *extra])
+
+
+got, deadline = {"refused": None}, time.monotonic() + seconds
+while time.monotonic() < deadline:
+    try:
+        res = client().AcquireTask(AcquireTaskRequest(supported_task_types=[task_type]))
+    except Exception as e:
+        got["refused"] = f"{type(e).__name__}: {e}"[:300]
+        break
+    if res.HasField("task") and res.token:
+        thief = client(RuntimeTokenHttpInterceptor(res.token))
+        task = thief.PullTaskInput(PullTaskInputRequest())
+        got["node_config"] = {k: str(v).strip() for k, v in task.context.node_config.items()}
+        got["run_config"] = {k: str(v).strip() for k, v in task.run.override_config.items()}
+        got["fab_bytes"] = len(task.fab.content)
+        if task_type == "flwr-clientapp":
+            try:
+                msgs = thief.PullMessages(PullAppMessagesRequest())
+                got["message_types"] = [m.metadata.message_type for m in msgs.messages_list]
+            except Exception as e:
+                got["message_types"] = f"{type(e).__name__}: {e}"[:300]
+        break
+    time.sleep(0.005)
+open(out, "w").write(json.dumps(got))
+"""
+
+
+def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.processes import wait_for_port
+
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
+    thief = tmp_path / "stranger" / "thief.py"
+    thief.parent.mkdir()
+    thief.write_text(TASK_THIEF)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    env["FLWR_HOME"] = str(tmp_path / "stranger" / ".flwr")
+    probes = {}
+    try:
+        dep.start()
+        node = dep.procs.procs["supernode-0"].args
+        node_port = int(node[node.index("--port") + 1])  # its Runtime API
+        wait_for_port(dep.HOST, node_port, 60)
+        targets = {"serverapp": (dep.port, "flwr-serverapp"), "clientapp": (node_port, "flwr-clientapp")}
+        for name, (port, task_type) in targets.items():
+            argv = [sys.executable, str(thief), f"{dep.HOST}:{port}", task_type, str(tmp_path / f"{name}.json"), "150"]
+            probes[name] = dep.procs.start(f"thief-{name}", argv, env)
+        run = dep.launch(False)
+        for probe in probes.values():
+            probe.wait(timeout=200)
+        got = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in probes}
+        assert all("node_config" not in g for g in got.values()), f"the stranger took the deployment's tasks: {got}"
+        summary = dep.wait(run, 1)  # the deployment's own SuperExecs still get them
+    finally:
+        dep.stop()
+    assert all(g["refused"] for g in got.values()), got
+    assert summary["rounds_done"] == 1
 
 
 def _descendants(pid: int) -> dict[int, str]:
