@@ -1,6 +1,7 @@
 """FilmTrust under data.protocol = authors and clean: best and final HR@10 / NDCG@10 over seeds.
 
     python benchmarks/data_protocol.py [--policy policies/default.toml] [--rounds 30] [--seeds 42 43 44]
+                                       [--protocols authors clean]
 
 Each run trains the policy (default: policies/default.toml, FedRecGEL rho
 0.02/0.02, batched engine) for ``--rounds`` rounds, evaluating every round; the
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--policy", default=None, help="Policy file (default: policies/default.toml).")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    parser.add_argument("--protocols", nargs="+", choices=["authors", "clean"], default=["authors", "clean"])
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared 2-core machine
     cols = [f"{w} {k}" for w in ("best", "final") for k in KEYS]
@@ -46,7 +48,7 @@ def main() -> None:
     print("| protocol | seed | best round | " + " | ".join(c.upper() for c in cols) + " | s |")
     print("| --- " * (4 + len(cols)) + "|", flush=True)
     rows = []
-    for protocol in ("authors", "clean"):
+    for protocol in args.protocols:
         for seed in args.seeds:
             r = run(args.policy, protocol, seed, args.rounds)
             rows.append(r)
@@ -59,7 +61,7 @@ def main() -> None:
     print()
     print("| protocol | " + " | ".join(c.upper() + " (mean ± sd)" for c in cols) + " |")
     print("| --- " * (1 + len(cols)) + "|")
-    for protocol in ("authors", "clean"):
+    for protocol in args.protocols:
         group = [r for r in rows if r["protocol"] == protocol]
         cells = []
         for c in cols:

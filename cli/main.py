@@ -16,11 +16,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from fedrecgel_secure.cli.crash import note_run_dir, write_crash_log
 from fedrecgel_secure.errors import BadInputError
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    # never print locals: in a DP run they include the noise secret (main() reports internal errors instead)
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
     help="FedRecGEL federated recommendation with secure aggregation and client-level DP.",
 )
 policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
@@ -42,6 +46,7 @@ def user_errors(command):
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        note_run_dir(kwargs.get("out_dir") or kwargs.get("run_dir") or kwargs.get("study_dir"))
         try:
             return command(*args, **kwargs)
         except BadInputError as e:
@@ -77,10 +82,19 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
+    from fedrecgel_secure.rundir import hold_run_dir
+    from fedrecgel_secure.runs import check_out_dir
+
+    check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
+    with hold_run_dir(out_dir):
+        _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume)
+
+
+def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
+    from fedrecgel_secure.interrupt import StopBetweenRounds
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
     from fedrecgel_secure.runs import open_run
 
-    overrides = list(set_) + ([f"seed={seed}"] if seed is not None else [])
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
     if trainer.round:
@@ -139,9 +153,18 @@ def train(
             progress.update(task, completed=event.round, loss=loss, **latest)
 
         try:
-            trainer.run(out_dir, on_round)
+            with StopBetweenRounds() as stop:
+                trainer.run(out_dir, on_round, stop=stop)
         finally:
             trainer.close()
+    if trainer.interrupted:
+        err.print(
+            f"[bold yellow]interrupted[/] after round {trainer.round}/{rounds}: its checkpoint is saved;"
+            f" continue with `fedrecgel train --out {out_dir} --resume`",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130)
     summary = read_summary(out_dir)
     out.print(
         _metrics_table(
@@ -197,7 +220,7 @@ def evaluate(
 @user_errors
 def audit(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `fedrecgel train`.")],
-    rounds: Annotated[int, typer.Option(help="Fresh rounds to attack.")] = 3,
+    rounds: Annotated[int, typer.Option(min=1, help="Fresh rounds to attack.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ):
     """Attack the run as an honest-but-curious server (can it tell which items a client trained on?) and,
@@ -299,6 +322,12 @@ def data_split(
     min_interactions: Annotated[int, typer.Option(help="Drop users with fewer interactions.")] = 5,
     test_negatives: Annotated[int, typer.Option(help="Negatives per test item.")] = 99,
     seed: Annotated[int, typer.Option(help="Seed of the timestamps and the test negatives.")] = 42,
+    all_columns: Annotated[
+        bool,
+        typer.Option(
+            "--all-columns", help="Not the authors' format: train file with a header, rating and timestamp columns."
+        ),
+    ] = False,
 ):
     """Write a leave-one-out split in the authors' file formats, to diff against their notebook's output."""
     from fedrecgel_secure.data.authors import write_authors_files
@@ -325,7 +354,7 @@ def data_split(
     except ValidationError as e:
         raise BadInputError(describe_errors(e, "fedrecgel data split")) from None
     split = authors_data(data)
-    train, test = write_authors_files(split, out_dir)
+    train, test = write_authors_files(split, out_dir, all_columns=all_columns)
     out.print(
         f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions"
         f"\nwrote {train}\nwrote {test}"
@@ -530,8 +559,28 @@ the run."""
     typer.echo(plan(load_policy(policy, set_), policy.name))
 
 
+@deploy_app.command("identity")
+@user_errors
+def deploy_identity_cmd(
+    state_dir: Annotated[Path, typer.Argument(help="The node's state directory (its --node-config state-dir).")],
+):
+    """Print a node's identity public key (64 hex digits), making the key (0600) if it has none: run it on the \
+node's own machine and give the key to the server in [deployment] node_keys, so no other node can take its shard."""
+    from fedrecgel_secure.deploy.node_pins import identity_key
+
+    typer.echo(identity_key(state_dir))
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except Exception as exc:  # an internal error: a short message, the traceback in a file, no locals anywhere
+        log = write_crash_log(exc)
+        where = f"the full traceback is in {log}" if log else "no traceback file could be written"
+        err.print(
+            f"internal error: {type(exc).__name__}: {exc}\n{where}", highlight=False, markup=False, soft_wrap=True
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -378,6 +378,8 @@ class PrivacyPolicy(Section):
 # --------------------------------------------------------------------------- [deployment]
 
 DEPLOY = "deployment"
+IdentityKey = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+"""A node's Ed25519 identity public key, 64 lowercase hex digits (``fedrecgel deploy identity`` prints it)."""
 
 
 class SuperLinkPolicy(Section):
@@ -471,6 +473,13 @@ class DeploymentPolicy(Section):
     )
     superlink: SuperLinkPolicy = Field(SuperLinkPolicy(), description="The SuperLink's address and ports.")
     tls: TlsPolicy = Field(TlsPolicy(), description="TLS and node authentication.")
+    node_keys: dict[str, IdentityKey] = Field(
+        {},
+        description='Identity keys pinned ahead of time: shard index ("0", "1", ..) or "keyholder" ->'
+        " the 64-hex-digit key `fedrecgel deploy identity STATE_DIR` prints on that node's machine. The server"
+        " refuses a node whose signed hello is under another key; shards not listed are pinned at first contact"
+        " (nodes.json in the run directory).",
+    )
 
     @model_validator(mode="after")
     def _key_holder_apart(self) -> DeploymentPolicy:
@@ -481,6 +490,17 @@ class DeploymentPolicy(Section):
                 f"{DEPLOY}.key_holder_dir = {self.key_holder_dir!r}: must be a directory of its own,"
                 f" not a client node's ({DEPLOY}.state_dir = {self.state_dir!r})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _node_keys_name_nodes(self) -> DeploymentPolicy:
+        known = {str(k) for k in range(self.nodes)} | {"keyholder"}
+        for who in self.node_keys:
+            if who not in known:
+                raise BadInputError(
+                    f"{DEPLOY}.node_keys.{who}: no such node; the keys are shard indices 0 .. {self.nodes - 1}"
+                    ' (as strings) and "keyholder"'
+                )
         return self
 
     def shard_users(self, n_users: int, shard: int):

@@ -6,11 +6,13 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 ``policy.resolved.toml``   the policy with every default filled in
 ``metrics.jsonl``          one evaluation record per line (round, loss, metrics, ...)
 ``checkpoint.pt``          everything needed to continue the run exactly (0600)
+``releases/round-R.npz``   a deployed masking round's released sum, reused by a resumed server (0600)
 ``summary.json``           :class:`RunSummary`, written when the run stops
 ``curves.png``             the run's curves (``fedrecgel train``)
 ``audit.json``             the privacy audit (``fedrecgel audit``, audited studies)
 ``study_error.json``       why a study's last attempt at this run failed
-``.study.lock``            held by the study process training this run
+``crash-*.log``            the traceback of an internal error of the command (0600)
+``.run.lock``              held by the process training this run (``train``, a study's worker)
 =========================  =====================================================
 
 Every file is replaced atomically (:func:`atomic_write_bytes`): a reader sees
@@ -27,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,7 @@ SUMMARY = "summary.json"
 CURVES = "curves.png"
 AUDIT = "audit.json"
 STUDY_ERROR = "study_error.json"  # removed once the run succeeds
-STUDY_LOCK = ".study.lock"
+RUN_LOCK = ".run.lock"
 
 
 # -- writing ------------------------------------------------------------------------
@@ -79,6 +83,41 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
 def atomic_write_json(path: Path, data: Any) -> None:
     """``data`` as indented JSON with a final newline, written atomically."""
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def check_run_dir(run_dir: Path, option: str = "--out") -> None:
+    """Refuse, before any work, a run directory that cannot be written: a file, read-only, or not creatable."""
+    run_dir = Path(run_dir)
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), None)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise BadInputError(f"{option} {run_dir}: is a file, not a run directory")
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise BadInputError(f"{option} {run_dir}: cannot be written ({existing} is not a writable directory)")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInputError(f"{option} {run_dir}: cannot be created ({e.strerror})") from None
+
+
+@contextmanager
+def hold_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir`` for one training process: a second one (a second ``train --out``, an orphaned study worker)
+    is refused instead of interleaving its rounds into the same files. The lock is the kernel's (``flock``), so
+    it is released whatever ends the holder, SIGKILL included."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks on this platform
+        yield
+        return
+    with open(Path(run_dir) / RUN_LOCK, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInputError(
+                f"{run_dir}: another process is training this run (a second `train --out`, or a study still running);"
+                " wait for it or choose another directory"
+            ) from None
+        yield
 
 
 # -- reading ------------------------------------------------------------------------

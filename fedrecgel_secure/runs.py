@@ -14,7 +14,20 @@ from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED
+from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, check_run_dir
+
+
+def check_out_dir(out_dir: Path, resume: bool) -> None:
+    """Refuse a run directory that cannot take this run, before anything is loaded: one that cannot be written,
+    one that holds a run already (unless ``resume``), or, with ``resume``, one that holds no checkpoint."""
+    checkpoint = Path(out_dir) / CHECKPOINT
+    if resume and not checkpoint.is_file():
+        raise BadInputError(f"{out_dir}: nothing to resume (no {CHECKPOINT}); run without --resume to start it")
+    if checkpoint.exists() and not resume:
+        raise BadInputError(
+            f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
+        )
+    check_run_dir(out_dir)
 
 
 def open_run(
@@ -22,19 +35,18 @@ def open_run(
 ) -> Trainer:
     """A trainer for ``out_dir``: fresh, or restored from its checkpoint with ``resume``.
 
-    With ``resume`` and no policy file, the run's own resolved policy is used.
+    ``out_dir`` is checked before any data is loaded: it must be writable, and
+    hold no run unless ``resume``; with ``resume`` it must hold a checkpoint. With
+    ``resume`` and no policy file, the run's own resolved policy is used, and
+    ``overrides`` may change ``federation.rounds`` to extend the run.
     """
     out_dir = Path(out_dir)
-    checkpoint = out_dir / CHECKPOINT
+    check_out_dir(out_dir, resume)
     if resume and policy_path is None and (out_dir / RESOLVED).is_file():
         policy_path = out_dir / RESOLVED
     policy = load_policy(policy_path, overrides)
-    if checkpoint.exists() and not resume:
-        raise BadInputError(
-            f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
-        )
     trainer = Trainer(policy, load_split(policy.data))
-    if resume and checkpoint.exists():
+    if resume:
         trainer.resume_from(out_dir)
     return trainer
 

@@ -469,3 +469,39 @@ def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
     unmask = lines[stages.index("secagg-unmask")]
     assert unmask["answered"] == unmask["sent"] - 1 and unmask["seconds"] >= 1.0  # node 2 waited out the timeout
     assert all(line["seconds"] >= 0 for line in lines)
+
+
+def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
+    # The server dies after round 2's sum was released and before its checkpoint of round 2. The users refuse a
+    # second attempt of round 2 (they confirmed it), so the resumed server takes round 2's sum from its run
+    # directory (releases/) instead of running the protocol again: the run is the uninterrupted one.
+    import stat
+
+    import torch
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.serverapp import run_server
+
+    policy_file = _policy(tmp_path, MASKING + DP.format(mode="central"), rounds=3)
+    sim = _simulate(policy_file, tmp_path / "sim")
+    out = tmp_path / "deployed"
+    state_dict = RemoteTrainer.state_dict
+
+    def dies_at_round_2(self):
+        if self.round == 2:
+            raise KeyboardInterrupt("killed")
+        return state_dict(self)
+
+    monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_server(InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)]), policy_file, out, False)
+    assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
+    monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
+    run_server(grid, policy_file, out, resume=True)
+    assert grid.groups.count("secagg-unmask") == 3  # round 3's, one message per node; round 2 not run again
+    assert _records(out) == _records(tmp_path / "sim")
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+    assert stat.S_IMODE((out / "releases" / "round-3.npz").stat().st_mode) == 0o600

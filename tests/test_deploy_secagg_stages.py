@@ -49,13 +49,13 @@ class Nodes:
     def __init__(self, tmp_path, with_noise=False):
         self.base, self.with_noise = tmp_path, with_noise
         self.down: dict[str, set[int]] = {}  # stage -> nodes that miss its deadline
-        self.round = 0
 
     def node(self, n: int) -> MaskingNode:
         return MaskingNode(self.base / f"node-{n}", USERS_OF[n], SETUP)
 
-    def inputs(self, users):
-        return {u: (vector(u, self.round), noise(u, self.round) if self.with_noise else None) for u in users}
+    def inputs(self, r, users):
+        """Each user's input of round ``r``: the round of its attempt's signed announcement."""
+        return {u: (vector(u, r), noise(u, r) if self.with_noise else None) for u in users}
 
     def exchange(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
         out = {}
@@ -99,9 +99,8 @@ def reference(users, r, with_noise=False) -> np.ndarray:
 
 
 def test_two_rounds_release_the_sessions_exact_sum_and_keep_secrets_0600(tmp_path):
-    nodes, driver = start(tmp_path, with_noise=True)
+    _, driver = start(tmp_path, with_noise=True)
     for r in (1, 2):
-        nodes.round = r
         out = driver.run_round(r, ALL)
         assert out.contributors == ALL
         assert np.array_equal(out.total, reference(ALL, r, with_noise=True))
@@ -111,7 +110,6 @@ def test_two_rounds_release_the_sessions_exact_sum_and_keep_secrets_0600(tmp_pat
 
 def test_a_node_missing_the_masked_stage_is_recovered(tmp_path):
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     nodes.down["masked"] = {2}  # 9 of 12 left: the consistency check needs floor(2/3 * 12) + 1 = 9
     out = driver.run_round(1, ALL)
     kept = [u for u in ALL if u not in USERS_OF[2]]
@@ -121,7 +119,6 @@ def test_a_node_missing_the_masked_stage_is_recovered(tmp_path):
 
 def test_more_dropouts_after_masking_than_the_check_allows_skip_the_round(tmp_path):
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     nodes.down["masked"] = {2, 3}
     with pytest.raises(RoundSkipped):  # below the share threshold or the consistency check
         driver.run_round(1, ALL)
@@ -129,7 +126,6 @@ def test_more_dropouts_after_masking_than_the_check_allows_skip_the_round(tmp_pa
 
 def test_a_node_missing_the_unmask_stage_still_releases_the_sum(tmp_path):
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     nodes.down["unmask"] = {0}
     out = driver.run_round(1, ALL)
     assert out.contributors == ALL
@@ -138,7 +134,6 @@ def test_a_node_missing_the_unmask_stage_still_releases_the_sum(tmp_path):
 
 def test_too_few_left_skips_the_round_and_the_next_round_runs(tmp_path):
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     nodes.down["share"] = {1, 2, 3}  # 3 users left, min_clients 4
     with pytest.raises(RoundSkipped):
         driver.run_round(1, ALL)
@@ -209,9 +204,8 @@ def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
     from fedrecgel_secure.deploy.secagg_stages import request
 
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     announcement = driver.begin(1)
-    payloads = {n: request("advertise", 1, dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
+    payloads = {n: request("advertise", dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
     adverts = nodes.exchange("advertise", payloads)  # as the train replies carry them
     sent = []
     driver.exchange = lambda stage, p: sent.append(stage) or nodes.exchange(stage, p)
@@ -225,7 +219,6 @@ def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(t
     # Malicious server: each clientapp process is fresh, so "sign one survivor set" and "answer the unmask
     # request once" must survive on disk. It sends node 0 the same request a second time, to a new process.
     nodes, driver = start(tmp_path)
-    nodes.round = 1
     second = {}
 
     def exchange(s, payloads):
@@ -241,3 +234,46 @@ def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(t
     assert second["replies"] == {}  # the replay got nothing: no second signature, no second set of shares
     # refused because the node remembers answering, not because it lost the attempt
     assert second["refused"] == dict.fromkeys(USERS_OF[0], "already_answered")
+
+
+def test_the_train_stages_users_advertise_only_for_the_round_trained(tmp_path):
+    # The node kept its inputs for the round it trained (the train payload's round); an announcement signed for
+    # another round, riding on that train message, is refused by every user, so no attempt starts.
+    from fedrecgel_secure.deploy.secagg_stages import request
+
+    nodes, driver = start(tmp_path)
+    announcement = driver.begin(2)
+    got = from_record(to_record(request("advertise", dict.fromkeys(USERS_OF[0], b""), announcement)))
+    result = nodes.node(0).step("advertise", messages_of(got), round_idx=1)
+    assert result.replies == {} and result.refused == dict.fromkeys(USERS_OF[0], "wrong_round")
+    assert all(nodes.node(0)._client(u).attempt_round is None for u in USERS_OF[0])
+
+
+def test_a_users_kept_input_is_deleted_once_it_confirmed_the_round(tmp_path):
+    # Node 0 masks the inputs its train stage kept; its users confirm in two messages (users 1 and 2, then user 0):
+    # after the first, only user 0's row is left; after the second, the file is gone.
+    _, driver = start(tmp_path)
+    node = MaskingNode(tmp_path / "node-0", USERS_OF[0], SETUP)
+    node.keep_inputs(1, np.asarray(USERS_OF[0]), np.stack([vector(u, 1) for u in USERS_OF[0]]), None)
+    inputs = tmp_path / "node-0" / "secagg" / "inputs-1.npz"
+    left = []
+
+    def exchange(stage, payloads):
+        out = {}
+        for n, payload in payloads.items():
+            messages = messages_of(from_record(to_record(payload)))
+            nd = MaskingNode(tmp_path / f"node-{n}", USERS_OF[n], SETUP)
+            kept = None if n == 0 else lambda r, us: {u: (vector(u, r), None) for u in us}  # node 0's own
+            parts = [{u: m for u, m in messages.items() if u != 0}, {0: messages[0]}] if n == 0 else [messages]
+            replies = {}
+            for part in parts:
+                replies.update(reply(nd.step(stage, part, kept)))
+                if n == 0 and stage == "confirm":
+                    left.append(sorted(node.inputs(1, USERS_OF[0])) if inputs.exists() else None)
+            out[n] = from_record(to_record(replies))
+        return out
+
+    driver.exchange = exchange
+    out = driver.run_round(1, ALL)
+    assert out.contributors == ALL and np.array_equal(out.total, reference(ALL, 1))
+    assert left == [[0], None]

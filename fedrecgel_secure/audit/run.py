@@ -17,6 +17,7 @@ import torch
 from fedrecgel_secure.audit.attacks import ATTACKS, CLIENT_FREE, Context
 from fedrecgel_secure.audit.metrics import popularity_prior, success
 from fedrecgel_secure.audit.views import RoundViews, available, server_view
+from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.rundir import AUDIT, atomic_write_json
 
@@ -185,6 +186,8 @@ def audit_run(run_dir: Path, rounds: int = 3) -> dict:
     """
     from fedrecgel_secure.runs import load_run
 
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise BadInputError(f"rounds to audit: expected an integer >= 1, got {rounds!r}")
     _, trainer = load_run(run_dir)
     result = {"round": trainer.round, **audit_rounds(trainer, rounds)}
     estimate = canary_estimate(trainer)

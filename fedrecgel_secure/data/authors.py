@@ -4,7 +4,11 @@ Read from the authors' ``data/datasets/data_process.ipynb``, ``data/data_utils.p
 and ``models/fedrecgel.py``; every step below is theirs:
 
 1. Users with at least ``min_interactions`` rows (repeats counted) are kept;
-   users and items are re-indexed from 0 in ascending order of their raw ids.
+   users and items are re-indexed from 0 (the *ids* rule): FilmTrust's loader
+   keeps the raw ids, so the order is ascending raw ids (``raw``); the
+   Amazon-Video, LastFM-2K and QB-article loaders first ``pd.factorize`` the
+   whole file, so the order is that of first appearance in the file, dropped
+   users' rows included (``first-seen``).
 2. Timestamps, by dataset (the *holdout* rule):
 
    - ``random`` (FilmTrust, and any file without timestamps except Tenrec's):
@@ -18,10 +22,15 @@ and ``models/fedrecgel.py``; every step below is theirs:
    latest timestamp is the test row (pandas ``rank(method='first',
    ascending=False)``), so a tie on the latest timestamp goes to the smallest
    item id. Every other row is a training row.
-4. Test negatives with Python's ``random.seed(seed)``, user by user in user
-   order: ``random.sample(list(item_pool), k + |interacted|)`` over all item
-   ids in ascending order, the user's interacted items (training and test)
-   removed *keeping the sample's order*, then ``random.sample(..., k)``.
+4. Test negatives with Python's ``random.seed(seed)`` and the notebook's own
+   Python sets: ``item_pool`` is the set of all item ids (its list is
+   ascending: a set of the ints 0..n-1 puts each in its own slot) and ``x`` the
+   set of a user's interacted items (training and test). The notebook draws in
+   two passes, one pandas ``apply`` each: first, user by user in user order,
+   ``set(random.sample(list(item_pool), k + len(x))) - x``; then, again user
+   by user, ``random.sample(list(that_set), k)``. The second draw runs over
+   the *set's* iteration order, so the sets are really built, the same way,
+   and never replaced by lists.
 5. Training uses the 0/1 matrix of the training rows: a repeated user-item row
    is one positive. (The training-time rules, negatives drawn outside the
    user's training set and each positive followed by its own negatives, live
@@ -45,6 +54,7 @@ from fedrecgel_secure.data.split import Split, _csr, filter_and_reindex
 from fedrecgel_secure.errors import BadInputError
 
 Holdout = Literal["random", "last-row", "timestamp"]
+IdOrder = Literal["raw", "first-seen"]
 TRAIN_FILE = "train_interactions.csv"
 TEST_NEG_FILE = "test_neg_interactions"
 
@@ -54,6 +64,11 @@ def authors_holdout(fmt: str, raw: RawInteractions) -> Holdout:
     if raw.timestamps is not None:
         return "timestamp"
     return "last-row" if fmt == "tenrec" else "random"
+
+
+def authors_ids(fmt: str) -> IdOrder:
+    """The order in which the authors re-index a file in format ``fmt`` (their loaders factorize all but FilmTrust)."""
+    return "first-seen" if fmt in ("amazon", "lastfm-ts", "tenrec") else "raw"
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,7 @@ def authors_protocol(
     raw: RawInteractions,
     holdout: Holdout,
     *,
+    ids: IdOrder = "raw",
     min_interactions: int = 5,
     test_negatives: int = 99,
     seed: int = 42,
@@ -115,7 +131,10 @@ def authors_protocol(
             raise BadInputError(f"{raw.source}: the 'timestamp' holdout needs a timestamp column")
         stamps = raw.timestamps
 
-    keep, users, items = filter_and_reindex(raw.source, raw.users, raw.items, min_interactions)
+    users_raw, items_raw = raw.users, raw.items
+    if ids == "first-seen":  # pd.factorize codes: re-indexing them in ascending order keeps first appearance
+        users_raw, items_raw = _first_seen(users_raw), _first_seen(items_raw)
+    keep, users, items = filter_and_reindex(raw.source, users_raw, items_raw, min_interactions)
     stamps = stamps[keep]
     ratings = None if raw.ratings is None else raw.ratings[keep]
     n_users, n_items = int(users.max()) + 1, int(items.max()) + 1
@@ -143,6 +162,14 @@ def authors_protocol(
     )
 
 
+def _first_seen(ids: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... in order of first appearance (``pd.factorize(ids)[0]``)."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(first.size)
+    return rank[inverse.reshape(-1)]
+
+
 def _running_count(user_idx: np.ndarray) -> np.ndarray:
     """0, 1, 2, ... within each user, in file order (pandas ``groupby(user).cumcount()``)."""
     order = np.argsort(user_idx, kind="stable")
@@ -155,9 +182,10 @@ def _running_count(user_idx: np.ndarray) -> np.ndarray:
 
 def _test_negatives(source, users, items, starts, n_items, k, seed) -> np.ndarray:
     rnd = random.Random(seed)  # the same stream as the notebook's random.seed(seed)
-    pool = range(n_items)  # list(item_pool) of ids 0..n-1 is this order; sample() only indexes it
-    out = np.empty((starts.size - 1, k), dtype=np.int64)
-    for u in range(starts.size - 1):
+    item_pool = list(set(range(n_items)))  # the notebook's list(item_pool), built the same way
+    n_users = starts.size - 1
+    candidates = []
+    for u in range(n_users):  # pass 1, the notebook's negative_items column
         interacted = set(items[starts[u] : starts[u + 1]].tolist())
         want = k + len(interacted)
         if want > n_items:
@@ -166,8 +194,12 @@ def _test_negatives(source, users, items, starts, n_items, k, seed) -> np.ndarra
                 f" protocol samples {k} + {len(interacted)} items and needs at least that many"
                 f" (data.test_negatives = {k})"
             )
-        candidates = [i for i in rnd.sample(pool, want) if i not in interacted]
-        out[u] = rnd.sample(candidates, k)
+        # A set, as in the notebook: its iteration order (hash slots, insertion order on collisions, and
+        # CPython's choice of copy-then-discard or rebuild in `-`) decides where pass 2 finds each item.
+        candidates.append(set(rnd.sample(item_pool, want)) - interacted)
+    out = np.empty((n_users, k), dtype=np.int64)
+    for u in range(n_users):  # pass 2, the notebook's negative_samples column
+        out[u] = rnd.sample(list(candidates[u]), k)
     return out
 
 
@@ -177,21 +209,24 @@ def _number_text(values: np.ndarray) -> list[str]:
     return [str(int(v)) if float(v).is_integer() else repr(float(v)) for v in values.tolist()]
 
 
-def write_authors_files(data: AuthorsData, out_dir: str | Path) -> tuple[Path, Path]:
+def write_authors_files(data: AuthorsData, out_dir: str | Path, *, all_columns: bool = False) -> tuple[Path, Path]:
     """Write the split in the authors' formats; returns (train file, test-negatives file).
 
-    ``train_interactions.csv``: comma-separated, header ``user,item`` followed by
-    ``rating`` when the file has a rating/weight column (its text as read, e.g.
-    FilmTrust's ``3.5``) and ``timestamp`` unless the holdout is ``last-row``
-    (integers are written without a decimal point; FilmTrust's are the drawn
-    ones). One line per training row, repeated rows included (the counts keep
-    them), in (user, item) order, file order among repeats; ``\\n`` line ends.
+    ``train_interactions.csv``: what the notebook's ``to_csv(header=False,
+    index=False)`` writes of the training rows' ``uid, iid`` columns: no header,
+    ``user,item`` per line, one line per training row, repeated rows included
+    (the counts keep them), in (user, item) order, file order among repeats;
+    ``\\n`` line ends. ``all_columns=True`` (not the authors' format) adds a
+    header ``user,item``, then ``rating`` when the file has a rating/weight
+    column (its text as read, e.g. FilmTrust's ``3.5``) and ``timestamp``
+    unless the holdout is ``last-row`` (integers without a decimal point;
+    FilmTrust's are the drawn ones), to show which of repeated rows was held out.
 
-    ``test_neg_interactions``: the NCF ``test.negative`` convention, one line per
-    user in user order, ``(user,test_item)`` then the negatives, tab-separated,
-    in the order drawn: ``(0,25)\\t1064\\t174...``; ``\\n`` line ends.
+    ``test_neg_interactions``: one line per user in user order, the notebook's
+    ``str((uid, iid))``, Python's tuple text, then the negatives, tab-separated,
+    in the order drawn: ``(0, 8)\\t914\\t13...``; ``\\n`` line ends.
 
-    User and item ids are the re-indexed ones (ascending raw ids).
+    User and item ids are the re-indexed ones (rule 1 of the module).
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -203,20 +238,20 @@ def write_authors_files(data: AuthorsData, out_dir: str | Path) -> tuple[Path, P
     train = ~data.is_test
     header = ["user", "item"]
     columns = [data.users[train].astype(str).tolist(), data.items[train].astype(str).tolist()]
-    if data.ratings is not None:
+    if all_columns and data.ratings is not None:
         header.append("rating")
         columns.append(data.ratings[train].tolist())
-    if data.timestamps is not None:
+    if all_columns and data.timestamps is not None:
         header.append("timestamp")
         columns.append(_number_text(data.timestamps[train]))
-    lines = [",".join(header)] + [",".join(row) for row in zip(*columns)]
+    lines = ([",".join(header)] if all_columns else []) + [",".join(row) for row in zip(*columns)]
     train_path = out / TRAIN_FILE
-    train_path.write_text("\n".join(lines) + "\n")
+    train_path.write_text("".join(line + "\n" for line in lines))
 
     test_lines = [
-        f"({u},{t})\t" + "\t".join(map(str, negs))
+        str((u, t)) + "\t" + "\t".join(map(str, negs))
         for u, (t, negs) in enumerate(zip(data.test_items.tolist(), data.test_negatives.tolist()))
     ]
     test_path = out / TEST_NEG_FILE
-    test_path.write_text("\n".join(test_lines) + "\n")
+    test_path.write_text("".join(line + "\n" for line in test_lines))
     return train_path, test_path

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from fedrecgel_secure.checkpoint import atomic_write_bytes
-from fedrecgel_secure.data.authors import authors_holdout, authors_protocol
+from fedrecgel_secure.data.authors import authors_holdout, authors_ids, authors_protocol
 from fedrecgel_secure.data.loaders import DATASETS, read_interactions, resolve_dataset
 from fedrecgel_secure.data.split import Split, prepare_split
 
-PREP_VERSION = 2  # bump when prepare_split changes what it produces
+PREP_VERSION = 3  # bump when prepare_split or authors_protocol changes what it produces (3: #27)
 
 
 def default_cache_dir() -> Path:
@@ -52,6 +52,7 @@ def authors_data(data):
     return authors_protocol(
         raw,
         authors_holdout(fmt, raw),
+        ids=authors_ids(fmt),
         min_interactions=data.min_interactions,
         test_negatives=data.test_negatives,
         seed=data.seed,

@@ -122,7 +122,8 @@ def filter_and_reindex(
     source: str, users_raw: np.ndarray, items_raw: np.ndarray, min_interactions: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows of users with at least ``min_interactions`` rows: (row mask, user ids, item ids), both re-indexed from 0
-    in ascending raw-id order, as both data protocols do."""
+    in ascending order of the ids given (raw ids; under the authors' protocol, the first-appearance codes that
+    their notebook's ``pd.factorize`` gives some datasets, :func:`~fedrecgel_secure.data.authors.authors_ids`)."""
     uniq_users, user_idx = np.unique(users_raw, return_inverse=True)
     counts = np.bincount(user_idx, minlength=uniq_users.size)
     keep = counts[user_idx] >= min_interactions

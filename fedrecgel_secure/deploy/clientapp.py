@@ -37,17 +37,17 @@ def _commits(req: dict) -> dict[int, list[int]]:
 
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
-    from fedrecgel_secure.deploy.node import ensure_identity, private_umask
+    """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
+    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
     private_umask()
     cfg = context.node_config
     digest = load_policy(cfg["policy"]).digest()
-    if cfg.get("role") == "keyholder":
-        return Message(to_record({"role": "keyholder", "digest": digest}), reply_to=msg)
-    shard = int(cfg["shard"])
-    public = ensure_identity(Path(cfg["state-dir"]), shard)
-    return Message(to_record({"shard": shard, "digest": digest, "identity": public}), reply_to=msg)
+    who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
+    out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
+    return Message(to_record(out), reply_to=msg)
 
 
 @app.train()
@@ -73,8 +73,9 @@ def train(msg: Message, context: Context) -> Message:
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
+        # (only an announcement of the round trained: the inputs are kept for that round alone)
         users = out["clients"].tolist()
-        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]))))
+        out.update(reply(masking.step("advertise", dict.fromkeys(users, req["announce"]), round_idx=round_idx)))
     return Message(to_record(out), reply_to=msg)
 
 
@@ -124,7 +125,9 @@ def secagg(msg: Message, context: Context) -> Message:
         node.join(req["server_key"], req["session_tag"], keys)
         out = {"joined": 1}
     else:
-        out = reply(node.step(stage, messages_of(req), node.inputs(int(req["round"]))))
+        # each user masks its input of the round its attempt's signed announcement names; the payload's round is
+        # never read, so a server cannot relabel a released round's inputs for a new attempt
+        out = reply(node.step(stage, messages_of(req)))
     return Message(to_record(out), reply_to=msg)
 
 

@@ -7,7 +7,8 @@ its own directory, secrets 0600:
 client node, ``secagg/``: ``user-U.pem`` (user U's Ed25519 identity, shared
 with masking), ``seal.key`` (the node's X25519 key that the key holder seals
 its users' tag keys to), ``he.json`` (the session: public context, session tag,
-the users' tag keys).
+the users' tag keys), ``he-sums.json`` (each round the node summed and over which
+of its users: one set per round, across sessions and restarts).
 
 key holder: ``keyholder.key`` (the BFV secret key and tag master key, made
 here, never sent), ``session.json`` (the directory, the session tag, the last
@@ -36,6 +37,7 @@ from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 
 KEY_FILE = "keyholder.key"
+SUMS = "he-sums.json"
 _INFO = b"fedrecgel/he-tag-keys/v1"
 
 
@@ -127,6 +129,7 @@ class HENode:
         from fedrecgel_secure.privacy.secagg.he import HEAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
+        self._claim(round_idx, [int(c) for c in clients])
         uploads, clipped = self.encrypt(round_idx, clients, vectors, shares)
         facts = json.loads((self.dir / "he.json").read_text())
         own = IdentityDirectory({u: k for u, k in self.keys.public_keys().items() if u in uploads})
@@ -136,6 +139,24 @@ class HENode:
         for blob in uploads.values():
             agg.receive(blob)
         return agg.finish().serialize(), clipped
+
+    def _claim(self, round_idx: int, users: list[int]) -> None:
+        """Record that the node sums round ``round_idx`` over ``users``; refuse (``replay``) a round it summed over
+        another set. Two sums of one round over sets that differ by one user would give that user's upload to
+        whoever decrypts both; the same set again (a resumed server repeating the round) is answered. The
+        record is the node's own (0600), so it holds whatever the server's messages and the key holder do."""
+        from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
+
+        path = self.dir / SUMS
+        summed = json.loads(read_private_file(path)) if path.exists() else {}
+        before = summed.get(str(round_idx))
+        if before is not None and before != sorted(users):
+            raise RejectedPayload(
+                Reason.REPLAY,
+                f"round {round_idx}: this node already summed it over users {before[:10]}, not {sorted(users)[:10]}",
+            )
+        summed[str(round_idx)] = sorted(users)
+        write_private_file(path, json.dumps(summed).encode())
 
 
 class KeyHolderNode:
@@ -188,7 +209,9 @@ class KeyHolderNode:
     def decrypt(self, aggregate: bytes, noise: np.ndarray | None) -> np.ndarray:
         """The checked aggregate's sum, plus the central ``noise`` drawn here.
 
-        Each round is released once. A request for the last released round
+        Each round is released once. The round is the aggregate's own, which
+        its contributors' signatures and tags bind (no field of the request's
+        payload). A request for the last released round
         that names the same contributors (a resumed server repeating the round
         its checkpoint missed) gets that same release back, so nothing new
         leaves; any other request for a released round is refused (``replay``).

@@ -5,6 +5,7 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
+``nodes.json``          each node's pinned identity key (:mod:`.node_pins`), written by the ServerApp
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
@@ -481,6 +482,13 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         for k in keyed:
             out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
         out += [*each, "# send node-K.key.pub (public) to the operator"]
+    section("Identity keys: on each node's own machine (the private key never leaves it)")
+    out.append("# each node signs its hello to the server with identity.pem (Ed25519) in its state directory")
+    for k in keyed:
+        where = d.key_holder_dir if k == KEY_HOLDER else state[k]
+        who = "the key holder" if k == KEY_HOLDER else f"node {k}"
+        out.append(f"mkdir -m 700 -p {where} && fedrecgel deploy identity {where}   # {who}: prints its key")
+    out += [*each, "# send the printed keys (public) to the operator"]
     section("SuperLink machine")
     out += [
         "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42.",
@@ -518,6 +526,20 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         section("Operator: register each node's public key before that node starts")
         out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in keyed]
         out += [*each, "flwr supernode list deploy   # registered nodes; 'online' once connected"]
+    section(f"Operator: pin the identity keys in {policy_name}, then give every machine that file")
+    out += [
+        "# the server refuses a node whose signed hello is under another key: that node never takes the shard,",
+        "# whose users drop out instead; a node not listed here is pinned when it first answers (nodes.json in",
+        "# the run directory, kept across resumes)",
+        "[deployment.node_keys]",
+    ]
+    for k in [*keyed, *each]:
+        if k.startswith("#"):
+            out.append(k)
+        elif k in d.node_keys:
+            out.append(f'"{k}" = "{d.node_keys[k]}"')
+        else:
+            out.append(f'"{k}" = "<the key {"the key holder" if k == KEY_HOLDER else f"node {k}"} printed>"')
     section("Each node, on its own machine")
     for k in shards:
         out += [

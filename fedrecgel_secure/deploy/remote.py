@@ -86,6 +86,12 @@ class RemoteTrainer(Trainer):
         for s in range(n):
             self.shard[policy.deployment.shard_users(split.n_users, s)] = s
 
+    def run(self, out_dir=None, *args, **kwargs) -> dict:
+        keep = getattr(self.aggregation.summer, "keep_releases", None)
+        if keep is not None and out_dir is not None:  # masking: each round's sum, for a resumed server to reuse
+            keep(out_dir, self.policy.checkpoint.every)
+        return super().run(out_dir, *args, **kwargs)
+
     @staticmethod
     def _secagg_exchange(stages, dim: int):
         def exchange(stage: str, payloads: dict[int, dict]) -> dict[int, dict]:

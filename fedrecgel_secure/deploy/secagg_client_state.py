@@ -6,7 +6,9 @@ A node runs every stage in a new process, so between stages that attempt is
 written to one 0600 file per user and read back by the next stage. The file is
 as secret as the identity key: whoever reads it can strip the user's masks.
 An aborted attempt (the client raised a violation) is written as "no attempt",
-so a later stage finds nothing to continue, as in memory.
+so a later stage finds nothing to continue, as in memory. The file also holds
+the last round the user confirmed; it outlives the attempt and the session
+(:func:`end_attempt`), so no later attempt, of any session, reopens that round.
 """
 
 from __future__ import annotations
@@ -70,7 +72,17 @@ def _restore(d: dict | None) -> _ClientRound | None:
 
 def save_attempt(client: MaskingClient, path: Path) -> None:
     """Write ``client``'s attempt and its last confirmed round to ``path`` (0600, replaced atomically)."""
-    data = json.dumps({"confirmed": client._confirmed_round, "round": _dump(client._round)}).encode()
+    _write(path, client.confirmed_round, _dump(client._round))
+
+
+def end_attempt(path: Path) -> None:
+    """Drop the attempt saved at ``path`` (a new session starts) but keep the last round the user confirmed."""
+    if path.exists():
+        _write(path, int(json.loads(read_private_file(path).decode())["confirmed"]), None)
+
+
+def _write(path: Path, confirmed: int, attempt: dict | None) -> None:
+    data = json.dumps({"confirmed": confirmed, "round": attempt}).encode()
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     write_private_file(tmp, data)

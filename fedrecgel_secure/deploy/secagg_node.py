@@ -6,8 +6,17 @@ node's state directory, under ``secagg/``:
 
 ``user-U.pem``      user U's Ed25519 identity key (made here, 0600, never sent; only its public key is)
 ``session.json``    the session's public facts: server key, session tag, every client's public key
-``attempt-U.json``  user U's secrets of the current attempt (0600, :mod:`.secagg_client_state`)
-``inputs-R.npz``    the vectors the node's users of round R will mask (0600; written by the train stage)
+``attempt-U.json``  user U's secrets of the current attempt and the last round it confirmed (0600,
+                    :mod:`.secagg_client_state`); a new session drops the attempt and keeps the round
+``inputs-R.npz``    the vectors the node's users of round R will mask (0600; written by the train stage;
+                    a user's row goes once it confirmed round R, the file once no row is left)
+
+One sum per round: a user masks only the input of the round that the server's
+signed announcement of the attempt names (never a round a payload field names),
+and refuses every attempt of a round it confirmed, in this session or an earlier
+one. So a server cannot relabel a released round's inputs for a new attempt, nor
+reopen a released round with a new session, to difference two sums over
+different sets down to one user's upload.
 
 A stage takes the aggregator's message per user and returns each user's reply,
 or the reason the user refused it (:class:`ProtocolViolation`: that user drops
@@ -23,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.secagg_client_state import load_attempt, save_attempt
-from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+from fedrecgel_secure.deploy.secagg_client_state import end_attempt, load_attempt, save_attempt
+from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
@@ -32,8 +41,9 @@ from fedrecgel_secure.privacy.secagg.masking import MaskingParams
 from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
-# user ids -> (vector, DP noise share or None) per user; called in the "masked" stage only
-Inputs = Callable[[list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
+# round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
+# the "masked" stage only, with the round of each user's signed announcement
+Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,7 @@ class MaskingNode(UserIdentities):
         }
         write_private_file(self.dir / "session.json", json.dumps(facts, sort_keys=True).encode())
         for path in self.dir.glob("attempt-*.json"):
-            path.unlink()  # a new session: nothing of an old one may continue
+            end_attempt(path)  # nothing of an old session's attempt may continue; its confirmed rounds stay closed
 
     def _client(self, user: int) -> MaskingClient:
         facts = json.loads((self.dir / "session.json").read_text())
@@ -123,50 +133,82 @@ class MaskingNode(UserIdentities):
     def keep_inputs(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None) -> None:
         """Keep the sampled ``clients``' vectors of round ``round_idx`` (and their DP noise shares) for the masked
         stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol."""
-        import io
-
         for old in self.dir.glob("inputs-*.npz"):
             old.unlink()
-        buffer = io.BytesIO()
         extra = {} if shares is None else {"shares": shares}
-        np.savez(buffer, clients=np.asarray(clients, dtype=np.int64), vectors=vectors, **extra)
-        write_private_file(self.dir / f"inputs-{round_idx}.npz", buffer.getvalue())
+        arrays = {"clients": np.asarray(clients, dtype=np.int64), "vectors": vectors, **extra}
+        self._write_inputs(self.dir / f"inputs-{round_idx}.npz", arrays)
 
-    def inputs(self, round_idx: int) -> Inputs:
-        """The masked stage's inputs: the vectors kept by :meth:`keep_inputs` for ``round_idx``."""
+    @staticmethod
+    def _write_inputs(path: Path, arrays: dict[str, np.ndarray]) -> None:
+        import io
 
-        def get(users: list[int]):
-            with np.load(self.dir / f"inputs-{round_idx}.npz", allow_pickle=False) as data:
-                row = {int(c): i for i, c in enumerate(data["clients"].tolist())}
-                vectors = data["vectors"]
-                shares = data.get("shares")
-                return {u: (vectors[row[u]], None if shares is None else shares[row[u]]) for u in users}
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_private_file(path, buffer.getvalue())
 
-        return get
+    def inputs(self, round_idx: int, users: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+        """The inputs :meth:`keep_inputs` kept for round ``round_idx``, of those ``users`` that have one."""
+        path = self.dir / f"inputs-{round_idx}.npz"
+        if not path.exists():
+            return {}
+        with np.load(path, allow_pickle=False) as data:
+            row = {int(c): i for i, c in enumerate(data["clients"].tolist())}
+            vectors = data["vectors"]
+            shares = data.get("shares")
+            return {u: (vectors[row[u]], None if shares is None else shares[row[u]]) for u in users if u in row}
 
-    def step(self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None) -> StageResult:
-        """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users)."""
+    def _forget_inputs(self, confirmed: Mapping[int, int]) -> None:
+        """Remove the inputs of users that confirmed their round (``confirmed``: user -> last confirmed round): a
+        confirmed round is never masked again, so its inputs have no further use."""
+        for path in self.dir.glob("inputs-*.npz"):
+            round_idx = int(path.stem.split("-", 1)[1])
+            with np.load(path, allow_pickle=False) as data:
+                done = np.array([confirmed.get(int(c), -1) >= round_idx for c in data["clients"].tolist()])
+                if not done.any():
+                    continue  # the vectors are read only when a row goes
+                kept = {k: data[k][~done] for k in data.files}
+            if done.all():
+                path.unlink()
+            else:
+                self._write_inputs(path, kept)
+
+    def step(
+        self, stage: str, messages: Mapping[int, bytes], inputs: Inputs | None = None, *, round_idx: int | None = None
+    ) -> StageResult:
+        """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users).
+
+        ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
+        default). ``round_idx``: the round the node trained, when the announcement came with the train message;
+        then a user refuses an announcement of any other round.
+        """
         if stage not in STAGES:
             raise ValueError(f"unknown masking stage {stage!r}")
         strangers = sorted(set(messages) - set(self.users))
         if strangers:
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
         users = sorted(messages)
+        clients = {u: self._client(u) for u in users}
         vectors = {}
         if stage == "masked":
-            if inputs is None:
-                raise ValueError("the masked stage needs the users' inputs")
-            vectors = inputs(users)
+            by_round: dict[int, list[int]] = {}
+            for u, client in clients.items():
+                if client.attempt_round is not None:
+                    by_round.setdefault(client.attempt_round, []).append(u)
+            for r, some in by_round.items():
+                vectors.update((inputs or self.inputs)(r, some))
         out = StageResult({}, {})
         for u in users:
-            client = self._client(u)
+            client = clients[u]
             try:
                 if stage == "advertise":
-                    reply = client.advertise(messages[u])
+                    reply = client.advertise(messages[u], expect_round=round_idx)
                 elif stage == "share":
                     reply = client.share_keys(messages[u])
                 elif stage == "masked":
-                    x, noise = vectors[u]
+                    if u not in vectors and client.attempt_round is not None:
+                        raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
+                    x, noise = vectors.get(u, (None, None))
                     reply = client.masked_input(messages[u], x, noise)
                     out.clipped[u] = client.last_clipped
                 elif stage == "confirm":
@@ -177,4 +219,5 @@ class MaskingNode(UserIdentities):
             except RejectedPayload as exc:
                 out.refused[u] = exc.reason.value
             save_attempt(client, self.dir / f"attempt-{u}.json")
+        self._forget_inputs({u: c.confirmed_round for u, c in clients.items()})
         return out

@@ -33,9 +33,13 @@ Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 Admit = Callable[[list[int]], "str | None"]
 
 
-def request(stage: str, round_idx: int, messages: Mapping[int, bytes], broadcast: bytes | None = None) -> dict:
-    """One node's message of a stage: the users it addresses, and either one broadcast or a message per user."""
-    out: dict = {"stage": stage, "round": int(round_idx), "users": np.asarray(sorted(messages), dtype=np.int64)}
+def request(stage: str, messages: Mapping[int, bytes], broadcast: bytes | None = None) -> dict:
+    """One node's message of a stage: the users it addresses, and either one broadcast or a message per user.
+
+    No round travels beside them: a node acts on the round of its users'
+    signed announcement only (:class:`~fedrecgel_secure.deploy.secagg_node.MaskingNode`).
+    """
+    out: dict = {"stage": stage, "users": np.asarray(sorted(messages), dtype=np.int64)}
     if broadcast is not None:
         out["broadcast"] = broadcast
     else:
@@ -113,7 +117,7 @@ class NodeClients:
             for n, ms in per_node.items():
                 first = next(iter(ms.values()))
                 same = all(m == first for m in ms.values())
-                payloads[n] = request(STAGE_OF[method], self.round_idx, ms, first if same else None)
+                payloads[n] = request(STAGE_OF[method], ms, first if same else None)
             replies = self.exchange(STAGE_OF[method], payloads)
         for n, rep in replies.items():
             for u in sorted(per_node.get(n, ())):

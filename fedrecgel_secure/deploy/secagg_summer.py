@@ -9,7 +9,11 @@ protocol messages and learns the survivors' sum.
 The session is set up once per server process (:meth:`NodeMaskingSum.setup`):
 the nodes report their users' public identity keys, the server makes its
 signing key and a session tag, and sends every node the directory. A resumed
-server sets up a new session; the nodes drop any attempt of the old one.
+server sets up a new session; the nodes drop any attempt of the old one, and
+their users still refuse every round they confirmed. So a resumed server that
+trains a released round again reuses the sum it released (:class:`Releases`,
+kept in its run directory) instead of running the protocol: a round releases
+one sum, across restarts too.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,11 +45,78 @@ def setup_of(policy, dim: int):
     return MaskingSetup(dim, settings.masking.params(), settings.encoding(), settings.min_clients)
 
 
+RELEASES = "releases"  # in the run directory
+
+
+class Releases:
+    """The sums the server's masking rounds released (``releases/round-R.npz`` in the run directory, 0600), with
+    their contributors, so that a resumed server reuses them.
+
+    Users refuse a new attempt of a round they confirmed, so a resumed server
+    cannot run a released round again; it gets the same sum from here, or none
+    when a contributor of that sum did not answer the round's train stage this
+    time. The last ``keep`` rounds are kept: a checkpoint is never further back.
+    """
+
+    def __init__(self, run_dir: Path, keep: int):
+        self.dir, self.keep = Path(run_dir) / RELEASES, keep
+
+    def _path(self, round_idx: int) -> Path:
+        return self.dir / f"round-{round_idx}.npz"
+
+    def put(self, round_idx: int, result: SumResult, clients: np.ndarray) -> None:
+        import io
+
+        from fedrecgel_secure.rundir import atomic_write_bytes
+
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            total=result.total.double().numpy(),
+            contributors=np.asarray(clients, dtype=np.int64)[result.contributors],
+            counts=np.array([result.rejected, result.dropped, result.clipped_values], dtype=np.int64),
+        )
+        atomic_write_bytes(self._path(round_idx), buffer.getvalue(), mode=0o600)
+        for old in self.dir.glob("round-*.npz"):
+            if int(old.stem.split("-", 1)[1]) <= round_idx - self.keep:
+                old.unlink(missing_ok=True)
+
+    def get(self, round_idx: int, clients: np.ndarray, dtype) -> SumResult | None:
+        """Round ``round_idx``'s release, if there was one (skipped when a contributor is not among ``clients``)."""
+        path = self._path(round_idx)
+        if not path.exists():
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            total, contributors, counts = data["total"], data["contributors"], data["counts"]
+        position = {int(c): pos for pos, c in enumerate(np.asarray(clients).tolist())}
+        missing = [int(c) for c in contributors if int(c) not in position]
+        if missing:
+            skipped = f"round {round_idx}: its sum was released before, with users {missing[:10]} who did not answer"
+            log.warning(skipped)
+            return SumResult(None, np.zeros(0, dtype=np.int64), skipped=skipped)
+        log.info("round %d: the sum released before this server's restart", round_idx)
+        rejected, dropped, clipped = (int(n) for n in counts)
+        return SumResult(
+            torch.from_numpy(total).to(dtype),
+            np.array(sorted(position[int(c)] for c in contributors), dtype=np.int64),
+            cost=SecAggCost(0.0, 0.0, 0.0, 0.0),
+            rejected=rejected,
+            dropped=dropped,
+            clipped_values=clipped,
+        )
+
+
 class NodeMaskingSum:
     def __init__(self, setup: MaskingSetup, exchange: Exchange, users_of: dict[int, list[int]]):
         self.setup, self.exchange, self.users_of = setup, exchange, users_of
         self.driver: MaskingDriver | None = None
         self.adverts: dict[int, dict] | None = None  # this round's adverts, if they came with the train replies
+        self.releases: Releases | None = None
+
+    def keep_releases(self, run_dir: Path, keep: int) -> None:
+        """Keep each round's release in ``run_dir`` and reuse it when a resumed server trains that round again."""
+        self.releases = Releases(run_dir, keep)
 
     def start(self) -> None:
         """Collect the users' public keys from their nodes, then give every node the session (bounded stages)."""
@@ -98,9 +170,12 @@ class NodeMaskingSum:
             self.start()
         assert self.driver is not None
         clients = contributions.clients
+        adverts, self.adverts = self.adverts, None
+        again = None if self.releases is None else self.releases.get(round_idx, clients, contributions.dtype)
+        if again is not None:  # released before a restart: the users refuse the round, and its sum is known
+            return again
         t0 = time.perf_counter()
         try:
-            adverts, self.adverts = self.adverts, None
             result = self.driver.run_round(
                 round_idx, [int(c) for c in clients], central_noise=noise, admit=admit, adverts=adverts
             )
@@ -113,7 +188,7 @@ class NodeMaskingSum:
         # the clients' time and bytes are the nodes'; the server reports its own wall time for all stages
         cost = SecAggCost(0.0, 0.0, time.perf_counter() - t0, 0.0)
         silent = len(clients) - contributors.size - len(result.rejected)  # went quiet during the protocol
-        return SumResult(
+        released = SumResult(
             total,
             contributors,
             cost=cost,
@@ -121,6 +196,9 @@ class NodeMaskingSum:
             dropped=silent,
             clipped_values=result.clipped,
         )
+        if self.releases is not None:
+            self.releases.put(round_idx, released, clients)
+        return released
 
 
 def _keys(public: dict[int, bytes]) -> dict:

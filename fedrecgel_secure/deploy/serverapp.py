@@ -27,7 +27,9 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
     with_key_holder = policy.privacy.secure_aggregation.scheme == "bfv"
-    stages = FlowerStages(grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES)
+    stages = FlowerStages(
+        grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES, run_dir=out_dir
+    )
     stages.connect(wait=policy.deployment.stage_timeout)
     trainer = RemoteTrainer(policy, load_split(policy.data), stages)
     if resume and (out_dir / CHECKPOINT).exists():

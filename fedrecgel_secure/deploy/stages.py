@@ -6,6 +6,9 @@ absent from the result: the caller's dropout path. Messages carry a TTL of the
 stage timeout, so a late reply expires instead of arriving in a later stage.
 With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
 a line: its name, wall time, and how many nodes were asked and answered.
+Before the first stage, :meth:`FlowerStages.connect` binds each shard (and the
+key holder) to the node whose signed hello carries its pinned identity key
+(:mod:`.node_pins`): a node's word alone never decides which users it is sent.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class FlowerStages:
     key_holder_node: int | None = None  # the key holder's Flower node id
     log: callable = print
     journal: Path | None = None  # stages.jsonl: one line per stage, its wall time and who answered
+    run_dir: Path | None = None  # where nodes.json pins each shard's identity key
 
     def exchange(
         self, message_type: str, group: str, payloads: dict[int, dict], node_of: dict[int, int] | None = None
@@ -122,38 +126,55 @@ class FlowerStages:
         return replies
 
     def connect(self, wait: float) -> None:
-        """Wait (bounded) for ``nodes`` SuperNodes, ask each which shard it hosts, check it runs the same policy."""
+        """Wait (bounded) for every shard's node and the key holder's; bind each to the node whose signed hello
+        carries its pinned key (:mod:`.node_pins`; pins read from and written to ``nodes.json`` in ``run_dir``).
+
+        A refused node is logged with its reason and left out; a shard without a node is absent, its users drop
+        out of every round. Fails if no shard has a node, or the key holder (BFV) has none.
+        """
+        from fedrecgel_secure.deploy.node_pins import KEY_HOLDER as HOLDER
+        from fedrecgel_secure.deploy.node_pins import bind, read_pins, write_pins
+
         deadline = time.monotonic() + wait
-        nodes = self.settings.nodes + int(self.with_key_holder)
-        while True:
-            ids = list(self.grid.get_node_ids())
-            if len(ids) >= nodes or time.monotonic() > deadline:
+        expected = [str(s) for s in range(self.settings.nodes)] + [HOLDER] * self.with_key_holder
+        pins = read_pins(self.run_dir, self.settings.node_keys) if self.run_dir else dict(self.settings.node_keys)
+        while len(list(self.grid.get_node_ids())) < len(expected) and time.monotonic() <= deadline:
+            time.sleep(self.settings.heartbeat)
+        asked, claims = set(), []
+        while True:  # a node that connects later is asked too: a pinned shard's own node may be late
+            new = [nid for nid in self.grid.get_node_ids() if nid not in asked]
+            asked.update(new)
+            claims += self._hello(new) if new else []
+            if len(bind(claims, dict(pins), expected)[0]) == len(expected) or time.monotonic() > deadline:
                 break
             time.sleep(self.settings.heartbeat)
-        self.node_of = {-(i + 1): nid for i, nid in enumerate(ids)}  # provisional keys until they say
-        replies = self.exchange("query.hello", "hello", {k: {"digest": self.digest} for k in self.node_of})
-        node_of = {}
-        for key, rep in replies.items():
-            who = "the key holder" if rep.get("role") == "keyholder" else f"node {rep.get('shard')}"
-            if rep["digest"] != self.digest:
-                raise RuntimeError(
-                    f"{who} runs a different policy (digest {rep['digest'][:12]}, server {self.digest[:12]})"
-                )
-            if rep.get("role") == "keyholder":
-                if self.key_holder_node is not None:
-                    raise RuntimeError("two nodes claim to be the key holder")
-                self.key_holder_node = self.node_of[key]
-                continue
-            shard = int(rep["shard"])
-            if shard in node_of:
-                raise RuntimeError(f"two nodes claim shard {shard}")
-            node_of[shard] = self.node_of[key]
-        missing = sorted(set(range(self.settings.nodes)) - set(node_of))
+        bound, refused = bind(claims, pins, expected)
+        for c in refused:
+            self.log(f"hello: refused node {c.node_id} claiming {c.who!r}: {c.refused} (treated as absent)")
+        if self.run_dir is not None:
+            write_pins(self.run_dir, pins)
+        missing = [w for w in expected if w not in bound and w != HOLDER]
+        if len(missing) == self.settings.nodes:
+            raise RuntimeError(f"no shard has a node after {wait:g} s ({len(refused)} refused)")
         if missing:
-            raise RuntimeError(f"shards {missing} have no connected node after {wait:g} s")
-        if self.with_key_holder and self.key_holder_node is None:
+            self.log(f"hello: shards {missing} have no node after {wait:g} s: their users drop out")
+        if self.with_key_holder and HOLDER not in bound:
             raise RuntimeError(f"no key holder (a SuperNode with role=keyholder) connected after {wait:g} s")
-        self.node_of = node_of
+        self.key_holder_node = bound.get(HOLDER)
+        self.node_of = {int(w): nid for w, nid in bound.items() if w != HOLDER}
+
+    def _hello(self, node_ids: list[int]) -> list:
+        """Ask ``node_ids`` who they are, each over a fresh nonce; their checked claims."""
+        from fedrecgel_secure.deploy.node_pins import check_hello, check_registration, new_nonce
+
+        nonces = {nid: new_nonce() for nid in node_ids}
+        payloads = {nid: {"digest": self.digest, "nonce": nonce} for nid, nonce in nonces.items()}
+        replies = self.exchange("query.hello", "hello", payloads, {nid: nid for nid in node_ids})
+        claims = [check_hello(nid, rep, nonces[nid], self.digest) for nid, rep in replies.items()]
+        if self.settings.tls.node_authentication:  # the SuperLink knows which registered key each node id holds
+            names = {info.node_id: info.name for info in self.grid.get_nodes()}
+            claims = [check_registration(c, names.get(c.node_id)) for c in claims]
+        return claims
 
     def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]:
         payloads = {

@@ -26,6 +26,7 @@ from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import make_summer
+from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
@@ -130,6 +131,7 @@ class Trainer:
         self.engine = make_engine(policy)
         self.aggregation = make_aggregation(policy, split, self.model)
         self.stopped: str | None = None  # why training ended before federation.rounds
+        self.interrupted: int | None = None  # the signal that stopped :meth:`run` between rounds
         self.rng = np.random.default_rng(policy.seed)
         self.round = 0
         self.history: list[dict] = []
@@ -210,9 +212,12 @@ class Trainer:
         out_dir: Path | None = None,
         on_round: Callable[[RoundEvent], None] | None = None,
         stop_after: int | None = None,
+        stop: StopBetweenRounds | None = None,
     ) -> dict:
         """Train to ``federation.rounds`` (or ``stop_after`` more rounds), writing into ``out_dir``.
 
+        With ``stop``, a signal ends the run after the round in progress, with a
+        checkpoint of that round (:attr:`interrupted` then holds the signal).
         Returns the summary as written to ``summary.json``, as a plain dict
         (:meth:`summary` gives it typed).
         """
@@ -238,10 +243,14 @@ class Trainer:
                 if out_dir is not None:
                     with open(out_dir / METRICS, "a") as f:
                         f.write(json.dumps(record) + "\n")
-            if out_dir is not None and (self.round % self.policy.checkpoint.every == 0 or self.round in (last, rounds)):
+            self.interrupted = None if stop is None else stop.requested
+            every = self.policy.checkpoint.every
+            if out_dir is not None and (self.round % every == 0 or self.round in (last, rounds) or self.interrupted):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
             if on_round is not None:
                 on_round(RoundEvent(self.round, rounds, loss, record, info))
+            if self.interrupted:
+                break
         if self.stopped and out_dir is not None:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
         summary = self.summary()
@@ -319,6 +328,7 @@ class Trainer:
         return {
             "format": CHECKPOINT_FORMAT,
             "policy_digest": self.policy.digest(),
+            "planned_rounds": self.policy.federation.rounds,  # a resume may plan more (or fewer) rounds
             "round": self.round,
             "elapsed": self.elapsed,
             "model": self.model.state_dict(),
@@ -337,11 +347,7 @@ class Trainer:
                 f"{source}: checkpoint format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT}"
                 " (DP noise and sampling now come from a CSPRNG whose secret the checkpoint keeps); start a new run"
             )
-        if state.get("policy_digest") != self.policy.digest():
-            raise BadInputError(
-                f"{source}: was written under a different policy; resume with the run's own "
-                f"{RESOLVED} and no new --set overrides, or start a new --out directory"
-            )
+        self._check_same_policy(state, source)
         self.round = int(state["round"])
         self.elapsed = float(state["elapsed"])
         self.model.load_state_dict(state["model"])
@@ -351,6 +357,28 @@ class Trainer:
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
         self.aggregation.load_state_dict(state["aggregation"])
+
+    def _check_same_policy(self, state: dict, source: str) -> None:
+        """A checkpoint continues only under the policy it was written with, except for the number of rounds:
+        a run may be extended, unless its DP noise was calibrated for the rounds it planned."""
+        planned = state.get("planned_rounds")
+        if state.get("policy_digest") == self.policy.digest():
+            return
+        if planned is not None:
+            federation = self.policy.federation.model_copy(update={"rounds": int(planned)})
+            if state["policy_digest"] == self.policy.model_copy(update={"federation": federation}).digest():
+                dp = self.policy.privacy.dp
+                if dp.enabled and dp.noise_multiplier is None:
+                    raise BadInputError(
+                        f"{source}: federation.rounds cannot change from {planned} to {self.policy.federation.rounds}:"
+                        " the DP noise was calibrated to privacy.dp.target_epsilon over the planned rounds;"
+                        " start a new run with the new number of rounds"
+                    )
+                return
+        raise BadInputError(
+            f"{source}: was written under a different policy; resume with the run's own {RESOLVED}"
+            " (only federation.rounds may change), or start a new --out directory"
+        )
 
     def resume_from(self, out_dir: Path) -> None:
         path = Path(out_dir) / CHECKPOINT

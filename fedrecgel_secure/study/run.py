@@ -13,12 +13,11 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import AUDIT, STUDY_ERROR, STUDY_LOCK, atomic_write_json, read_summary
+from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, atomic_write_json, hold_run_dir, read_summary
 from fedrecgel_secure.study.plan import PlannedRun, StudyPlan, plan_study, write_plan
 from fedrecgel_secure.study.report import ReportFiles, rebuild_report
 
@@ -41,24 +40,6 @@ class _Task:
     overrides: tuple[str, ...]
     audit: bool
     parent_pid: int | None  # a pool worker stops once this process is gone
-
-
-@contextmanager
-def _run_lock(run_dir: Path):
-    """Two processes must never train one run directory (an orphaned worker, two studies on one --out)."""
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks on this platform
-        yield
-        return
-    with open(run_dir / STUDY_LOCK, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BadInputError(
-                f"{run_dir}: another process is training this run (is another study on this directory still running?)"
-            ) from None
-        yield
 
 
 def _audit(run_dir: Path) -> None:
@@ -94,10 +75,11 @@ def _execute(task: _Task) -> dict:
             os._exit(1)
 
     try:
-        with _run_lock(run_dir):
+        with hold_run_dir(run_dir):
             trained = False
             if not _finished(run_dir):
-                trainer = open_run(run_dir, Path(task.base), list(task.overrides), resume=True)
+                resume = (run_dir / CHECKPOINT).is_file()  # an interrupted attempt continues
+                trainer = open_run(run_dir, Path(task.base), list(task.overrides), resume=resume)
                 try:
                     trainer.run(run_dir, orphan_guard)
                 finally:

@@ -122,6 +122,20 @@ class MaskingClient:
         self._round: _ClientRound | None = None
         self._confirmed_round = -1  # the last round in which this client signed a survivor set
 
+    @property
+    def attempt_round(self) -> int | None:
+        """The round of the attempt in progress, as the server's signed announcement gave it (None: no attempt)."""
+        return None if self._round is None else self._round.round_idx
+
+    @property
+    def confirmed_round(self) -> int:
+        """The last round in which this client signed a survivor set (-1: none); it never decreases."""
+        return self._confirmed_round
+
+    def abort(self, reason: Reason, detail: str) -> ProtocolViolation:
+        """Abort the attempt in progress for a reason the caller found (it returns the error to raise)."""
+        return self._violation(reason, detail)
+
     # --- helpers ---
 
     def _state(self) -> _ClientRound:
@@ -162,13 +176,17 @@ class MaskingClient:
 
     # --- steps ---
 
-    def advertise(self, announcement: bytes) -> bytes:
+    def advertise(self, announcement: bytes, *, expect_round: int | None = None) -> bytes:
+        """Start an attempt of the announced round; ``expect_round``: the only round the caller has an input for
+        (a deployment's node trained it), so an announcement of another round is refused (``wrong_round``)."""
         try:
             env = Envelope.parse(announcement)
             round_idx, seed = decode_announcement(env.body)
         except RejectedPayload as exc:
             raise self._violation(exc.reason, f"announcement: {exc.detail}") from None
         self._open(announcement, Kind.MASK_ANNOUNCE, round_idx, _context(self.session_tag, seed))
+        if expect_round is not None and round_idx != expect_round:
+            raise self._violation(Reason.WRONG_ROUND, f"an announcement of round {round_idx}, expected {expect_round}")
         if round_idx <= self._confirmed_round:
             # A new attempt of a round whose survivor set this client already signed
             # could give the server a second sum over the same inputs.

@@ -1,0 +1,117 @@
+"""Pinned node keys: the policy's ``[deployment] node_keys``, ``nodes.json``, the signed hello, ``deploy plan`` and
+``fedrecgel deploy identity`` (the attacks are in tests/attacks/test_deploy_shard_binding.py)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+
+KEY = "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f'deployment.node_keys={{"3" = "{KEY}"}}'], "deployment.node_keys.3: no such node"),
+        (['deployment.node_keys={"1" = "not-hex"}'], "deployment.node_keys.1"),
+        ([f'deployment.node_keys={{"1" = "{KEY[:-2]}"}}'], "deployment.node_keys.1"),
+    ],
+)
+def test_node_keys_in_the_policy_are_checked_with_their_field_named(overrides, message):
+    from fedrecgel_secure.policy import load_policy
+
+    with pytest.raises(BadInputError, match=message):
+        load_policy(None, overrides)
+
+
+def test_node_keys_in_the_policy_pin_shards_and_the_key_holder():
+    from fedrecgel_secure.policy import load_policy
+
+    policy = load_policy(None, [f'deployment.node_keys={{"0" = "{KEY}", "keyholder" = "{"cd" * 32}"}}'])
+    assert policy.deployment.node_keys == {"0": KEY, "keyholder": "cd" * 32}
+    assert policy.digest() == load_policy(None).digest()  # where the roles run, not what is computed
+
+
+def test_nodes_json_is_read_back_and_a_contradicting_policy_key_is_bad_input(tmp_path):
+    from fedrecgel_secure.deploy.node_pins import NODE_PINS, read_pins, write_pins
+
+    write_pins(tmp_path, {"1": KEY, "0": "cd" * 32})
+    assert read_pins(tmp_path, {}) == {"0": "cd" * 32, "1": KEY}
+    assert read_pins(tmp_path, {"1": KEY, "2": "ef" * 32}) == {"0": "cd" * 32, "1": KEY, "2": "ef" * 32}
+    with pytest.raises(BadInputError, match=rf"deployment.node_keys.1 = .*{NODE_PINS} pins node 1"):
+        read_pins(tmp_path, {"1": "ef" * 32})
+    (tmp_path / NODE_PINS).write_text(json.dumps({"version": 1, "identity": {"1": "xyz"}}))
+    with pytest.raises(BadInputError, match=rf"{NODE_PINS}: not a pins file of this version \(identity.1:"):
+        read_pins(tmp_path, {})
+    (tmp_path / NODE_PINS).write_text("{")
+    with pytest.raises(BadInputError, match=f"{NODE_PINS}: not JSON"):
+        read_pins(tmp_path, {})
+
+
+def test_a_signed_hello_verifies_only_over_its_own_nonce_and_digest(tmp_path):
+    from fedrecgel_secure.deploy.node_pins import check_hello, new_nonce, signed_hello
+
+    nonce = new_nonce()
+    reply = signed_hello(tmp_path / "n", 2, "digest", nonce)
+    claim = check_hello(7, reply, nonce, "digest")
+    assert (claim.who, claim.refused, claim.identity) == ("2", None, reply["identity"].hex())
+    assert "does not verify" in check_hello(7, reply, new_nonce(), "digest").refused
+    assert "different policy" in check_hello(7, reply, nonce, "other").refused
+    assert "the reply says '1'" in check_hello(7, {**reply, "shard": 1}, nonce, "digest").refused
+    assert "not a signed hello" in check_hello(7, {**reply, "hello": reply["hello"][:-1]}, nonce, "digest").refused
+    flipped = reply["hello"][:-1] + bytes([reply["hello"][-1] ^ 1])
+    assert "does not verify" in check_hello(7, {**reply, "hello": flipped}, nonce, "digest").refused
+    holder = signed_hello(tmp_path / "kh", "keyholder", "digest", nonce)
+    assert check_hello(8, holder, nonce, "digest").who == "keyholder"
+
+
+def test_binding_takes_the_pinned_key_refuses_the_rest_and_never_picks_between_unpinned_claims():
+    from fedrecgel_secure.deploy.node_pins import Claim, bind
+
+    pins = {"0": KEY}
+    claims = [
+        Claim(10, "0", "ee" * 32),  # not shard 0's pinned key
+        Claim(11, "0", KEY),
+        Claim(12, "1", "cd" * 32),
+        Claim(13, "1", "dd" * 32),  # a second claim of unpinned shard 1
+        Claim(14, "2", "ff" * 32),
+        Claim(15, "3", "99" * 32),  # no such shard
+        Claim(16, "keyholder", "ff" * 32),  # shard 2's key, answering for the key holder as well
+    ]
+    bound, refused = bind(claims, pins, ["0", "1", "2", "keyholder"])
+    assert bound == {"0": 11}
+    assert {c.node_id for c in refused} == {10, 12, 13, 14, 15, 16}
+    assert pins == {"0": KEY}  # nothing new pinned
+    bound, _ = bind([Claim(12, "1", "cd" * 32)], pins, ["0", "1"])
+    assert bound == {"1": 12} and pins == {"0": KEY, "1": "cd" * 32}  # first contact pins
+
+
+def test_the_plan_has_each_node_print_its_identity_key_and_the_operator_pin_it():
+    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.policy import load_policy
+
+    bfv = 'privacy.secure_aggregation.scheme="bfv"'
+    text = plan(load_policy(None, [bfv, f'deployment.node_keys={{"0" = "{KEY}"}}']))
+    assert "fedrecgel deploy identity nodes/1" in text and "fedrecgel deploy identity nodes/keyholder" in text
+    assert "[deployment.node_keys]" in text and f'"0" = "{KEY}"' in text
+    assert '"1" = "<the key node 1 printed>"' in text and '"keyholder" = "<the key the key holder printed>"' in text
+
+
+def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedrecgel_secure.cli.main import app
+    from fedrecgel_secure.deploy.node import IDENTITY
+    from fedrecgel_secure.deploy.node_pins import check_hello, signed_hello
+
+    result = CliRunner().invoke(app, ["deploy", "identity", str(tmp_path / "node")])
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE((tmp_path / "node" / IDENTITY).stat().st_mode) == 0o600
+    again = CliRunner().invoke(app, ["deploy", "identity", str(tmp_path / "node")])
+    assert again.output == result.output  # the same key, not a new one
+    claim = check_hello(1, signed_hello(tmp_path / "node", 0, "d", b"n" * 32), b"n" * 32, "d")
+    assert claim.identity == result.output.strip()
