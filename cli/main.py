@@ -28,7 +28,7 @@ app = typer.Typer(
     help="FedRecGEL federated recommendation with secure aggregation and client-level DP.",
 )
 policy_app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
-data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, download.")
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, shard, download.")
 app.add_typer(policy_app, name="policy")
 app.add_typer(data_app, name="data")
 app.add_typer(study_app := typer.Typer(no_args_is_help=True), name="study")  # its commands: the study block below
@@ -359,6 +359,39 @@ def data_split(
         f"{split.n_users:,} users, {split.n_items:,} items, {split.users.size:,} interactions"
         f"\nwrote {train}\nwrote {test}"
     )
+
+
+@data_app.command("shard")
+@user_errors
+def data_shard(
+    policy: Annotated[
+        Path | None, typer.Argument(help="Policy file (TOML): its [data] and [deployment]. Default: the default.")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for shard-K.npz and manifest.json.")] = Path(
+        "shards"
+    ),
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="Client nodes (overrides deployment.nodes).")
+    ] = None,
+    set_: Annotated[
+        list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")
+    ] = [],
+):
+    """Split the policy's data into one shard per deployment node, and the server's public manifest.
+
+    shard-K.npz holds node K's users alone (their training, held-out and negative items, under user indices,
+    no raw dataset ids; 0600): give each node its own file only. manifest.json holds what the server may know:
+    the catalogue size, the number of users and each node's count.
+    """
+    from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
+    from fedrecgel_secure.policy import load_policy
+
+    policy_ = load_policy(policy, list(set_) + ([f"deployment.nodes={nodes}"] if nodes is not None else []))
+    manifest = write_shards(policy_, out_dir)
+    counts = json.loads(manifest.read_text())["users_per_shard"]
+    for k, n in enumerate(counts):
+        out.print(f"wrote {out_dir / shard_name(k)}: {n:,} users (node {k} only)")
+    out.print(f"wrote {out_dir / MANIFEST} (public: the server's; no interaction)")
 
 
 @data_app.command("fetch")

@@ -12,14 +12,25 @@ def rank_of_target(scores: torch.Tensor) -> torch.Tensor:
     return (scores[:, 1:] > scores[:, :1]).sum(dim=1)
 
 
-def ranking_metrics(scores: torch.Tensor, ks: tuple[int, ...] = KS, prefix: str = "") -> dict[str, float]:
-    """HR@K = P(rank < K); NDCG@K = E[1/log2(rank + 2) if rank < K else 0]."""
+def ranking_sums(scores: torch.Tensor, ks: tuple[int, ...] = KS, prefix: str = "") -> dict[str, float]:
+    """HR@K and NDCG@K summed over the rows (users), not averaged: what a node reports for its users, so that no
+    user's rank leaves it; :func:`means` of the sums over all users are :func:`ranking_metrics`."""
     rank = rank_of_target(scores).to(torch.float64)
     gain = 1.0 / torch.log2(rank + 2.0)
     out = {}
     for k in ks:
         hit = rank < k
-        out[f"{prefix}hr@{k}"] = hit.to(torch.float64).mean().item()
+        out[f"{prefix}hr@{k}"] = hit.to(torch.float64).sum().item()
     for k in ks:
-        out[f"{prefix}ndcg@{k}"] = torch.where(rank < k, gain, 0.0).mean().item()
+        out[f"{prefix}ndcg@{k}"] = torch.where(rank < k, gain, 0.0).sum().item()
     return out
+
+
+def means(sums: dict[str, float], count: int) -> dict[str, float]:
+    return {k: v / count for k, v in sums.items()}
+
+
+def ranking_metrics(scores: torch.Tensor, ks: tuple[int, ...] = KS, prefix: str = "") -> dict[str, float]:
+    """HR@K = P(rank < K); NDCG@K = E[1/log2(rank + 2) if rank < K else 0]. (The sum divided by the count is
+    bit for bit torch's mean on CPU, which sums and then divides.)"""
+    return means(ranking_sums(scores, ks, prefix), scores.shape[0])

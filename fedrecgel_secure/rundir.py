@@ -149,7 +149,7 @@ class DataShape(_Record):
 
     users: int
     items: int
-    interactions: int
+    interactions: int | None = None  # None for a deployment: its server knows no interaction
 
 
 class PrivacySpent(_Record):

@@ -82,6 +82,18 @@ def run_records(run: Path) -> list[dict]:
     ]
 
 
+def summed_per_node(records: list[dict], tol: float = 1e-12) -> list[dict]:
+    """``records`` with the loss and the metrics as ``pytest.approx`` within ``tol``: a deployment adds its nodes'
+    sums (of BCE, of HR and NDCG over their users), in another order than the simulator adds its users'; every
+    other field (sampling, contributors, privacy spent, ...) must be equal exactly."""
+
+    def approx(key, value):
+        summed = key == "loss" or "@" in key
+        return pytest.approx(value, rel=tol, abs=tol) if summed and isinstance(value, float) else value
+
+    return [{k: approx(k, v) for k, v in r.items()} for r in records]
+
+
 def simulate(policy: Path, out: Path):
     """``fedrecgel train`` of ``policy`` into ``out``; the trainer."""
     from fedrecgel_secure.runs import open_run

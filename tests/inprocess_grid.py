@@ -8,6 +8,12 @@ the processes are missing (``tests/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
 the ServerApp waits out the stage timeout, as for a killed node. With
 ``key_holder_dir`` one more node is the BFV key holder (``role=keyholder``).
+
+As ``fedrecgel deploy local`` does, the grid first cuts the policy's split into
+one shard per node (``shards``, by default ``shards/`` beside the nodes' state
+directories); each node is configured with its own shard file only, and
+``catalogue`` is the public manifest the server is given. ``in_node`` is true
+while a node's handler runs (what a test of the server's own reads needs).
 """
 
 from __future__ import annotations
@@ -28,16 +34,24 @@ class InProcessGrid:
         state_dirs: list[Path],
         down: dict[int, tuple[str, ...]] | None = None,
         key_holder_dir: Path | None = None,
+        shards: Path | None = None,
     ):
+        from fedrecgel_secure.data.shards import shard_name, write_shards
         from fedrecgel_secure.deploy import clientapp
         from fedrecgel_secure.deploy.local import KEY_HOLDER, node_config
+        from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         self.app = clientapp.app
+        shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
+        self.shards = shards
+        self.catalogue = write_shards(load_policy(policy_file), shards)
         self.configs = {
-            FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d)) for shard, d in enumerate(state_dirs)
+            FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d, shards / shard_name(shard)))
+            for shard, d in enumerate(state_dirs)
         }
+        self.in_node = False
         if key_holder_dir is not None:  # BFV: the key holder is a node of its own
             self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(node_config(policy_file, KEY_HOLDER, key_holder_dir))
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
@@ -59,10 +73,13 @@ class InProcessGrid:
             if any(group.startswith(p) for p in self.down.get(node, ())):
                 continue
             context = Context(run_id=1, node_id=node, node_config=self.configs[node], state=RecordDict(), run_config={})
+            self.in_node = True
             try:
                 self.replies[mid] = self.app(msg, context)
             except Exception as exc:  # the SuperNode reports a failed ClientApp as an error reply
                 self.replies[mid] = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            finally:
+                self.in_node = False
         return ids
 
     def pull_messages(self, message_ids) -> list[Message]:

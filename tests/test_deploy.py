@@ -18,7 +18,7 @@ pytest.importorskip("flwr")
 
 from conftest import run_records as _metrics
 from conftest import simulate as _simulate
-from conftest import write_deploy_policy
+from conftest import summed_per_node, write_deploy_policy
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 40  # a stage on a loaded 2-core machine: a new clientapp process imports torch and reads the data
@@ -79,7 +79,7 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
         dep.wait(dep.launch(False), 2)
     finally:
         dep.stop()
-    assert _metrics(out) == _metrics(tmp_path / "sim")
+    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     for shard in range(3):  # each node made its own identity key, readable by it alone
@@ -166,7 +166,7 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
         dep.wait(dep.launch(True), 3)
     finally:
         dep.stop()
-    assert _metrics(out) == _metrics(sim)
+    assert _metrics(out) == summed_per_node(_metrics(sim))
 
 
 @pytest.mark.parametrize(

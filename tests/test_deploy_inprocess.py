@@ -12,7 +12,7 @@ pytest.importorskip("flwr")
 
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from conftest import write_deploy_policy
+from conftest import summed_per_node, write_deploy_policy
 from inprocess_grid import InProcessGrid
 
 MASKING = """[privacy.secure_aggregation]
@@ -42,20 +42,22 @@ def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder:
 
     key_holder_dir = out / "nodes" / "keyholder" if key_holder else None
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down, key_holder_dir)
-    run_server(grid, policy_file, out, resume=False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     return grid
 
 
-@pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP"])
+@pytest.mark.parametrize("privacy", ["plaintext", "seeded central DP", "plaintext, the authors' data protocol"])
 def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
 
-    policy_file = _policy(tmp_path, "" if privacy == "plaintext" else DP.format(mode="central"))
+    policy_file = _policy(tmp_path, DP.format(mode="central") if "DP" in privacy else "")
+    if "authors" in privacy:  # the nodes draw negatives outside the training set only, positives in blocks
+        policy_file.write_text(policy_file.read_text().replace("[data]\n", '[data]\nprotocol = "authors"\n'))
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
-    assert _records(tmp_path / "deployed") == _records(tmp_path / "sim")
+    assert _records(tmp_path / "deployed") == summed_per_node(_records(tmp_path / "sim"))
     model = load_checkpoint(tmp_path / "deployed" / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -79,7 +81,7 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
     deployed = _records(tmp_path / "deployed")
-    assert deployed == _records(tmp_path / "sim")
+    assert deployed == summed_per_node(_records(tmp_path / "sim"))
     assert all(r["dp_noise"] == "seeded" and r["contributors"] > 0 for r in deployed)
     if "adaptive" in privacy:  # the clip norm moved, and the nodes clipped to the server's announced norm
         assert len({r["clip_norm"] for r in deployed}) == 3
@@ -138,7 +140,7 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = _deploy(policy_file, out, key_holder=True)
-    assert _records(out) == _records(tmp_path / "sim")
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
     assert all(r["contributors"] > 0 for r in _records(out))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
@@ -240,7 +242,7 @@ def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_pa
     grid.pull_messages = lambda ids: [seen.append(m) or m for m in pull(ids)]
     from fedrecgel_secure.deploy.serverapp import run_server
 
-    run_server(grid, tmp_path / "policy.toml", out, resume=False)
+    run_server(grid, tmp_path / "policy.toml", out, resume=False, catalogue=grid.catalogue)
     train = [from_record(m.content) for m in seen if m.metadata.group_id == "round-1"]
     assert train and all(not {"rows", "mlp", "row_item"} & set(rep) for rep in train)
     assert all("partial" in rep for rep in train)  # one encrypted sum of its users' uploads per node
@@ -268,13 +270,13 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
     with pytest.raises(KeyboardInterrupt):
-        run_server(grid, policy_file, out, resume=False)
+        run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
     monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("keyholder-decrypt") == 2  # rounds 2 (the repeat) and 3
-    assert _records(out) == _records(tmp_path / "sim")
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -495,13 +497,14 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
 
     monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
     with pytest.raises(KeyboardInterrupt):
-        run_server(InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)]), policy_file, out, False)
+        grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
+        run_server(grid, policy_file, out, False, grid.catalogue)
     assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
     monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("secagg-unmask") == 3  # round 3's, one message per node; round 2 not run again
-    assert _records(out) == _records(tmp_path / "sim")
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     assert stat.S_IMODE((out / "releases" / "round-3.npz").stat().st_mode) == 0o600

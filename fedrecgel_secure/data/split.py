@@ -21,6 +21,20 @@ from fedrecgel_secure.errors import BadInputError
 
 
 @dataclass(frozen=True)
+class Catalogue:
+    """What a deployment's server may know of the data: public counts, and no interaction.
+
+    Users are addressed by their index ``0 .. n_users - 1`` (the split's
+    re-indexing, never a raw dataset id); ``n_interactions`` is None where
+    nobody published the total.
+    """
+
+    n_users: int
+    n_items: int
+    n_interactions: int | None = None
+
+
+@dataclass(frozen=True)
 class Split:
     """A prepared leave-one-out split. Users and items are re-indexed from 0."""
 
@@ -48,6 +62,36 @@ class Split:
     @property
     def sparsity(self) -> float:
         return 1.0 - self.n_interactions / (self.n_users * self.n_items)
+
+    @property
+    def catalogue(self) -> Catalogue:
+        return Catalogue(self.n_users, self.n_items, self.n_interactions)
+
+    def of_users(self, users: np.ndarray) -> Split:
+        """The split of ``users`` alone, re-indexed ``0 .. len(users) - 1`` in that order; items keep their ids.
+
+        Row ``j`` of the result holds exactly user ``users[j]``'s training items,
+        seen items, held-out items and negatives: a node's shard.
+        """
+        users = np.asarray(users, dtype=np.int64)
+
+        def rows(value):
+            return None if value is None else value[users]
+
+        train_indptr, train_items = _csr_rows(self.train_indptr, self.train_items, users)
+        seen_indptr, seen_items = _csr_rows(self.seen_indptr, self.seen_items, users)
+        return Split(
+            n_users=int(users.size),
+            n_items=self.n_items,
+            train_indptr=train_indptr,
+            train_items=train_items,
+            seen_indptr=seen_indptr,
+            seen_items=seen_items,
+            test_items=self.test_items[users],
+            test_negatives=self.test_negatives[users],
+            val_items=rows(self.val_items),
+            val_negatives=rows(self.val_negatives),
+        )
 
     def train_counts(self) -> np.ndarray:
         return np.diff(self.train_indptr)
@@ -83,6 +127,15 @@ def _csr(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, n
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
     return indptr, cols[order].astype(np.int64)
+
+
+def _csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a CSR structure, in that order."""
+    starts, lens = indptr[rows], indptr[rows + 1] - indptr[rows]
+    out = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    flat = np.arange(out[-1], dtype=np.int64) - np.repeat(out[:-1], lens) + np.repeat(starts, lens)
+    return out, indices[flat]
 
 
 class SeenIndex:

@@ -1,4 +1,4 @@
-"""The ClientApp a SuperNode runs: one shard of users (node_config: shard, state-dir, policy)."""
+"""The ClientApp a SuperNode runs: one shard of users (node_config: shard, state-dir, policy, data: its shard file)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _node(context: Context, digest: str | None):
     policy = load_policy(cfg["policy"])
     if digest is not None and digest != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
-    return Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]))
+    return Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]), Path(cfg["data"]))
 
 
 def _commits(req: dict) -> dict[int, list[int]]:
@@ -55,12 +55,13 @@ def train(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
-    out, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     scheme = node.policy.privacy.secure_aggregation.scheme
-    if scheme != "none":  # the server gets each client's loss and size, and no vector in the clear
+    # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
+    out = trained.payload(sealed=scheme != "none")
+    if scheme != "none":
         clip_norm = req.get("clip_norm")
         vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
-        out = {k: out[k] for k in ("clients", "bce", "examples")}
     if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
         partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
             round_idx, out["clients"], vectors, shares
@@ -96,7 +97,7 @@ def _he_node(context: Context, policy, users: list[int], dim: int):
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
     masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
-    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.data.shards import load_shard
     from fedrecgel_secure.deploy.node import private_umask
     from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
     from fedrecgel_secure.policy import load_policy
@@ -108,7 +109,7 @@ def secagg(msg: Message, context: Context) -> Message:
     if req["digest"] != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
     shard = int(context.node_config["shard"])
-    users = policy.deployment.shard_users(load_split(policy.data).n_users, shard).tolist()
+    users = load_shard(Path(context.node_config["data"]), policy, shard).users.tolist()
     node = _masking_node(context, policy, users, int(req["dim"]))
     stage = str(req["stage"])
     keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
@@ -175,4 +176,4 @@ def evaluate(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     out = node.evaluate(int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
-    return Message(to_record(out), reply_to=msg)
+    return Message(to_record(out.payload()), reply_to=msg)

@@ -4,6 +4,8 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 
 ``policy.deploy.toml``  the policy every role reads    ``app/``    the Flower app (pyproject only; code is the package)
 ``nodes/K/``            node K's state (0700)          ``.flwr/``  FLWR_HOME (outside app/: the FAB build would recurse)
+``shards/shard-K.npz``  node K's users' data (0600), the only data file node K is given
+``shards/manifest.json`` the public counts the server reads (catalogue size, users per node); no interaction
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
 ``nodes.json``          each node's pinned identity key (:mod:`.node_pins`), written by the ServerApp
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
@@ -31,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
 from fedrecgel_secure.deploy.processes import Processes, free_ports, stop_on_signals, wait_for_port
@@ -40,6 +43,7 @@ from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
 
 POLICY_FILE = "policy.deploy.toml"
+SHARDS = "shards"
 CONTROL_TOKEN_FILE = "control-token"  # the SuperLink's Control API token (superlink.py), 0600
 SUPEREXEC_SECRET_FILE = "superexec-secret"  # what a SuperExec proves to take a task from a Runtime API, 0600
 
@@ -68,6 +72,7 @@ clientapp = "fedrecgel_secure.deploy.clientapp:app"
 policy = ""
 out = ""
 resume = false
+catalogue = ""
 """
 
 
@@ -88,10 +93,12 @@ def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_
     (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
 
 
-def node_config(policy_file: Path, shard: int | str, state_dir: Path) -> str:
-    """A SuperNode's ``--node-config``: the shard of users it hosts, or ``role="keyholder"``."""
-    who = 'role="keyholder"' if shard == KEY_HOLDER else f"shard={shard}"
-    return f'{who} state-dir="{state_dir}" policy="{policy_file}"'
+def node_config(policy_file: Path, shard: int | str, state_dir: Path, data: Path | None = None) -> str:
+    """A SuperNode's ``--node-config``: the shard of users it hosts and its shard file ``data``, or
+    ``role="keyholder"`` (which reads no data)."""
+    if shard == KEY_HOLDER:
+        return f'role="keyholder" state-dir="{state_dir}" policy="{policy_file}"'
+    return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}" data="{data}"'
 
 
 def resolve_policy(
@@ -145,6 +152,7 @@ class Deployment:
         self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
         self.tls: TlsFiles | None = None
         self.port: int | None = None
+        self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
         write_app(self.out / "app")
 
     def describe(self) -> str:
@@ -249,8 +257,11 @@ class Deployment:
             *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
             *self.isolation_args(),
             "--node-config",
-            node_config(self.policy_file, shard, state_dir),
+            node_config(self.policy_file, shard, state_dir, None if shard == KEY_HOLDER else self.shard_file(shard)),
         ]
+
+    def shard_file(self, shard: int) -> Path:
+        return self.shards / shard_name(shard)
 
     def register_node(self, public_key: Path, name: str) -> None:
         """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
@@ -284,14 +295,16 @@ class Deployment:
         return json.loads(result.stdout)["nodes"]
 
     def start(self) -> None:
+        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
+
         d = self.policy.deployment
+        # the policy's split, cut into one file per node: each node process is given only its own
+        write_shards(self.policy, self.shards)
         roles = list(range(d.nodes)) + ([KEY_HOLDER] if self.policy.privacy.secure_aggregation.scheme == "bfv" else [])
         n = len(roles)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
         self.port, *node_ports = free_ports(1 + n)
         self.procs.log_dir.mkdir(parents=True, exist_ok=True)
-        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
-
         self.tls = self._tls_files()
         address = f"{self.HOST}:{self.port}"
         new_control_token(self.control_token)  # a new one for each start: an earlier start's SuperLink is gone
@@ -324,7 +337,10 @@ class Deployment:
 
     def launch(self, resume: bool) -> subprocess.Popen:
         """Start the run (``flwr run``); the ServerApp itself is a child of the SuperLink."""
-        cfg = f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
+        cfg = (
+            f'policy="{self.policy_file}" out="{self.out}" resume={"true" if resume else "false"}'
+            f' catalogue="{self.shards / MANIFEST}"'
+        )
         self.procs.stop("flwr-run")
         return self.procs.start(
             "flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env
@@ -440,8 +456,9 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     keyed = shards + ([KEY_HOLDER] if bfv else [])  # every SuperNode: the client nodes, and the BFV key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
-        "every machine needs `pip install 'fedrecgel-secure[flower]'`,",
-        f"# the same {policy_name} and the dataset it names.",
+        "every machine needs `pip install 'fedrecgel-secure[flower]'`",
+        f"# and the same {policy_name}; node K its own shard-K.npz and no other data, the SuperLink machine"
+        f" {MANIFEST} only.",
     ]
     if not tls.enabled:
         out += [
@@ -482,6 +499,16 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         for k in keyed:
             out.append(f"ssh-keygen -q -t ecdsa -b 384 -N '' -C node-{k} -f node-{k}.key   # node {k}")
         out += [*each, "# send node-K.key.pub (public) to the operator"]
+    section("Data: one shard per node (wherever the dataset is; in a real federation each node has its own)")
+    out += [
+        f"fedrecgel data shard {policy_name} --out shards",
+        *[
+            f"# node {k}: copy shards/{shard_name(int(k)) if k != 'K' else 'shard-K.npz'} to node {k}'s machine"
+            " only (0600: its users' interactions, under user indices, no raw ids)"
+            for k in shards
+        ],
+        f"# the SuperLink machine: shards/{MANIFEST} only (public: the catalogue size and each node's user count)",
+    ]
     section("Identity keys: on each node's own machine (the private key never leaves it)")
     out.append("# each node signs its hello to the server with identity.pem (Ed25519) in its state directory")
     for k in keyed:
@@ -549,7 +576,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
             + ISOLATED
-            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}"\'',
+            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}" data="shard-{k}.npz"\'',
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     out += each
@@ -570,7 +597,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     section("Start the run (operator)")
     out += [
         "# app/pyproject.toml: as `fedrecgel deploy local` writes it (DIR/app/pyproject.toml)",
-        f'flwr run app deploy --stream --run-config \'policy="{policy_name}" out="runs/deployed" resume=false\'',
+        "flwr run app deploy --stream --run-config"
+        f' \'policy="{policy_name}" out="runs/deployed" resume=false catalogue="{MANIFEST}"\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
         "# after a ServerApp crash, run the same command with resume=true.",
     ]

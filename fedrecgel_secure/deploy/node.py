@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,35 +45,35 @@ def ensure_identity(state_dir: Path, shard: int) -> bytes:
 
 @dataclass
 class Node:
+    """Node ``shard``: its users' data from its own shard file (``data``) and nothing else."""
+
     policy: Policy
     shard: int
     state_dir: Path
+    data: Path  # its shard (:mod:`fedrecgel_secure.data.shards`)
 
     def __post_init__(self):
-        from fedrecgel_secure.data.prepare import load_split
-        from fedrecgel_secure.data.split import SeenIndex
+        from fedrecgel_secure.data.shards import load_shard
+        from fedrecgel_secure.federation.trainer import negatives_index
 
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.split = load_split(self.policy.data)
-        self.seen = SeenIndex(self.split.seen_indptr, self.split.seen_items, self.split.n_items)
-        self.users = self.policy.deployment.shard_users(self.split.n_users, self.shard)
-        self.model, self._fresh = self._init()
+        shard = load_shard(self.data, self.policy, self.shard)
+        self.split = shard.split  # row j: user users[j]
+        self.users = shard.users
+        self.population = shard.population  # every node's users: DP's N
+        self.seen = negatives_index(self.policy, self.split)
+        self.model, self._fresh = self._init(shard.catalogue.n_items)
 
-    # -- the model and the fresh state: the same draws as Trainer.__init__ ----------
-    def _init(self):
+    # -- the model and the fresh state: the simulator's draws (Trainer.__init__) --------
+    def _init(self, n_items: int):
         import torch
 
         from fedrecgel_secure.federation.state import ClientStates
-        from fedrecgel_secure.model import NeuMF
+        from fedrecgel_secure.federation.trainer import init_model
 
-        p = self.policy
-        init = torch.Generator().manual_seed(p.seed)
-        model = NeuMF(self.split.n_items, p.model.gmf_dim, p.model.mlp_dim, tuple(p.model.tower)).to(
-            getattr(torch, p.model.dtype)
-        )
-        model.reset_parameters(init)
-        theta = model.init_private(self.split.n_users, init)[torch.from_numpy(self.users)].clone()
+        model, init = init_model(self.policy, n_items)
+        theta = model.init_private(self.population, init)[torch.from_numpy(self.users)].clone()
         return model, ClientStates.fresh(theta)
 
     def load_shared(self, vector: np.ndarray) -> None:
@@ -151,23 +151,20 @@ class Node:
     ):
         """Round ``round_idx`` for this node's sampled ``clients``: the simulator's engine on its own local sets.
 
-        Returns the reply, per client (in ``clients`` order): the item rows its
-        upload touches, those rows, its dense mlp part, its summed BCE and its
-        number of examples; and the uploads themselves (:class:`Uploads`), for
-        secure aggregation. The new private state waits in ``pending-R.pt``.
+        Returns the reply (:class:`TrainReply`: their uploads as item rows and
+        dense parts, their summed BCE and number of examples) and the uploads
+        themselves (:class:`Uploads`), for secure aggregation. The new private
+        state waits in ``pending-R.pt``.
         """
         import torch
 
-        from fedrecgel_secure.federation.sampling import build_local_sets_per_client
-        from fedrecgel_secure.federation.trainer import make_engine
+        from fedrecgel_secure.deploy.replies import TrainReply
+        from fedrecgel_secure.federation.trainer import local_sets, make_engine
 
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
-        local = build_local_sets_per_client(
-            self.policy.seed, round_idx, self.split, self.seen, clients, self.policy.data.train_negatives
-        )
-        local = replace(local, clients=self.local_index(clients))  # rows of this node's state table
+        local = local_sets(self.policy, self.split, self.seen, self.local_index(clients), round_idx, users=clients)
         update = make_engine(self.policy).train_round(self.model, states, local)
         p = update.private
         self._save(
@@ -189,21 +186,19 @@ class Node:
             touched = torch.nonzero(table.abs().sum(1) > 0).reshape(-1)
             rows.append(table[touched]), row_item.append(touched), mlp.append(v[n_item_values:])
             row_owner.append(torch.full((touched.numel(),), c, dtype=torch.int64))
-        sizes = local.sizes
-        bce = (
-            update.client_bce
-            if update.client_bce is not None
-            else [update.loss * float(sizes.sum())] + [0.0] * (clients.size - 1)
+        examples = int(local.sizes.sum())
+        # the per-client engine reports each client's BCE (added in client order, as the engine adds them); the
+        # batched one the mean over all examples
+        bce = sum(update.client_bce, 0.0) if update.client_bce is not None else update.loss * examples
+        reply = TrainReply(
+            clients=clients.astype(np.int64),
+            bce=bce,
+            examples=examples,
+            rows=torch.cat(rows).numpy(),
+            row_item=torch.cat(row_item).numpy(),
+            row_owner=torch.cat(row_owner).numpy(),
+            mlp=torch.stack(mlp).numpy(),
         )
-        reply = {
-            "clients": clients.astype(np.int64),
-            "rows": torch.cat(rows).numpy(),
-            "row_item": torch.cat(row_item).numpy(),
-            "row_owner": torch.cat(row_owner).numpy(),
-            "mlp": torch.stack(mlp).numpy(),
-            "bce": np.asarray(bce, dtype=np.float64),
-            "examples": sizes.astype(np.int64),
-        }
         return reply, update.uploads
 
     def protect(self, round_idx: int, clients: np.ndarray, uploads, participants: int, clip_norm: float | None):
@@ -223,41 +218,23 @@ class Node:
             return torch.stack([uploads.vector(c).double() for c in range(clients.size)]).numpy(), None
         from fedrecgel_secure.federation.trainer import make_dp_rule
 
-        part = make_dp_rule(self.policy, self.split.n_users).protect(
+        part = make_dp_rule(self.policy, self.population).protect(
             round_idx, clients, uploads, dim, dtype, participants=participants, clip_norm=clip_norm
         )
         vectors = torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy()
         shares = None if part.noise is None else torch.stack([part.noise(c) for c in range(clients.size)]).numpy()
         return vectors, shares
 
-    def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int) -> dict:
-        """Scores of every hosted user's candidates (test, and validation if any), as the engine's evaluation
-        computes them."""
-        import torch
-
-        from fedrecgel_secure.federation.evaluation import USERS_PER_PASS
+    def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int):
+        """Its users' HR and NDCG, summed (:class:`EvaluationReply`), as the engine's evaluation computes them:
+        no user's score or rank leaves the node."""
+        from fedrecgel_secure.deploy.replies import EvaluationReply
+        from fedrecgel_secure.federation.trainer import make_engine
 
         states = self.state(round_idx, commits, keep_from)
         self.load_shared(shared)
-        out = {"users": self.users.astype(np.int64)}
-        per_user = self.policy.federation.engine == "per-client"
-        with torch.no_grad():
-            for which in ("test", "val") if self.split.val_items is not None else ("test",):
-                candidates = torch.from_numpy(self.split.candidates(which)[self.users])
-                theta = states.theta
-                if per_user:
-                    scores = torch.stack([self.model(theta[u], candidates[u]) for u in range(self.users.size)])
-                else:
-                    scores = torch.cat(
-                        [
-                            self.model.score_candidates(
-                                theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS]
-                            )
-                            for s in range(0, self.users.size, USERS_PER_PASS)
-                        ]
-                    )
-                out[which] = scores.numpy()
-        return out
+        sums = make_engine(self.policy).evaluation_sums(self.model, states.theta, self.split)
+        return EvaluationReply(users=int(self.users.size), sums=sums)
 
 
 KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index

@@ -4,7 +4,10 @@ Sampling, aggregation (plaintext or central DP), the server's Adam step,
 accounting, checkpoints and the run files are the simulator's own code; this
 subclass only replaces :meth:`Trainer.client_updates`, :meth:`Trainer.commit_private`
 and :meth:`Trainer.evaluate` with calls to the nodes through a :class:`Stages`
-object (Flower in production, :mod:`.stages`).
+object (Flower in production, :mod:`.stages`), and :meth:`Trainer.make_summer`
+with the protocol's server side. It holds no interaction data (a
+:class:`Catalogue`: the public counts) and no client state; the nodes report
+losses, example counts and metrics as sums over their users (:mod:`.replies`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import numpy as np
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from fedrecgel_secure.data.split import Split
+from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
+from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply
 from fedrecgel_secure.federation.aggregation import DPFedAvg
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads
-from fedrecgel_secure.metrics import KS, ranking_metrics
+from fedrecgel_secure.metrics import means
 from fedrecgel_secure.policy import Policy
 
 
@@ -54,37 +58,38 @@ class SealedUploads(Uploads):
 
 
 class RemoteTrainer(Trainer):
-    def __init__(self, policy: Policy, split: Split, stages: Stages):
+    def __init__(self, policy: Policy, catalogue: Catalogue, stages: Stages):
         check_deployable(policy)
-        super().__init__(policy, split)
-        scheme = policy.privacy.secure_aggregation.scheme
-        self.sealed = scheme != "none"  # the uploads never reach the server: the summer runs the protocol's stages
-        if self.sealed:
-            # the clipped bit of adaptive clipping travels as one more coordinate
-            dim = sum(p.numel() for p in self.model.parameters()) + getattr(self.aggregation, "extra", 0)
-            users_of = {
-                s: policy.deployment.shard_users(split.n_users, s).tolist() for s in range(policy.deployment.nodes)
-            }
-            exchange = self._secagg_exchange(stages, dim)
-            if scheme == "masking":
-                from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
-
-                self.aggregation.summer = NodeMaskingSum(setup_of(policy, dim), exchange, users_of)
-            else:
-                from fedrecgel_secure.deploy import he_node
-                from fedrecgel_secure.deploy.he_summer import NodeHESum
-
-                dp = {"population": int(split.n_users)} if policy.privacy.dp.enabled else {}
-                setup = he_node.setup_of(policy, dim)
-                self.aggregation.summer = NodeHESum(setup, exchange, self._key_holder_call(stages, dim), users_of, dp)
-        self.states = None  # every client's private state lives on its node
-        self.stages = stages
+        self.stages = stages  # before Trainer.__init__, which builds the summer through make_summer
+        self.sealed = policy.privacy.secure_aggregation.scheme != "none"  # the uploads never reach the server
+        super().__init__(policy, catalogue)
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
         self.checkpointed = 0
-        n = policy.deployment.nodes
-        self.shard = np.empty(split.n_users, dtype=np.int64)
-        for s in range(n):
-            self.shard[policy.deployment.shard_users(split.n_users, s)] = s
+        self.shard = np.empty(catalogue.n_users, dtype=np.int64)
+        for s, users in self._users_of().items():
+            self.shard[users] = s
+
+    def _users_of(self) -> dict[int, list[int]]:
+        d = self.policy.deployment
+        return {s: d.shard_users(self.catalogue.n_users, s).tolist() for s in range(d.nodes)}
+
+    def make_summer(self, dim: int):
+        """Under secure aggregation the summer runs the protocol's stages on the nodes (``dim`` counts the
+        clipped bit of adaptive clipping, one more coordinate); in the clear, the simulator's plain sum."""
+        scheme = self.policy.privacy.secure_aggregation.scheme
+        if scheme == "none":
+            return super().make_summer(dim)
+        exchange = self._secagg_exchange(self.stages, dim)
+        if scheme == "masking":
+            from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
+
+            return NodeMaskingSum(setup_of(self.policy, dim), exchange, self._users_of())
+        from fedrecgel_secure.deploy import he_node
+        from fedrecgel_secure.deploy.he_summer import NodeHESum
+
+        dp = {"population": int(self.catalogue.n_users)} if self.policy.privacy.dp.enabled else {}
+        setup = he_node.setup_of(self.policy, dim)
+        return NodeHESum(setup, exchange, self._key_holder_call(self.stages, dim), self._users_of(), dp)
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
         keep = getattr(self.aggregation.summer, "keep_releases", None)
@@ -134,77 +139,50 @@ class RemoteTrainer(Trainer):
         replies = self.stages.train(r, per_shard, common)
         if self.sealed:
             self.aggregation.summer.received(replies)
-            return self._sealed_updates(replies, per_shard, clients.dtype)
-        got = {}
-        for s, rep in replies.items():
-            if not np.array_equal(rep["clients"], per_shard[s]):
-                continue  # not what was asked: treated as dropped
-            for c, client in enumerate(rep["clients"].tolist()):
-                mine = rep["row_owner"] == c
-                got[client] = (
-                    rep["row_item"][mine],
-                    rep["rows"][mine],
-                    rep["mlp"][c],
-                    float(rep["bce"][c]),
-                    int(rep["examples"][c]),
-                )
-        answered = np.asarray(sorted(got), dtype=clients.dtype)
+        # a node that answers for other clients than it was asked is treated as dropped
+        got = {s: TrainReply.of(rep) for s, rep in replies.items()}
+        got = {s: rep for s, rep in sorted(got.items()) if np.array_equal(rep.clients, per_shard[s])}
+        answered = np.sort(np.concatenate([rep.clients for rep in got.values()] or [clients[:0]])).astype(clients.dtype)
         if not answered.size:
             return answered, None
+        # each node's summed BCE and examples, added in shard order
+        bce_sum = sum((rep.bce for rep in got.values()), 0.0)
+        examples = sum(rep.examples for rep in got.values())
+        loss = bce_sum / max(1, examples)
+        if self.sealed:  # the vectors stay on the nodes
+            return answered, RoundUpdate(SealedUploads(answered.size), private=None, loss=loss)
         dtype = self.model.item_embeddings.dtype
         n_items, width = self.model.item_embeddings.shape
-        bce_sum, examples = 0.0, 0
-        for c in answered.tolist():  # in client order, as the per-client engine adds them
-            bce_sum += got[c][3]
-            examples += got[c][4]
-        pieces = [got[c] for c in answered.tolist()]
+        pieces = {}  # client -> (its item ids, its rows, its dense part)
+        for rep in got.values():
+            for c, client in enumerate(rep.clients.tolist()):
+                mine = rep.row_owner == c
+                pieces[client] = (rep.row_item[mine], rep.rows[mine], rep.mlp[c])
+        pieces = [pieces[c] for c in answered.tolist()]  # in client order, as the simulator holds them
         rows = torch.from_numpy(np.concatenate([p[1] for p in pieces])).to(dtype)
         items = torch.from_numpy(np.concatenate([p[0] for p in pieces]).astype(np.int64))
         owner = torch.from_numpy(np.repeat(np.arange(len(pieces)), [p[0].size for p in pieces]).astype(np.int64))
         mlp = torch.from_numpy(np.stack([p[2] for p in pieces])).to(dtype)
         uploads = RowUploads(rows, owner, items, mlp, n_items)
         if self.policy.federation.engine == "per-client":  # the simulator's exact holder, so sums match bit for bit
-            uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(len(pieces))]), n_items * width)
-        return answered, RoundUpdate(uploads=uploads, private=None, loss=bce_sum / max(1, examples))
-
-    @staticmethod
-    def _sealed_updates(replies: dict[int, dict], per_shard: dict[int, np.ndarray], dtype):
-        """Under masking the replies carry each client's loss and size only; the vectors stay on the nodes."""
-        loss = {}
-        for s, rep in replies.items():
-            if not np.array_equal(rep["clients"], per_shard[s]):
-                continue  # not what was asked: treated as dropped
-            for c, client in enumerate(rep["clients"].tolist()):
-                loss[client] = (float(rep["bce"][c]), int(rep["examples"][c]))
-        answered = np.asarray(sorted(loss), dtype=dtype)
-        if not answered.size:
-            return answered, None
-        bce_sum, examples = 0.0, 0
-        for c in answered.tolist():  # in client order, as the per-client engine adds them
-            bce_sum += loss[c][0]
-            examples += loss[c][1]
-        return answered, RoundUpdate(SealedUploads(answered.size), private=None, loss=bce_sum / max(1, examples))
+            uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(answered.size)]), n_items * width)
+        return answered, RoundUpdate(uploads=uploads, private=None, loss=loss)
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
         self.contributors[self.round + 1] = [int(c) for c in contributors]
 
     def evaluate(self) -> dict[str, float]:
+        """The metrics over every user that answered: the nodes' sums added, divided by their count."""
         replies = self.stages.evaluate(self.round, self._common(self.round))
         if not replies:
             raise RuntimeError(f"round {self.round}: no node answered the evaluation within the stage timeout")
+        got = [EvaluationReply.of(replies[s]) for s in sorted(replies)]
+        users = sum(rep.users for rep in got)
+        sums = {k: sum((rep.sums[k] for rep in got), 0.0) for k in got[0].sums}
         out = {}
-        users = np.sort(np.concatenate([rep["users"] for rep in replies.values()]))
-        if users.size < self.split.n_users:  # a node is down: the metrics cover the users that answered, and say so
-            out["eval_users"] = int(users.size)
-        for which, prefix in (("test", ""), ("val", "val_")):
-            if which == "val" and self.split.val_items is None:
-                continue
-            first = next(iter(replies.values()))[which]
-            scores = np.zeros((self.split.n_users, first.shape[1]), dtype=first.dtype)
-            for rep in replies.values():
-                scores[rep["users"]] = rep[which]
-            out.update(ranking_metrics(torch.from_numpy(scores[users]), KS, prefix))
-        return out
+        if users < self.catalogue.n_users:  # a node is down: the metrics cover the users that answered, and say so
+            out["eval_users"] = int(users)
+        return {**out, **means(sums, users)}
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -1,7 +1,9 @@
 """The ServerApp: the simulator's round loop (:class:`RemoteTrainer`) over the connected SuperNodes.
 
 Run config: ``policy`` (a policy file every node also has), ``out`` (the run
-directory, written as by ``fedrecgel train``), ``resume`` (continue from its checkpoint).
+directory, written as by ``fedrecgel train``), ``resume`` (continue from its checkpoint),
+``catalogue`` (the shards' public ``manifest.json``: the catalogue size and the number
+of users). The server reads no interaction data: each node holds its own shard.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from flwr.serverapp import Grid, ServerApp
 app = ServerApp()
 
 
-def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
-    from fedrecgel_secure.data.prepare import load_split
+def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: Path) -> dict:
+    from fedrecgel_secure.data.shards import load_catalogue
     from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.deploy.stages import STAGES, FlowerStages
     from fedrecgel_secure.errors import BadInputError
@@ -23,6 +25,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
     from fedrecgel_secure.rundir import CHECKPOINT
 
     policy = load_policy(policy_path)
+    public = load_catalogue(catalogue, policy)  # before anything starts: a wrong manifest is a clear error
     if (out_dir / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -31,7 +34,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
         grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES, run_dir=out_dir
     )
     stages.connect(wait=policy.deployment.stage_timeout)
-    trainer = RemoteTrainer(policy, load_split(policy.data), stages)
+    trainer = RemoteTrainer(policy, public, stages)
     if resume and (out_dir / CHECKPOINT).exists():
         trainer.resume_from(out_dir)
     return trainer.run(out_dir)
@@ -40,4 +43,4 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool) -> dict:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
-    run_server(grid, Path(str(cfg["policy"])), Path(str(cfg["out"])), bool(cfg["resume"]))
+    run_server(grid, Path(str(cfg["policy"])), Path(str(cfg["out"])), bool(cfg["resume"]), Path(str(cfg["catalogue"])))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedrecgel_secure.federation.evaluation import evaluate
+from fedrecgel_secure.federation.evaluation import evaluate, evaluation_sums
 from fedrecgel_secure.federation.per_client import SAM_EPS, ClientConfig
 from fedrecgel_secure.federation.sampling import LocalSets
 from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate, RoundUpdate
@@ -107,6 +107,7 @@ class BatchedEngine:
     """Trains a round's clients in buckets of at most ``clients_per_batch`` (bounds memory)."""
 
     evaluate = staticmethod(evaluate)
+    evaluation_sums = staticmethod(evaluation_sums)  # a deployment's node: its users' sums
 
     def __init__(self, cfg: ClientConfig, clients_per_batch: int = 256):
         self.cfg = cfg

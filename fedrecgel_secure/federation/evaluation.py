@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from fedrecgel_secure.data.split import Split
-from fedrecgel_secure.metrics import KS, ranking_metrics
+from fedrecgel_secure.metrics import KS, means, ranking_sums
 from fedrecgel_secure.model import NeuMF
 
 USERS_PER_PASS = 256  # (256, 100, 128) activations stay cache-sized; measured fastest here
@@ -21,27 +21,41 @@ def _splits(split: Split):
         yield "val", "val_"
 
 
+def _batched_scores(model: NeuMF, theta: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    return torch.cat(
+        [
+            model.score_candidates(theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS])
+            for s in range(0, candidates.shape[0], USERS_PER_PASS)
+        ]
+    )
+
+
+def _per_user_scores(model: NeuMF, theta: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    return torch.stack([model(theta[u], candidates[u]) for u in range(candidates.shape[0])])
+
+
 @torch.no_grad()
+def _sums(score, model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
+    out = {}
+    for which, prefix in _splits(split):
+        out.update(ranking_sums(score(model, theta, torch.from_numpy(split.candidates(which))), KS, prefix))
+    return out
+
+
+def evaluation_sums(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
+    """:func:`evaluate`'s metrics summed over the split's users instead of averaged (a node's report on its users:
+    no user's score leaves it)."""
+    return _sums(_batched_scores, model, theta, split)
+
+
+def evaluation_sums_per_user(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
+    return _sums(_per_user_scores, model, theta, split)
+
+
 def evaluate(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
     """Test metrics, plus ``val_``-prefixed ones when the split has a validation item."""
-    out = {}
-    for which, prefix in _splits(split):
-        candidates = torch.from_numpy(split.candidates(which))
-        scores = torch.cat(
-            [
-                model.score_candidates(theta[s : s + USERS_PER_PASS], candidates[s : s + USERS_PER_PASS])
-                for s in range(0, split.n_users, USERS_PER_PASS)
-            ]
-        )
-        out.update(ranking_metrics(scores, KS, prefix))
-    return out
+    return means(evaluation_sums(model, theta, split), split.n_users)
 
 
-@torch.no_grad()
 def evaluate_per_user(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
-    out = {}
-    for which, prefix in _splits(split):
-        candidates = torch.from_numpy(split.candidates(which))
-        scores = torch.stack([model(theta[u], candidates[u]) for u in range(split.n_users)])
-        out.update(ranking_metrics(scores, KS, prefix))
-    return out
+    return means(evaluation_sums_per_user(model, theta, split), split.n_users)

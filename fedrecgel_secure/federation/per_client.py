@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedrecgel_secure.federation.evaluation import evaluate_per_user
+from fedrecgel_secure.federation.evaluation import evaluate_per_user, evaluation_sums_per_user
 from fedrecgel_secure.federation.sampling import LocalSets
 from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate, RoundUpdate
 from fedrecgel_secure.federation.uploads import DenseUploads
@@ -96,6 +96,7 @@ class PerClientEngine:
     """Trains the round's clients one after another, and evaluates them one by one."""
 
     evaluate = staticmethod(evaluate_per_user)
+    evaluation_sums = staticmethod(evaluation_sums_per_user)  # a deployment's node: its users' sums
 
     def __init__(self, cfg: ClientConfig):
         self.cfg = cfg

@@ -112,19 +112,22 @@ def build_local_sets_per_client(
     n_negatives: int,
     *,
     blocks: bool = False,
+    streams: np.ndarray | None = None,
 ) -> LocalSets:
     """:func:`build_local_sets` one client at a time, each from :func:`client_rng`, concatenated in ``clients``
-    order."""
+    order. ``clients`` are rows of ``split``; ``streams`` their user indices, which name their streams, when
+    ``split`` holds some users only (a node's shard); by default the rows themselves."""
+    streams = clients if streams is None else streams
     parts = [
         build_local_sets(
-            client_rng(seed, round_idx, int(c)),
+            client_rng(seed, round_idx, int(u)),
             split,
             seen,
             np.asarray([c], dtype=clients.dtype),
             n_negatives,
             blocks=blocks,
         )
-        for c in clients
+        for c, u in zip(clients, streams)
     ]
     if not parts:
         return LocalSets(

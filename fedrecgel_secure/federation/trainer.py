@@ -18,14 +18,14 @@ import torch
 
 from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
-from fedrecgel_secure.data.split import SeenIndex, Split
+from fedrecgel_secure.data.split import Catalogue, SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, MeanAggregation, RoundInfo
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
-from fedrecgel_secure.federation.summers import make_summer
+from fedrecgel_secure.federation.summers import Summer, make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
@@ -49,20 +49,15 @@ GUARANTEE = {
 }
 
 
-def make_aggregation(policy: Policy, split: Split, model: NeuMF) -> AggregationRule:
-    """The policy's aggregation rule and summer; under DP, with a fresh CSPRNG secret unless the policy asks for
-    seeded noise."""
+def make_aggregation(policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer]) -> AggregationRule:
+    """The policy's aggregation rule with the summer ``summer(dim)`` of ``dim``-long uploads (:meth:`Trainer.
+    make_summer`); under DP, with a fresh CSPRNG secret unless the policy asks for seeded noise."""
     dim = sum(p.numel() for p in model.parameters())
-    secagg, settings = policy.privacy.secure_aggregation, policy.privacy.dp
-    n_items = model.item_embeddings.numel()
+    settings = policy.privacy.dp
     if not settings.enabled:
-        return _with_canaries(
-            policy,
-            MeanAggregation(policy.federation.fraction, make_summer(secagg, split.n_users, dim, n_items, policy.seed)),
-            dim,
-        )
-    rule = make_dp_rule(policy, split.n_users)
-    rule.summer = make_summer(secagg, split.n_users, dim + rule.extra, n_items, policy.seed)
+        return _with_canaries(policy, MeanAggregation(policy.federation.fraction, summer(dim)), dim)
+    rule = make_dp_rule(policy, n_users)
+    rule.summer = summer(dim + rule.extra)
     return _with_canaries(policy, rule, dim)
 
 
@@ -96,6 +91,49 @@ class RoundEvent:
     info: RoundInfo  # participants, secure-aggregation costs, privacy spent
 
 
+def init_model(policy: Policy, n_items: int) -> tuple[NeuMF, torch.Generator]:
+    """The shared model's initial parameters, and the generator that draws the private embeddings next
+    (``model.init_private(n_users, init)``): the same draws for the simulator and every deployment's node."""
+    init = torch.Generator().manual_seed(policy.seed)
+    model = NeuMF(n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower))
+    model = model.to(getattr(torch, policy.model.dtype))
+    model.reset_parameters(init)
+    return model, init
+
+
+def negatives_index(policy: Policy, split: Split) -> SeenIndex:
+    """What a training negative may not be. The authors draw outside the training set only, so the held-out
+    test item can be drawn as a negative; the clean protocol excludes every item the user interacted with, so the
+    test item never becomes a training label."""
+    if policy.data.protocol == "authors":
+        return SeenIndex(split.train_indptr, split.train_items, split.n_items)
+    return SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
+
+
+def local_sets(
+    policy: Policy,
+    split: Split,
+    seen: SeenIndex,
+    clients: np.ndarray,
+    round_idx: int,
+    users: np.ndarray | None = None,
+):
+    """The clients' examples for round ``round_idx``, under the policy's data protocol, each from its own stream
+    (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
+    else is sampled or where it is trained. ``clients`` are rows of ``split``; ``users`` their user indices
+    when ``split`` is a node's shard (default: the rows themselves)."""
+    return build_local_sets_per_client(
+        policy.seed,
+        round_idx,
+        split,
+        seen,
+        clients,
+        policy.data.train_negatives,
+        blocks=policy.data.protocol == "authors",
+        streams=users,
+    )
+
+
 def make_engine(policy: Policy):
     rho_sh, rho_ns = policy.rhos()
     cfg = ClientConfig(
@@ -109,33 +147,35 @@ def make_engine(policy: Policy):
 
 
 class Trainer:
-    def __init__(self, policy: Policy, split: Split):
-        self.policy, self.split = policy, split
-        # What a training negative may not be. The authors draw outside the training set
-        # only, so the held-out test item can be drawn as a negative; the clean protocol
-        # excludes every item the user interacted with, so the test item never becomes a
-        # training label.
+    def __init__(self, policy: Policy, data: Split | Catalogue):
+        """A run of ``policy`` on ``data``: the simulator's whole split, or, on a deployment's server, the
+        :class:`Catalogue` alone (the public counts; the subclass then overrides every method that reads
+        interactions or client states: :meth:`client_updates`, :meth:`commit_private`, :meth:`evaluate`)."""
+        self.policy = policy
+        self.split = data if isinstance(data, Split) else None  # None: no interaction is held here
+        self.catalogue = data.catalogue if isinstance(data, Split) else data
         self.authors = policy.data.protocol == "authors"
-        if self.authors:
-            self.seen = SeenIndex(split.train_indptr, split.train_items, split.n_items)
-        else:
-            self.seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
-        dtype = getattr(torch, policy.model.dtype)
-        init = torch.Generator().manual_seed(policy.seed)
-        self.model = NeuMF(split.n_items, policy.model.gmf_dim, policy.model.mlp_dim, tuple(policy.model.tower)).to(
-            dtype
+        self.seen = None if self.split is None else negatives_index(policy, self.split)
+        self.model, init = init_model(policy, self.catalogue.n_items)
+        # every client's private state; None where it lives elsewhere (a deployment's nodes)
+        self.states = (
+            None if self.split is None else ClientStates.fresh(self.model.init_private(self.split.n_users, init))
         )
-        self.model.reset_parameters(init)
-        self.states = ClientStates.fresh(self.model.init_private(split.n_users, init))
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
-        self.aggregation = make_aggregation(policy, split, self.model)
+        self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer)
         self.stopped: str | None = None  # why training ended before federation.rounds
         self.interrupted: int | None = None  # the signal that stopped :meth:`run` between rounds
         self.rng = np.random.default_rng(policy.seed)
         self.round = 0
         self.history: list[dict] = []
         self.elapsed = 0.0  # training wall time, carried across resumes
+
+    def make_summer(self, dim: int):
+        """The summer of the round's ``dim``-long uploads: the simulator's in-process one (secure aggregation
+        simulated among its clients). A deployment's server builds the protocol's server side instead."""
+        secagg = self.policy.privacy.secure_aggregation
+        return make_summer(secagg, self.catalogue.n_users, dim, self.model.item_embeddings.numel(), self.policy.seed)
 
     # -- one round --------------------------------------------------------
     def train_round(self) -> tuple[float | None, RoundInfo]:
@@ -144,7 +184,7 @@ class Trainer:
         A round that secure aggregation skips (too few valid uploads) changes
         neither the model nor any client's state.
         """
-        sampled = self.aggregation.sample(self.round + 1, self.rng, self.split.n_users)
+        sampled = self.aggregation.sample(self.round + 1, self.rng, self.catalogue.n_users)
         clients, update = self.client_updates(sampled)
         dim = sum(p.numel() for p in self.model.parameters())
         result = self.aggregation.aggregate(
@@ -179,18 +219,8 @@ class Trainer:
         return clients, self.engine.train_round(self.model, self.states, self.local_sets(clients, self.round + 1))
 
     def local_sets(self, clients: np.ndarray, round_idx: int):
-        """The clients' examples for round ``round_idx``, under the policy's data protocol, each from its own stream
-        (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
-        else is sampled or where it is trained."""
-        return build_local_sets_per_client(
-            self.policy.seed,
-            round_idx,
-            self.split,
-            self.seen,
-            clients,
-            self.policy.data.train_negatives,
-            blocks=self.authors,
-        )
+        """The clients' examples for round ``round_idx`` (:func:`local_sets`)."""
+        return local_sets(self.policy, self.split, self.seen, clients, round_idx)
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
         """Keep the new private state of the clients (ids) whose uploads are in the aggregate."""
@@ -285,7 +315,11 @@ class Trainer:
             rounds_planned=self.policy.federation.rounds,
             wall_time_s=round(self.elapsed, 3),
             select_by=key,
-            data=DataShape(users=self.split.n_users, items=self.split.n_items, interactions=self.split.n_interactions),
+            data=DataShape(
+                users=self.catalogue.n_users,
+                items=self.catalogue.n_items,
+                interactions=self.catalogue.n_interactions,
+            ),
             best=best,
             final=final,
             validation_selected=validation_selected,

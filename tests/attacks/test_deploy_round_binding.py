@@ -102,7 +102,8 @@ class Deployed:
     def run(self, resume: bool = False, down=None):
         from fedrecgel_secure.deploy.serverapp import run_server
 
-        run_server(self.grid(down), self.policy, self.out, resume=resume)
+        grid = self.grid(down)
+        run_server(grid, self.policy, self.out, resume=resume, catalogue=grid.catalogue)
 
     @property
     def server(self):

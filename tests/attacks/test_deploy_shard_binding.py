@@ -24,7 +24,7 @@ pytest.importorskip("flwr")
 
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from conftest import write_deploy_policy
+from conftest import summed_per_node, write_deploy_policy
 from inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse
 
 ATTACKER = 999  # the attacker's Flower node id
@@ -55,12 +55,14 @@ class Federation(InProcessGrid):
         names: dict[int, str] | None = None,
         forge=None,
     ):
+        from fedrecgel_secure.data.shards import shard_name
         from fedrecgel_secure.deploy.local import node_config
 
         kh = out / "nodes" / "keyholder" if key_holder else None
         super().__init__(policy_file, [out / "nodes" / str(s) for s in range(3)], None, kh)
         if attacker is not None:  # shard=1 or role="keyholder", its own state directory, listed first
-            attacker_config = _parse(node_config(policy_file, attacker, out / "attacker"))
+            data = None if attacker == "keyholder" else self.shards / shard_name(int(attacker))
+            attacker_config = _parse(node_config(policy_file, attacker, out / "attacker", data))
             self.configs = {ATTACKER: attacker_config, **self.configs}
         self.late = {self.node_id(k): polls for k, polls in (late or {}).items()}
         self.names = names or {}
@@ -115,7 +117,8 @@ def _killed_after_round_1(policy_file: Path, out: Path, key_holder: bool = False
     RemoteTrainer.state_dict = dies_at_round_2
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_server(Federation(policy_file, out, key_holder=key_holder), policy_file, out, resume=False)
+            federation = Federation(policy_file, out, key_holder=key_holder)
+            run_server(federation, policy_file, out, resume=False, catalogue=federation.catalogue)
     finally:
         RemoteTrainer.state_dict = state_dict
 
@@ -137,14 +140,15 @@ def test_a_node_claiming_a_pinned_shard_while_its_node_is_late_is_refused_and_th
     _killed_after_round_1(policy_file, out)
     pinned = _pins(out)
     grid = Federation(policy_file, out, attacker=1, late={1: 3})
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups_of(ATTACKER) == ["hello"]  # asked who it is, and nothing after
     hellos = [n for n, g in grid.sent if g == "hello"]
     assert hellos.index(ATTACKER) < hellos.index(grid.node_id(1))  # it did answer first
     assert {"secagg-keys", "round-2"} <= set(grid.groups_of(grid.node_id(1)))
     assert f"refused node {ATTACKER} claiming '1'" in capsys.readouterr().out
     assert _pins(out) == pinned
-    assert _records(out) == _records(sim)  # the run is the uninterrupted simulation's: node 1 trained its users
+    # the run is the uninterrupted simulation's: node 1 trained its users
+    assert _records(out) == summed_per_node(_records(sim))
 
 
 def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
@@ -158,12 +162,12 @@ def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
     key = identity_key(out / "nodes" / "1")
     policy_file = _policy(tmp_path, f'[deployment.node_keys]\n"1" = "{key}"\n')
     grid = Federation(policy_file, out, attacker=1, late={1: 3})
-    run_server(grid, policy_file, out, resume=False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     assert grid.groups_of(ATTACKER) == ["hello"]
     assert "round-1" in grid.groups_of(grid.node_id(1))
     assert f"refused node {ATTACKER} claiming '1'" in capsys.readouterr().out
     assert _pins(out)["1"] == key and len(_pins(out)) == 3  # nodes 0 and 2 pinned at first contact
-    assert _records(out) == _records(_simulate_to(policy_file, tmp_path / "sim"))
+    assert _records(out) == summed_per_node(_records(_simulate_to(policy_file, tmp_path / "sim")))
 
 
 def _simulate_to(policy_file: Path, out: Path) -> Path:
@@ -180,7 +184,7 @@ def test_two_nodes_claiming_an_unpinned_shard_at_first_contact_are_both_refused(
     policy_file = _policy(tmp_path)
     out = tmp_path / "deployed"
     grid = Federation(policy_file, out, attacker=1)
-    run_server(grid, policy_file, out, resume=False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     assert grid.groups_of(ATTACKER) == ["hello"] and grid.groups_of(grid.node_id(1)) == ["hello"]
     log = capsys.readouterr().out
     assert log.count("2 nodes claim '1' with no pinned key") == 2 and "shards ['1'] have no node" in log
@@ -201,7 +205,7 @@ def test_a_node_whose_key_changed_is_refused_after_a_resume(tmp_path, capsys):
     pinned = _pins(out)
     (out / "nodes" / "1" / IDENTITY).unlink()  # its next hello makes and signs with a new key
     grid = Federation(policy_file, out)
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups_of(grid.node_id(1)) == ["hello"]
     assert "is not the pinned" in capsys.readouterr().out
     assert _pins(out) == pinned
@@ -238,7 +242,7 @@ def test_a_forged_or_replayed_hello_is_refused(tmp_path, capsys, forgery):
         return earlier
 
     grid = Federation(policy_file, out, attacker=1, late={1: 3}, forge=forge)
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert captured and grid.groups_of(ATTACKER) == ["hello"]
     assert "round-2" in grid.groups_of(grid.node_id(1))
     assert "hello signature does not verify" in capsys.readouterr().out
@@ -260,7 +264,7 @@ def test_under_bfv_a_node_claiming_to_be_the_pinned_key_holder_is_refused(tmp_pa
     _killed_after_round_1(policy_file, out, key_holder=True)
     assert "keyholder" in _pins(out)
     grid = Federation(policy_file, out, attacker="keyholder", late={"keyholder": 3}, key_holder=True)
-    run_server(grid, policy_file, out, resume=True)
+    run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups_of(ATTACKER) == ["hello"]
     assert {"keyholder-start", "keyholder-decrypt"} <= set(grid.groups_of(grid.node_id("keyholder")))
     assert f"refused node {ATTACKER} claiming 'keyholder'" in capsys.readouterr().out
@@ -277,7 +281,7 @@ def test_under_node_authentication_a_registered_node_cannot_claim_another_shard_
     out = tmp_path / "deployed"
     names = {FIRST_NODE_ID + s: f"node-{s}" for s in range(3)} | {ATTACKER: "node-3"}
     grid = Federation(policy_file, out, attacker=1, late={1: 3}, names=names)
-    run_server(grid, policy_file, out, resume=False)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     assert grid.groups_of(ATTACKER) == ["hello"]
     assert "round-1" in grid.groups_of(grid.node_id(1))
     assert "registered with the SuperLink as 'node-3', not as 'node-1'" in capsys.readouterr().out

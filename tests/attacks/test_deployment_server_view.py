@@ -1,0 +1,178 @@
+"""Attack: a curious deployment server learns its users' interactions from what it reads and what the nodes send.
+
+The attacker runs the server: everything the server process opens, and every
+reply the nodes send it, is theirs. The deployment is the real one (ServerApp,
+``FlowerStages``, the record encoding, the nodes' ClientApp) on the in-process
+grid (``tests/inprocess_grid.py``); only the SuperLink and the processes are
+missing. None of this is covered by DP or secure aggregation, which protect the
+model updates only.
+
+Before the fix (issue #22; these tests run on e24caf5, adapted to its harness):
+
+- the server process read the whole dataset (``load_split`` in ``run_server``): it opened the ratings file
+  (``PermissionError: the server process opened .../ratings.txt``), i.e. every user's interactions;
+- each evaluation reply carried every hosted user's candidate scores, column 0 the held-out item: the
+  server recovered the held-out item's rank of all 24 users (and so whether each kept it in its top 10);
+- under masking each train reply carried every sampled user's loss and number of examples: the server
+  recovered the exact number of training interactions of all 19 users sampled in the 2 rounds;
+- the server built the simulator's secure aggregation before replacing its summer: under BFV the server
+  process made a BFV secret context (the simulated key holder's, able to decrypt every upload) and a
+  session with an identity key for every user.
+
+Now the server reads only the public manifest (catalogue size, users per node),
+and the nodes send sums over their users: no user's rank, loss or count.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import write_deploy_policy
+from inprocess_grid import InProcessGrid
+
+MASKING = """[privacy.secure_aggregation]
+scheme = "masking"
+min_clients = 2
+"""
+BFV = MASKING.replace("masking", "bfv")
+
+# what the audit hook watches: set while a test runs a server, None otherwise (the hook stays installed)
+_WATCH: dict = {"grid": None, "private": (), "opened": []}
+
+
+def _audit(event: str, args) -> None:
+    watch = _WATCH
+    if event != "open" or watch["grid"] is None or watch["grid"].in_node:
+        return
+    path = args[0]
+    if isinstance(path, int):
+        return
+    path = os.path.realpath(os.fsdecode(path))
+    if any(path == p or path.startswith(p + os.sep) for p in watch["private"]):
+        watch["opened"].append(path)
+        raise PermissionError(f"the server process opened {path}")
+
+
+sys.addaudithook(_audit)
+
+
+def _serve(tmp_path: Path, extra: str, rounds: int = 1, watch_opens: bool = False, on_grid=None):
+    """Run the deployed server to the end; every reply it pulled, by stage group."""
+    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.stages import from_record
+
+    policy_file = write_deploy_policy(tmp_path, extra, rounds, nodes=3, timeout=1.0, heartbeat=0.05)
+    out = tmp_path / "deployed"
+    key_holder = out / "nodes" / "keyholder" if "bfv" in extra else None
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, key_holder)
+    if on_grid is not None:
+        on_grid(grid)
+    pulled: list[tuple[str, dict]] = []
+    pull = grid.pull_messages
+
+    def pull_and_keep(ids):
+        replies = pull(ids)
+        pulled.extend((m.metadata.group_id, from_record(m.content)) for m in replies)
+        return replies
+
+    grid.pull_messages = pull_and_keep
+    if watch_opens:
+        # the interaction data: the raw file, its prepared split in the cache, and the nodes' shards (the public
+        # manifest beside them is the server's to read)
+        private = [tmp_path / "ratings.txt", Path(os.environ["FEDRECGEL_CACHE"]), *(out / "shards").glob("shard-*")]
+        _WATCH.update(grid=grid, private=tuple(os.path.realpath(p) for p in private), opened=[])
+    try:
+        run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    finally:
+        _WATCH["grid"] = None
+    return pulled, out
+
+
+def _replies(pulled, prefix: str) -> list[dict]:
+    return [rep for group, rep in pulled if group.startswith(prefix)]
+
+
+@pytest.mark.parametrize("privacy", ["plaintext", "masking"])
+def test_the_server_process_opens_no_interaction_data(tmp_path, privacy):
+    # Every file the server process opens while it runs (outside the nodes' handlers, which the in-process grid
+    # runs in the same process) is checked against the interaction data: the ratings file, the prepared split's
+    # cache, the shards. Before: run_server's load_split opened the cache (or the ratings file).
+    _serve(tmp_path, MASKING if privacy == "masking" else "", watch_opens=True)
+    assert _WATCH["opened"] == []
+
+
+def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(tmp_path):
+    # The attack: any array in an evaluation reply with one row per hosted user and a column per candidate is
+    # read as candidate scores, column 0 the held-out item; its rank is whether the user kept that item.
+    pulled, _ = _serve(tmp_path, "")
+    replies = _replies(pulled, "eval-")
+    assert replies
+    recovered = {}
+    for rep in replies:
+        for value in rep.values():
+            if isinstance(value, np.ndarray) and value.ndim == 2 and value.shape[1] == 21:  # 1 + 20 test negatives
+                ranks = (value[:, 1:] > value[:, :1]).sum(axis=1)
+                users = rep.get("users", np.arange(len(ranks)))
+                recovered.update(zip(np.atleast_1d(users).tolist(), ranks.tolist()))
+    print(f"held-out ranks recovered: {len(recovered)} users")
+    assert recovered == {}
+    # what a node sends instead: its number of users and their metrics summed
+    assert all(set(rep) == {"users", "sums"} and isinstance(rep["users"], int) for rep in replies)
+    assert all(isinstance(v, float) for rep in replies for v in rep["sums"].values())
+
+
+def test_under_masking_the_train_replies_give_the_server_no_users_interaction_count(tmp_path):
+    # The attack: a per-client example count is (1 + train_negatives) x the user's training interactions.
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.policy import load_policy
+
+    pulled, _ = _serve(tmp_path, MASKING, rounds=2)
+    policy = load_policy(tmp_path / "policy.toml")
+    truth = load_split(policy.data).train_counts()
+    recovered = {}
+    for rep in _replies(pulled, "round-"):
+        examples = np.atleast_1d(np.asarray(rep["examples"]))
+        if examples.size == rep["clients"].size:  # one count per sampled client
+            for client, n in zip(rep["clients"].tolist(), examples.tolist()):
+                recovered[client] = n // (1 + policy.data.train_negatives)
+    exact = sum(truth[c] == n for c, n in recovered.items())
+    print(f"interaction counts recovered exactly: {exact} of {len(recovered)} users")
+    assert all(rep["clients"].size > 1 for rep in _replies(pulled, "round-"))  # a node's sum covers several users
+    assert exact == 0
+    # what a node sends instead: its sampled users' summed BCE and examples, and no upload vector
+    for rep in _replies(pulled, "round-"):
+        assert isinstance(rep["bce"], float) and isinstance(rep["examples"], int)
+        assert not {"rows", "row_item", "row_owner", "mlp"} & set(rep)
+
+
+def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_session(tmp_path, monkeypatch):
+    # The key holder's secret context may be made only on the key holder's node; the server runs the protocol's
+    # server side (NodeHESum), never the simulator's SecureSum with its in-process clients and key holder.
+    from fedrecgel_secure.federation.summers import SecureSum
+    from fedrecgel_secure.privacy.secagg.he import BFVParams
+
+    made: list[tuple[str, bool]] = []  # (what, on a node)
+    grids = []
+    context, session = BFVParams.context, SecureSum.__init__
+
+    def recording_context(self):
+        made.append(("secret context", grids[0].in_node))
+        return context(self)
+
+    def recording_session(self, *args, **kwargs):
+        made.append(("simulated session", grids[0].in_node))
+        return session(self, *args, **kwargs)
+
+    monkeypatch.setattr(BFVParams, "context", recording_context)
+    monkeypatch.setattr(SecureSum, "__init__", recording_session)
+    _serve(tmp_path, BFV, on_grid=grids.append)
+    print(f"made in the server process: {[what for what, on_node in made if not on_node]}")
+    assert ("secret context", True) in made  # the key holder's, on its node
+    assert [what for what, on_node in made if not on_node] == []
