@@ -36,7 +36,7 @@ class InProcessGrid:
         key_holder_dir: Path | None = None,
         shards: Path | None = None,
     ):
-        from fedrecgel_secure.data.shards import shard_name, write_shards
+        from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
         from fedrecgel_secure.deploy import clientapp
         from fedrecgel_secure.deploy.local import KEY_HOLDER, node_config
         from fedrecgel_secure.policy import load_policy
@@ -53,7 +53,8 @@ class InProcessGrid:
         }
         self.in_node = False
         if key_holder_dir is not None:  # BFV: the key holder is a node of its own
-            self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(node_config(policy_file, KEY_HOLDER, key_holder_dir))
+            holder = node_config(policy_file, KEY_HOLDER, key_holder_dir, shards / MANIFEST)
+            self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(holder)
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
         self.replies: dict[str, Message] = {}
         self.groups: list[str] = []  # every message's group, in the order sent

@@ -124,7 +124,27 @@ min_clients = 2
 """
 
 
-@pytest.mark.parametrize("privacy", ["bfv", "bfv + seeded central DP", "bfv + seeded distributed DP, adaptive"])
+def test_only_the_server_builds_a_privacy_accountant(tmp_path, monkeypatch):
+    # The nodes (clipping, noise shares) and the key holder (central noise) spend no privacy: each of their calls
+    # takes DP-FedAvg's clipping and noise alone, without the Opacus accountant (seconds to build, per message).
+    from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
+
+    built = []
+    make = ResolvedDP.make_accountant
+    monkeypatch.setattr(ResolvedDP, "make_accountant", lambda self: built.append(1) or make(self))
+    _deploy(_policy(tmp_path, BFV + DP.format(mode="central"), rounds=2), tmp_path / "deployed", key_holder=True)
+    assert len(built) == 1  # the server's
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        "bfv",
+        "bfv + seeded central DP",
+        "bfv + seeded central DP, adaptive",  # the key holder replays the released counts for its C
+        "bfv + seeded distributed DP, adaptive",
+    ],
+)
 def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
     import stat
 
@@ -351,21 +371,21 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.federation import trainer as trainer_module
 
-    made = []  # (where, the rule's randomness secret, what it drew)
-    make = trainer_module.make_dp_rule
+    made = []  # (what was drawn, the randomness secret it was drawn from)
+    make = trainer_module.make_dp_mechanism
 
     def recording(policy, n_users):
-        rule = make(policy, n_users)
-        normal = rule.randomness.normal
+        mechanism = make(policy, n_users)
+        normal = mechanism.randomness.normal
 
         def drawn(purpose, *args):
-            made.append((purpose, rule.randomness.state_dict()["secret"]))
+            made.append((purpose, mechanism.randomness.state_dict()["secret"]))
             return normal(purpose, *args)
 
-        rule.randomness.normal = drawn
-        return rule
+        mechanism.randomness.normal = drawn
+        return mechanism
 
-    monkeypatch.setattr(trainer_module, "make_dp_rule", recording)
+    monkeypatch.setattr(trainer_module, "make_dp_mechanism", recording)
     servers = []
     init = RemoteTrainer.__init__
     monkeypatch.setattr(RemoteTrainer, "__init__", lambda self, *a: init(self, *a) or servers.append(self))

@@ -22,6 +22,7 @@ from fedrecgel_secure.privacy.dp.mechanism import (
     clip_factors,
     fixed_denominator_mean,
     group_clip_factors,
+    max_poisson_sample,
     noise_std,
     poisson_sample,
     reached_noise_multiplier,
@@ -295,6 +296,37 @@ def test_adaptive_clipping_state_round_trips():
         assert first.update(first.indicators(n).sum().item()) == second.update(second.indicators(n).sum().item())
     with pytest.raises(BadInputError, match=r"privacy\.dp\.adaptive_clipping"):
         AdaptiveClipping(50).load_state_dict(first.state_dict())
+
+
+def test_replaying_the_released_counts_gives_every_rounds_clip_norm_bit_for_bit():
+    # What a deployment's node does with the server's history of released counts: the server's own norms, exactly.
+    rng = np.random.default_rng(9)
+    server = AdaptiveClipping(100, initial=0.3)
+    norms = []
+    for _ in range(30):
+        norms.append(server.clip_norm)
+        server.update(server.indicators(torch.from_numpy(rng.lognormal(size=100))).sum().item() + rng.normal(0, 5))
+    for r, norm in enumerate(norms):
+        assert AdaptiveClipping(100, initial=0.3).replay(server.released[:r]) == norm
+    # and whatever counts a server makes up, each moves C by at most the rule's factor, either way
+    made_up = AdaptiveClipping(100, initial=0.3)
+    for count in (-1e9, 1e9, 0.0, float(-50), 50.0):
+        before = made_up.clip_norm
+        after = made_up.replay([count])
+        assert 1 / made_up.max_step() * (1 - 1e-12) <= after / before <= made_up.max_step() * (1 + 1e-12)
+
+
+def test_a_poisson_sample_exceeds_the_bound_a_node_accepts_with_negligible_chance():
+    # A node refuses a stated sample size above max_poisson_sample: true samples must (almost) never be refused,
+    # and the bound must stay close to the expected m = qN, so that overstating the sample gains the server little.
+    rng = np.random.default_rng(10)
+    for n, q in [(24, 0.5), (943, 0.05), (6040, Q), (100_000, 0.001)]:
+        bound = max_poisson_sample(n, q)
+        draws = rng.binomial(n, q, size=200_000)
+        assert draws.max() <= bound <= n
+        # the exact tail beyond the bound is below 2^-40
+        assert stats.binom.sf(bound, n, q) < 2.0**-40
+    assert max_poisson_sample(10**7, 0.01) / (10**7 * 0.01) < 1.03
 
 
 def test_update_noise_under_adaptive_clipping_keeps_the_total_noise_multiplier():

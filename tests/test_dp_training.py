@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.aggregation import DPMechanism
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy
@@ -72,11 +72,11 @@ def test_a_clients_dense_upload_is_its_rows_in_place_and_zeros_elsewhere(uploads
 @settings(max_examples=200, deadline=None)
 @given(uploads=row_uploads(), clip=st.floats(1e-3, 10.0), per_group=st.booleans())
 def test_every_clipped_upload_has_norm_at_most_c(uploads, clip, per_group, tiny_split):
-    agg = DPFedAvg.__new__(DPFedAvg)  # only the clipping rule, no accountant needed
-    agg.clip_norm, agg.grid = clip, FixedPoint()
-    agg.dp = type("R", (), {"group_fractions": {"item_embeddings": 0.3, "mlp": 0.7} if per_group else None})()
+    # only the clipping rule: no accountant, no noise
+    resolved = type("R", (), {"group_fractions": {"item_embeddings": 0.3, "mlp": 0.7} if per_group else None})()
+    agg = DPMechanism(resolved, FixedPoint(), randomness=None)
     dim = uploads.n_items * 3 + 4
-    clipped, norms = agg.clip(uploads, dim)
+    clipped, norms = agg.clip(uploads, dim, clip)
     # clipped to C less the grid's rounding slack, so that the rounded integers have norm <= C too
     assert (clipped.norms() <= agg.grid.dp_clip(clip, dim) * (1 + 1e-9)).all()
     for c in range(uploads.num_clients):
@@ -84,7 +84,7 @@ def test_every_clipped_upload_has_norm_at_most_c(uploads, clip, per_group, tiny_
         assert np.linalg.norm(ints.astype(np.float64)) <= clip * agg.grid.scale * (1 + 1e-9)
     # the dense form of the same uploads clips to the same vectors
     dense = DenseUploads(torch.stack([uploads.vector(c) for c in range(uploads.num_clients)]), uploads.n_items * 3)
-    clipped_dense, _ = agg.clip(dense, dim)
+    clipped_dense, _ = agg.clip(dense, dim, clip)
     for c in range(uploads.num_clients):
         assert torch.allclose(clipped.vector(c), clipped_dense.vector(c), rtol=1e-12, atol=1e-12)
     # an upload inside its budget is left alone: the whole vector's, or with per-group clipping each group's

@@ -52,16 +52,23 @@ def hello(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    import numpy as np
+
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
-    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     scheme = node.policy.privacy.secure_aggregation.scheme
+    dp = None
+    if scheme != "none":  # the DP settings come from the node's own policy; a message that disagrees is refused
+        sampled = np.asarray(req["sampled"])
+        dp = node.dp_round(
+            round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
+        )
+    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
     out = trained.payload(sealed=scheme != "none")
     if scheme != "none":
-        clip_norm = req.get("clip_norm")
-        vectors, shares = node.protect(round_idx, out["clients"], uploads, int(req["participants"]), clip_norm)
+        vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
     if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
         partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
             round_idx, out["clients"], vectors, shares
@@ -70,7 +77,7 @@ def train(msg: Message, context: Context) -> Message:
     if scheme == "masking":
         # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
-        masking.keep_inputs(round_idx, out["clients"], vectors, shares)
+        masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
         from fedrecgel_secure.deploy.secagg_stages import reply
 
@@ -158,12 +165,20 @@ def keyholder(msg: Message, context: Context) -> Message:
         out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
     else:
         round_idx, noise = int(req["round"]), None
-        if "clip_norm" in req:  # central DP: the key holder draws the noise, so the server never learns it
-            from fedrecgel_secure.federation.trainer import make_dp_rule
+        dp = policy.privacy.dp
+        if dp.enabled and dp.mode == "central":
+            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy:
+            # C (under adaptive clipping, replayed over the released counts) and N; the request has no say
+            from fedrecgel_secure.deploy.node import key_holder_population
+            from fedrecgel_secure.federation.trainer import make_dp_mechanism
 
-            rule = make_dp_rule(policy, int(req["population"]))
-            rule.clip_norm = float(req["clip_norm"])
-            noise = rule.central_noise(round_idx, int(req["dim"]) - rule.extra).numpy()
+            counts = [float(c) for c in req.get("released_counts", ())]
+            if len(counts) > round_idx - 1:  # one released count per earlier round at most
+                return Message(to_record({"refused": "released counts"}), reply_to=msg)
+            population = key_holder_population(policy, context.node_config.get("catalogue"))
+            mechanism = make_dp_mechanism(policy, population)
+            clip_norm = mechanism.dp.clip_norm_after(counts)
+            noise = mechanism.central_noise(round_idx, int(req["dim"]) - mechanism.extra, clip_norm).numpy()
         try:
             out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise), dtype=np.float64)}
         except RejectedPayload as exc:

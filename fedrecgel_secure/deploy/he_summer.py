@@ -8,7 +8,8 @@ each user's signed contribution proof), the server's :class:`HEAggregator`
 checks the proofs and adds the sums, and the key holder, a SuperNode of
 its own (:class:`~fedrecgel_secure.deploy.he_node.KeyHolderNode`), receives the
 one summed aggregate of the round, checks its proofs and tags, adds the central
-DP noise it draws itself, and returns the sum.
+DP noise it draws itself, sized from its own policy (C, under adaptive clipping
+replayed over the released counts the server sends, and N), and returns the sum.
 
 The session is set up once per server process (:meth:`NodeHESum.start`): the
 nodes report their users' identity keys and their sealing keys, the key holder
@@ -42,13 +43,19 @@ KeyHolderCall = Callable[[str, dict], "dict | None"]
 
 class NodeHESum:
     def __init__(
-        self, setup: HESetup, exchange: Exchange, key_holder: KeyHolderCall, users_of: dict[int, list[int]], dp: dict
+        self,
+        setup: HESetup,
+        exchange: Exchange,
+        key_holder: KeyHolderCall,
+        users_of: dict[int, list[int]],
+        released_counts: Callable[[], np.ndarray],
     ):
-        """``dp``: what the key holder needs to draw the central noise itself (``population``; empty without DP)."""
-        self.setup, self.exchange, self.key_holder, self.users_of, self.dp = setup, exchange, key_holder, users_of, dp
+        """``released_counts()``: the noised clipped counts released so far (adaptive clipping, else empty), from
+        which the key holder computes the round's clip norm for its central noise, with its own policy."""
+        self.setup, self.exchange, self.key_holder, self.users_of = setup, exchange, key_holder, users_of
+        self.released_counts = released_counts
         self.aggregator = None
         self.partials: dict[int, bytes] = {}  # this round's summed ciphertexts, by node, from the train replies
-        self.clip_norm: float | None = None
         self.clipped = 0  # values the grid clipped on the nodes this round
 
     def start(self) -> None:
@@ -90,10 +97,11 @@ class NodeHESum:
         )
 
     def announce(self, round_idx: int, clip_norm: float | None) -> None:
-        """Round ``round_idx`` starts (the session first, once); under DP the key holder noises with ``clip_norm``."""
+        """Round ``round_idx`` starts (the session first, once); ``clip_norm`` goes to the nodes with the train
+        message (the key holder computes its own)."""
         if self.aggregator is None:
             self.start()
-        self.partials, self.clip_norm, self.clipped = {}, clip_norm, 0
+        self.partials, self.clipped = {}, 0
 
     def received(self, replies: dict[int, dict]) -> None:
         """The train replies, each with its node's users' summed ciphertexts and their proofs (``partial``)."""
@@ -121,9 +129,13 @@ class NodeHESum:
         except RoundSkipped as skipped:
             log.warning("round %d skipped: %s", round_idx, skipped)
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(rejected))
-        request = {"stage": "decrypt", "round": round_idx, "aggregate": aggregate.serialize()}
-        if central_noise is not None:  # the key holder draws it: the server never learns the noise
-            request.update(clip_norm=float(self.clip_norm), **self.dp)
+        # under central DP the key holder draws the noise (the server never learns it), whatever this says
+        request = {
+            "stage": "decrypt",
+            "round": round_idx,
+            "aggregate": aggregate.serialize(),
+            "released_counts": self.released_counts(),
+        }
         reply = self.key_holder("decrypt", request)
         if reply is None or "total" not in reply:
             why = "no reply" if reply is None else reply.get("refused", "refused")

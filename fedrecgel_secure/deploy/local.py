@@ -95,9 +95,11 @@ def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_
 
 def node_config(policy_file: Path, shard: int | str, state_dir: Path, data: Path | None = None) -> str:
     """A SuperNode's ``--node-config``: the shard of users it hosts and its shard file ``data``, or
-    ``role="keyholder"`` (which reads no data)."""
+    ``role="keyholder"`` (which reads no interaction data: its ``data`` is the public shard manifest, whose
+    number of users its central DP noise depends on)."""
     if shard == KEY_HOLDER:
-        return f'role="keyholder" state-dir="{state_dir}" policy="{policy_file}"'
+        catalogue = "" if data is None else f' catalogue="{data}"'
+        return f'role="keyholder" state-dir="{state_dir}" policy="{policy_file}"{catalogue}'
     return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}" data="{data}"'
 
 
@@ -257,8 +259,12 @@ class Deployment:
             *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
             *self.isolation_args(),
             "--node-config",
-            node_config(self.policy_file, shard, state_dir, None if shard == KEY_HOLDER else self.shard_file(shard)),
+            node_config(self.policy_file, shard, state_dir, self.node_data(shard)),
         ]
+
+    def node_data(self, shard: int | str) -> Path:
+        """What a SuperNode reads: its shard file, or, for the key holder, the public manifest only."""
+        return self.shards / MANIFEST if shard == KEY_HOLDER else self.shard_file(shard)
 
     def shard_file(self, shard: int) -> Path:
         return self.shards / shard_name(shard)
@@ -508,6 +514,11 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             for k in shards
         ],
         f"# the SuperLink machine: shards/{MANIFEST} only (public: the catalogue size and each node's user count)",
+        *(
+            [f"# the key holder's machine: shards/{MANIFEST} too (its DP noise needs the number of users)"]
+            if bfv
+            else []
+        ),
     ]
     section("Identity keys: on each node's own machine (the private key never leaves it)")
     out.append("# each node signs its hello to the server with identity.pem (Ed25519) in its state directory")
@@ -585,13 +596,13 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
         out += [
             f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",
-            "# session.json (the last round it released); it reads the policy but no data",
+            f"# session.json (the last round it released); it reads the policy and {MANIFEST} but no interaction data",
             f"mkdir -m 700 -p {kh}",
             MAKE_SECRET,
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{KEY_HOLDER}.key" if auth else "")
             + ISOLATED
-            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}"\'',
+            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"\'',
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     section("Start the run (operator)")

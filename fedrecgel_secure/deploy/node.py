@@ -19,16 +19,23 @@ torch is imported inside the functions, after Flower has started the process.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedrecgel_secure.policy import Policy
 
+if TYPE_CHECKING:
+    from fedrecgel_secure.federation.aggregation import DPMechanism
+
 IDENTITY = "identity.pem"
+log = logging.getLogger("fedrecgel_secure.deploy")
 _FILE = re.compile(r"^(state|pending)-(\d+)\.pt$")
 
 
@@ -41,6 +48,20 @@ def ensure_identity(state_dir: Path, shard: int) -> bytes:
     if not path.exists():
         ClientIdentity.generate(shard).save(path)
     return ClientIdentity.load(shard, path).public_bytes
+
+
+class RefusedRequest(RuntimeError):
+    """A server's message that disagrees with this node's own policy: the node answers with this error, and the
+    round goes on without its users."""
+
+
+@dataclass(frozen=True)
+class DPRound:
+    """One round's DP settings as a node derives them from its own policy (:meth:`Node.dp_round`)."""
+
+    mechanism: DPMechanism  # the policy's clipping and noise, with this node's randomness
+    clip_norm: float  # C
+    participants: int | None  # the sample size the noise shares are sized for (None: central noise, not sent)
 
 
 @dataclass
@@ -201,25 +222,86 @@ class Node:
         )
         return reply, update.uploads
 
-    def protect(self, round_idx: int, clients: np.ndarray, uploads, participants: int, clip_norm: float | None):
+    def dp_round(
+        self,
+        round_idx: int,
+        hosted: int,
+        participants: int | None,
+        clip_norm: float | None,
+        released_counts: Sequence[float] = (),
+    ) -> DPRound | None:
+        """Round ``round_idx``'s DP settings from this node's own policy (None without DP), after checking what
+        the server's unsigned train message says about them; a message that disagrees is refused
+        (:class:`RefusedRequest`, logged with its reason), so the node protects no upload with it.
+
+        - C: ``privacy.dp.clip_norm``; under adaptive clipping the policy's
+          initial C moved by each of ``released_counts`` in turn (the noised
+          clipped counts the server released in earlier rounds). The server's
+          ``clip_norm``, if sent, must be exactly that.
+        - The sample size the noise shares are sized for: the server's
+          ``participants``, which must be a possible size of the policy's
+          Poisson sample (at least the ``hosted`` users this node was asked
+          to train, at most :attr:`ResolvedDP.max_participants`). Distributed noise needs it.
+
+        What the server can still do. The released counts come from it (under
+        masking the server alone sees the released sums; under BFV it relays
+        them), so it can steer C by at most :meth:`AdaptiveClipping.max_step`
+        per released count; distributed noise is sized by the same C each node
+        clips to, so it still covers the sensitivity, whereas the BFV key
+        holder's central noise uses the C it replays from the history it is
+        sent: a server that sends the key holder other counts than the nodes
+        can make the two differ by that factor per count (closing this needs
+        the key holder's releases signed). And it can overstate the sample up
+        to the bound, which shrinks distributed noise by at most
+        sqrt(|S| / bound) (:func:`.mechanism.max_poisson_sample`).
+        """
+        if not self.policy.privacy.dp.enabled:
+            return None
+        from fedrecgel_secure.federation.trainer import make_dp_mechanism
+
+        mechanism = make_dp_mechanism(self.policy, self.population)
+        dp = mechanism.dp
+        where = f"node {self.shard}, round {round_idx}"
+        if len(released_counts) > round_idx - 1:
+            self._refuse(f"{where}: {len(released_counts)} released counts before round {round_idx}")
+        own = dp.clip_norm_after([float(c) for c in released_counts])
+        if clip_norm is not None and float(clip_norm) != own:
+            rule = "privacy.dp.clip_norm" if dp.adaptive is None else "privacy.dp.adaptive_clipping over the counts"
+            self._refuse(f"{where}: the server's clip norm {float(clip_norm)!r} is not {own!r} ({rule})")
+        if participants is None:
+            if dp.mode == "distributed":
+                self._refuse(f"{where}: the server did not say how many clients were sampled (participants)")
+        elif not max(1, hosted) <= int(participants) <= dp.max_participants:
+            self._refuse(
+                f"{where}: the server's participants = {int(participants)} is not a possible sample size"
+                f" ({max(1, hosted)} to {dp.max_participants}: this node hosts {hosted} of them, and"
+                f" N = {dp.population}, q = {dp.sample_rate:g})"
+            )
+        return DPRound(mechanism, own, None if participants is None else int(participants))
+
+    @staticmethod
+    def _refuse(reason: str) -> None:
+        log.warning("refused: %s", reason)
+        raise RefusedRequest(reason)
+
+    def protect(self, round_idx: int, clients: np.ndarray, uploads, dp: DPRound | None):
         """What the sampled ``clients`` put into secure aggregation, as float64 arrays (one row per client): their
         upload vectors and their DP noise shares (None without distributed DP).
 
-        Under DP this is :meth:`DPFedAvg.protect`, the simulator's own clients'
-        part: clipping to the server's announced ``clip_norm``, the clipped bit
-        under adaptive clipping, and the noise share for ``participants``
-        sampled clients, drawn here (seeded mode: the simulator's own draws).
+        Under DP this is :meth:`DPMechanism.protect`, the simulator's own
+        clients' part, with the settings of :meth:`dp_round`: clipping to C,
+        the clipped bit under adaptive clipping, and the noise share for the
+        round's sample, drawn here (seeded mode: the simulator's own draws).
         """
         import torch
 
         dim = sum(p.numel() for p in self.model.parameters())
         dtype = self.model.item_embeddings.dtype
-        if not self.policy.privacy.dp.enabled:
+        if dp is None:
             return torch.stack([uploads.vector(c).double() for c in range(clients.size)]).numpy(), None
-        from fedrecgel_secure.federation.trainer import make_dp_rule
-
-        part = make_dp_rule(self.policy, self.population).protect(
-            round_idx, clients, uploads, dim, dtype, participants=participants, clip_norm=clip_norm
+        sample = clients.size if dp.participants is None else dp.participants  # None: central, no share to size
+        part = dp.mechanism.protect(
+            round_idx, clients, uploads, dim, dtype, participants=sample, clip_norm=dp.clip_norm
         )
         vectors = torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy()
         shares = None if part.noise is None else torch.stack([part.noise(c) for c in range(clients.size)]).numpy()
@@ -238,6 +320,20 @@ class Node:
 
 
 KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index
+
+
+def key_holder_population(policy: Policy, catalogue: str | None) -> int:
+    """N for the BFV key holder, which holds no shard: the number of users in the public shard manifest its node
+    config names (``catalogue``), checked against its policy. The one place the key holder learns N."""
+    from fedrecgel_secure.data.shards import load_catalogue
+    from fedrecgel_secure.errors import BadInputError
+
+    if catalogue is None:
+        raise BadInputError(
+            'the key holder\'s --node-config has no catalogue="…/manifest.json" (the public shard manifest):'
+            " its central DP noise needs the number of users"
+        )
+    return int(load_catalogue(Path(catalogue), policy).n_users)
 
 
 def state_dir_for(policy: Policy, base: Path, shard: int | str) -> Path:

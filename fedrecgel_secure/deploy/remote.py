@@ -87,15 +87,21 @@ class RemoteTrainer(Trainer):
         from fedrecgel_secure.deploy import he_node
         from fedrecgel_secure.deploy.he_summer import NodeHESum
 
-        dp = {"population": int(self.catalogue.n_users)} if self.policy.privacy.dp.enabled else {}
         setup = he_node.setup_of(self.policy, dim)
-        return NodeHESum(setup, exchange, self._key_holder_call(self.stages, dim), self._users_of(), dp)
+        key_holder = self._key_holder_call(self.stages, dim)
+        return NodeHESum(setup, exchange, key_holder, self._users_of(), self.released_counts)
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
         keep = getattr(self.aggregation.summer, "keep_releases", None)
         if keep is not None and out_dir is not None:  # masking: each round's sum, for a resumed server to reuse
             keep(out_dir, self.policy.checkpoint.every)
         return super().run(out_dir, *args, **kwargs)
+
+    def released_counts(self) -> np.ndarray:
+        """The noised clipped counts released so far, in order (adaptive clipping; empty otherwise): from them
+        and its own policy, a node or the key holder computes this round's clip norm itself."""
+        adaptive = getattr(self.aggregation, "adaptive", None)
+        return np.asarray([] if adaptive is None else adaptive.released, dtype=np.float64)
 
     @staticmethod
     def _secagg_exchange(stages, dim: int):
@@ -126,8 +132,9 @@ class RemoteTrainer(Trainer):
         common = self._common(self.round)
         if self.sealed:
             # what the nodes need to protect their users' uploads: the vector length, how many were sampled,
-            # under DP this round's clip norm; under masking the round's announcement (the replies carry the
-            # adverts), under BFV nothing more (the replies carry the ciphertexts)
+            # under DP this round's clip norm and, under adaptive clipping, the counts it follows from (each node
+            # checks both against its own policy); under masking the round's announcement (the replies carry
+            # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
             common.update(
@@ -135,6 +142,7 @@ class RemoteTrainer(Trainer):
                 dim=summer.setup.dim,
                 participants=int(clients.size),
                 clip_norm=clip_norm,
+                released_counts=self.released_counts() if clip_norm is not None else None,
             )
         replies = self.stages.train(r, per_shard, common)
         if self.sealed:

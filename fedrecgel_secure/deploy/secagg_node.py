@@ -130,12 +130,22 @@ class MaskingNode(UserIdentities):
         load_attempt(client, self.dir / f"attempt-{user}.json")
         return client
 
-    def keep_inputs(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None) -> None:
+    def keep_inputs(
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        vectors: np.ndarray,
+        shares: np.ndarray | None,
+        sampled: int | None = None,
+    ) -> None:
         """Keep the sampled ``clients``' vectors of round ``round_idx`` (and their DP noise shares) for the masked
-        stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol."""
+        stage: the node's :meth:`Node.protect`, what the simulator's :class:`SecureSum` hands the protocol.
+        ``sampled``: the sample size the shares were sized for, which the round's cohort may not exceed."""
         for old in self.dir.glob("inputs-*.npz"):
             old.unlink()
         extra = {} if shares is None else {"shares": shares}
+        if sampled is not None:  # one per row, so that forgetting rows keeps it
+            extra["sampled"] = np.full(len(clients), sampled, dtype=np.int64)
         arrays = {"clients": np.asarray(clients, dtype=np.int64), "vectors": vectors, **extra}
         self._write_inputs(self.dir / f"inputs-{round_idx}.npz", arrays)
 
@@ -157,6 +167,14 @@ class MaskingNode(UserIdentities):
             vectors = data["vectors"]
             shares = data.get("shares")
             return {u: (vectors[row[u]], None if shares is None else shares[row[u]]) for u in users if u in row}
+
+    def sampled(self, round_idx: int) -> int | None:
+        """The sample size round ``round_idx``'s noise shares were sized for (:meth:`keep_inputs`), if kept."""
+        path = self.dir / f"inputs-{round_idx}.npz"
+        if not path.exists():
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            return int(data["sampled"][0]) if "sampled" in data.files and data["sampled"].size else None
 
     def _forget_inputs(self, confirmed: Mapping[int, int]) -> None:
         """Remove the inputs of users that confirmed their round (``confirmed``: user -> last confirmed round): a
@@ -180,7 +198,9 @@ class MaskingNode(UserIdentities):
 
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
         default). ``round_idx``: the round the node trained, when the announcement came with the train message;
-        then a user refuses an announcement of any other round.
+        then a user refuses an announcement of any other round. Masked stage: a user whose signed cohort is
+        larger than the sample its DP noise share was sized for (:meth:`sampled`) refuses to upload (the server
+        misstated the sample, so the shares would not add up to the planned noise).
         """
         if stage not in STAGES:
             raise ValueError(f"unknown masking stage {stage!r}")
@@ -189,7 +209,7 @@ class MaskingNode(UserIdentities):
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
         users = sorted(messages)
         clients = {u: self._client(u) for u in users}
-        vectors = {}
+        vectors, samples = {}, {}
         if stage == "masked":
             by_round: dict[int, list[int]] = {}
             for u, client in clients.items():
@@ -197,6 +217,7 @@ class MaskingNode(UserIdentities):
                     by_round.setdefault(client.attempt_round, []).append(u)
             for r, some in by_round.items():
                 vectors.update((inputs or self.inputs)(r, some))
+                samples[r] = self.sampled(r)
         out = StageResult({}, {})
         for u in users:
             client = clients[u]
@@ -208,6 +229,11 @@ class MaskingNode(UserIdentities):
                 elif stage == "masked":
                     if u not in vectors and client.attempt_round is not None:
                         raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
+                    sampled = None if client.attempt_round is None else samples.get(client.attempt_round)
+                    if sampled is not None and len(client.cohort) > sampled:
+                        raise client.abort(
+                            Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
+                        )
                     x, noise = vectors.get(u, (None, None))
                     reply = client.masked_input(messages[u], x, noise)
                     out.clipped[u] = client.last_clipped

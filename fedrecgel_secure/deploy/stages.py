@@ -182,8 +182,8 @@ class FlowerStages:
         }
         # masking: the round's announcement (the users advertise their keys in the same message), the vector
         # length, the number of sampled clients and, under DP, the clip norm: what each client needs to protect
-        # its own upload
-        for key in ("announce", "dim", "participants", "clip_norm"):
+        # its own upload (the DP settings are checked against the node's own policy)
+        for key in ("announce", "dim", "participants", "clip_norm", "released_counts"):
             if common.get(key) is not None:
                 for p in payloads.values():
                     p[key] = common[key]

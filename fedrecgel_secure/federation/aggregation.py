@@ -27,6 +27,7 @@ from fedrecgel_secure.federation.sampling import sample_clients
 from fedrecgel_secure.federation.summers import Contributions, SecAggCost, Summer, SumResult
 from fedrecgel_secure.federation.uploads import GROUPS, Uploads
 from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp.adaptive import clipped_bits
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
@@ -176,6 +177,93 @@ class _Spent:
     clipped_count: float | None = None  # the noised centred count, under adaptive clipping
 
 
+class DPMechanism:
+    """DP-FedAvg's clipping and noise, without the accountant: what each party computes once C is known.
+
+    :meth:`protect` is the clients' part (clip, clipped bit, noise share) and
+    :meth:`central_noise` the one noise of central mode. :class:`DPFedAvg` runs
+    both in the simulator; a deployment's node runs :meth:`protect` for its own
+    users, and the BFV key holder :meth:`central_noise`, each with the settings
+    of its own policy. Neither spends privacy, so neither builds an Opacus
+    accountant (seconds per call).
+    """
+
+    def __init__(self, resolved: ResolvedDP, grid: FixedPoint, randomness: DPRandomness):
+        self.dp, self.grid, self.randomness = resolved, grid, randomness
+
+    @property
+    def extra(self) -> int:
+        """Coordinates appended to every upload: the clipped bit under adaptive clipping."""
+        return 0 if self.dp.adaptive is None else 1
+
+    def clip(self, uploads: Uploads, dim: int, clip_norm: float) -> tuple[Uploads, torch.Tensor]:
+        """Clipped uploads and the unclipped norms (the clipped bit needs those).
+
+        The clip norm is C (``clip_norm``) minus the rounding slack of the
+        fixed-point grid (:meth:`FixedPoint.dp_clip`), so that the integers each
+        client hands over still have norm at most C on the grid.
+        """
+        clip_norm = self.grid.dp_clip(clip_norm, dim)
+        group_sq = uploads.group_sq_norms()
+        norms = group_sq.sum(1).sqrt()
+        if self.dp.group_fractions is None:
+            return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
+        budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
+        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype)
+        return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
+
+    def protect(
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        uploads: Uploads,
+        dim: int,
+        dtype,
+        *,
+        participants: int,
+        clip_norm: float,
+    ) -> Contributions:
+        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
+
+        ``clip_norm`` is the round's C and ``participants`` the number of
+        clients sampled (it sizes the share z*C/sqrt(participants)). The
+        simulator runs this for every sampled client; a deployment's node runs
+        it for the ones it hosts.
+        """
+        clipped, norms = self.clip(uploads, dim, clip_norm)
+        bits = None if self.dp.adaptive is None else clipped_bits(norms, clip_norm)
+
+        def vector(pos: int) -> torch.Tensor:
+            v = clipped.vector(pos)
+            return v if bits is None else torch.cat([v, bits[pos : pos + 1].to(v.dtype)])
+
+        def total() -> torch.Tensor:
+            t = clipped.total()
+            return t if bits is None else torch.cat([t, bits.sum().reshape(1).to(t.dtype)])
+
+        noise = None
+        if self.dp.mode == "distributed":
+            share = self.dp.update_noise_std(clip_norm, participants)
+            count_share = None if bits is None else self.dp.count_noise_std(participants)
+
+            def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
+                cid = int(clients[pos])
+                update = self.randomness.normal("update-share", round_idx, cid, dim, share)
+                if count_share is None:
+                    return update
+                return torch.cat([update, self.randomness.normal("count-share", round_idx, cid, 1, count_share)])
+
+        return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
+
+    def central_noise(self, round_idx: int, dim: int, clip_norm: float) -> torch.Tensor:
+        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count)."""
+        std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
+        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std)
+        if self.dp.adaptive is None:
+            return noise
+        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, self.dp.clipped_count_stddev)])
+
+
 class DPFedAvg:
     """DP-FedAvg on the shared uploads; the private user embeddings never leave a client.
 
@@ -184,8 +272,9 @@ class DPFedAvg:
     with the budget split) and, under adaptive clipping, appends its centred
     clipped bit as one more coordinate; Gaussian noise of std z*C goes onto the
     sum, by the server (``central``) or as each client's share z*C/sqrt(|S|)
-    (``distributed``); the sum is divided by m = qN. Each client's part is
-    :meth:`protect`, which a deployment runs on the client.
+    (``distributed``); the sum is divided by m = qN. The clipping and the noise
+    are :class:`DPMechanism`'s, which a deployment runs on the clients' nodes
+    (and, for central noise under BFV, on the key holder).
 
     Accounting: one step per round at the noise multiplier that reached the sum,
     z * sqrt(|contributors| / |S|) for distributed shares (a share leaves with a
@@ -225,76 +314,26 @@ class DPFedAvg:
             BudgetExhausted(round, self.accountant.epsilon(), self.accountant.epsilon_if_step(), self.dp.max_epsilon)
         )
 
-    def clip(self, uploads: Uploads, dim: int, clip_norm: float | None = None) -> tuple[Uploads, torch.Tensor]:
-        """Clipped uploads and the unclipped norms (the clipped bit needs those).
+    @property
+    def dp_mechanism(self) -> DPMechanism:
+        """The clipping and noise of this run, without its accountant, at this round's randomness."""
+        return DPMechanism(self.dp, self.grid, self.randomness)
 
-        The clip norm is C (``clip_norm``, by default this round's) minus the
-        rounding slack of the fixed-point grid (:meth:`FixedPoint.dp_clip`), so
-        that the integers each client hands over still have norm at most C on the grid.
-        """
-        clip_norm = self.grid.dp_clip(self.clip_norm if clip_norm is None else clip_norm, dim)
-        group_sq = uploads.group_sq_norms()
-        norms = group_sq.sum(1).sqrt()
-        if self.dp.group_fractions is None:
-            return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
-        budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
-        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype)
-        return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
+    def clip(self, uploads: Uploads, dim: int) -> tuple[Uploads, torch.Tensor]:
+        """The uploads clipped to this round's C, and their unclipped norms (:meth:`DPMechanism.clip`)."""
+        return self.dp_mechanism.clip(uploads, dim, self.clip_norm)
 
-    def protect(
-        self,
-        round_idx: int,
-        clients: np.ndarray,
-        uploads: Uploads,
-        dim: int,
-        dtype,
-        *,
-        participants: int | None = None,
-        clip_norm: float | None = None,
-    ) -> Contributions:
-        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
-
-        This is the clients' part of the mechanism. The simulator runs it for
-        every sampled client; a deployment's node runs it for the ones it hosts,
-        with the round's ``participants`` (everyone sampled, which sets the share)
-        and ``clip_norm`` as the server announces them.
-        """
-        clip_norm = self.clip_norm if clip_norm is None else clip_norm
-        clipped, norms = self.clip(uploads, dim, clip_norm)
-        bits = None if self.adaptive is None else self.adaptive.indicators(norms, clip_norm)
-
-        def vector(pos: int) -> torch.Tensor:
-            v = clipped.vector(pos)
-            return v if bits is None else torch.cat([v, bits[pos : pos + 1].to(v.dtype)])
-
-        def total() -> torch.Tensor:
-            t = clipped.total()
-            return t if bits is None else torch.cat([t, bits.sum().reshape(1).to(t.dtype)])
-
-        noise = None
-        if self.dp.mode == "distributed":
-            n = clients.size if participants is None else participants
-            share = self.dp.update_noise_std(clip_norm, n)
-            count_share = None if bits is None else self.dp.count_noise_std(n)
-
-            def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
-                cid = int(clients[pos])
-                update = self.randomness.normal("update-share", round_idx, cid, dim, share)
-                if count_share is None:
-                    return update
-                return torch.cat([update, self.randomness.normal("count-share", round_idx, cid, 1, count_share)])
-
-        return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
+    def protect(self, round_idx: int, clients: np.ndarray, uploads: Uploads, dim: int, dtype) -> Contributions:
+        """The sampled clients' part at this round's clip norm (:meth:`DPMechanism.protect`, for all of them)."""
+        return self.dp_mechanism.protect(
+            round_idx, clients, uploads, dim, dtype, participants=clients.size, clip_norm=self.clip_norm
+        )
 
     def central_noise(self, round_idx: int, dim: int, *, nobody_sampled: bool = False) -> torch.Tensor | None:
         """The server's noise: all of it in central mode, or in any mode when nobody was sampled to add a share."""
         if self.dp.mode == "distributed" and not nobody_sampled:
             return None
-        std = mechanism.noise_std("central", self.dp.update_noise_multiplier, self.clip_norm, 1)
-        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std)
-        if self.adaptive is None:
-            return noise
-        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, self.dp.clipped_count_stddev)])
+        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm)
 
     def aggregate(
         self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
@@ -311,7 +350,7 @@ class DPFedAvg:
             if self.canaries is not None:
                 self.canaries.released(round_idx, gradient)
             return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
-        if uploads.sealed:  # a deployment's nodes protected their own uploads (this class's protect, on each node)
+        if uploads.sealed:  # a deployment's nodes protected their own uploads (DPMechanism.protect, on each node)
             contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
         else:
             contributions = self.protect(round_idx, clients, uploads, dim, dtype)

@@ -20,7 +20,7 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import Catalogue, SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, MeanAggregation, RoundInfo
+from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, DPMechanism, MeanAggregation, RoundInfo
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
@@ -62,15 +62,23 @@ def make_aggregation(policy: Policy, n_users: int, model: NeuMF, summer: Callabl
 
 
 def make_dp_rule(policy: Policy, n_users: int) -> DPFedAvg:
-    """The policy's DP-FedAvg, with no summer yet; a deployment's node uses it for the clients' part alone
-    (:meth:`DPFedAvg.protect`). Its randomness is a fresh CSPRNG secret unless the policy asks for seeded noise."""
+    """The policy's DP-FedAvg, with no summer yet. Its randomness is a fresh CSPRNG secret unless the policy asks
+    for seeded noise."""
+    m = make_dp_mechanism(policy, n_users)
+    return DPFedAvg(m.dp, None, m.grid, m.randomness)
+
+
+def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
+    """The policy's DP clipping and noise over ``n_users`` clients, without an accountant: what a deployment's
+    node (its users' part) and the BFV key holder (the central noise) run. Its randomness is a fresh CSPRNG
+    secret unless the policy asks for seeded noise."""
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     settings = policy.privacy.dp
     resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    return DPFedAvg(resolved, None, policy.privacy.secure_aggregation.encoding(), randomness)
+    return DPMechanism(resolved, policy.privacy.secure_aggregation.encoding(), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):

@@ -70,10 +70,10 @@ class Deployed:
         init, keep, run_round = RemoteTrainer.__init__, MaskingNode.keep_inputs, MaskingDriver.run_round
         summer = NodeMaskingSum.__call__
 
-        def keep_inputs(node, round_idx, clients, vectors, shares):
+        def keep_inputs(node, round_idx, clients, vectors, *rest, **kwargs):
             for pos, u in enumerate(np.asarray(clients).tolist()):
                 self.inputs[(round_idx, u)] = np.array(vectors[pos])
-            return keep(node, round_idx, clients, vectors, shares)
+            return keep(node, round_idx, clients, vectors, *rest, **kwargs)
 
         def recorded(driver, round_idx, *args, **kwargs):
             try:

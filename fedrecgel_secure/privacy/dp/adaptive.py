@@ -3,7 +3,7 @@ r"""Adaptive clipping: a clip norm that tracks a quantile of the upload norms (A
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -11,6 +11,13 @@ from fedrecgel_secure.errors import BadInputError
 
 from .checks import FIELD, open_unit, positive
 from .mechanism import check_norms
+
+
+def clipped_bits(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    r"""Each client's centred clipped bit :math:`\mathbb 1[\lVert\Delta_i\rVert \le C] - \tfrac12` for clip
+    norm ``clip_norm``, from the unclipped ``norms``."""
+    check_norms(norms)
+    return (norms <= clip_norm).to(torch.float64) - 0.5
 
 
 def effective_update_noise(noise_multiplier: float, clipped_count_stddev: float) -> float:
@@ -94,6 +101,7 @@ class AdaptiveClipping:
         if not (math.isfinite(count_noise_std) and count_noise_std >= 0):
             raise BadInputError(f"{field}.clipped_count_stddev must be a finite number > 0, got {count_noise_std!r}")
         self.count_noise_std = float(count_noise_std)
+        self.released: list[float] = []  # every noised count :meth:`update` took, in order
 
     @classmethod
     def count_noise_multiplier_for(cls, count_noise_std: float) -> float:
@@ -104,17 +112,38 @@ class AdaptiveClipping:
     def count_noise_multiplier(self) -> float:
         return self.count_noise_multiplier_for(self.count_noise_std)
 
-    def indicators(self, norms: torch.Tensor, clip_norm: float | None = None) -> torch.Tensor:
+    def indicators(self, norms: torch.Tensor) -> torch.Tensor:
         r"""Each client's centred contribution :math:`b_i - \tfrac12 \in \{-\tfrac12, \tfrac12\}` for the
-        current :math:`C` (or ``clip_norm``, as a deployment's server announced it to the clients)."""
-        check_norms(norms)
-        return (norms <= (self.clip_norm if clip_norm is None else clip_norm)).to(torch.float64) - 0.5
+        current :math:`C` (:func:`clipped_bits`)."""
+        return clipped_bits(norms, self.clip_norm)
 
     def update(self, noisy_indicator_sum: float) -> float:
-        r"""Take the geometric step from the noised sum of :meth:`indicators`; return the new :math:`C`."""
+        r"""Take the geometric step from the noised sum of :meth:`indicators`; return the new :math:`C`.
+
+        The sum is kept in :attr:`released`: with the policy's settings, the
+        released sums alone determine every round's :math:`C` (:meth:`replay`).
+        """
+        self.released.append(float(noisy_indicator_sum))
         unclipped_fraction = min(1.0, max(0.0, float(noisy_indicator_sum) / self.expected_clients + 0.5))
         self.clip_norm *= math.exp(-self.learning_rate * (unclipped_fraction - self.target_quantile))
         return self.clip_norm
+
+    def replay(self, released: Sequence[float]) -> float:
+        r"""The :math:`C` after updating with each of ``released`` in turn (this object starts at its initial
+        :math:`C`): what a deployment's node computes from the server's history of released counts.
+
+        The same arithmetic in the same order as the server's :meth:`update` calls, so the result is bit for bit
+        the server's. Whoever supplies the counts can move :math:`C` by at most a factor
+        :meth:`max_step` per count, since :math:`\tilde b` is clamped to :math:`[0, 1]`.
+        """
+        for count in released:
+            self.update(count)
+        return self.clip_norm
+
+    def max_step(self) -> float:
+        r"""The largest factor one update can move :math:`C` by, either way:
+        :math:`\exp(\eta\max(\gamma, 1 - \gamma))`."""
+        return math.exp(self.learning_rate * max(self.target_quantile, 1 - self.target_quantile))
 
     def state_dict(self) -> dict[str, float]:
         return {
@@ -123,10 +152,13 @@ class AdaptiveClipping:
             "target_quantile": self.target_quantile,
             "learning_rate": self.learning_rate,
             "count_noise_std": self.count_noise_std,
+            "released": list(self.released),
         }
 
     def load_state_dict(self, state: Mapping[str, float]) -> None:
-        """Restore the current clip norm; the other entries must match this object's settings."""
+        """Restore the current clip norm and the released counts; the other entries must match this object's
+        settings. (A checkpoint written before the counts were kept has none: a deployment's nodes, which replay
+        them, then refuse the resumed run's clip norm.)"""
         for key in ("expected_clients", "target_quantile", "learning_rate", "count_noise_std"):
             if state[key] != getattr(self, key):
                 raise BadInputError(
@@ -134,3 +166,4 @@ class AdaptiveClipping:
                     f" is {getattr(self, key)!r} now"
                 )
         self.clip_norm = positive(state["clip_norm"], f"{FIELD}.adaptive_clipping.initial")
+        self.released = [float(c) for c in state.get("released", [])]

@@ -153,3 +153,26 @@ def poisson_sample(uniforms: np.ndarray, rate: float) -> np.ndarray:
         raise ValueError("the population must have at least 1 client")
     rate = open_unit(rate, f"{FIELD}.sample_rate", closed_right=True)
     return np.flatnonzero(np.asarray(uniforms) < rate).astype(np.int64)
+
+
+def max_poisson_sample(population: int, rate: float, log2_miss: int = 40) -> int:
+    r"""An upper bound on a Poisson sample's size that holds but for a chance below :math:`2^{-\text{log2\_miss}}`.
+
+    :math:`|S| \sim \mathrm{Bin}(N, q)`. Bernstein's inequality gives
+    :math:`P(|S| - Nq \ge t) \le \exp\big(-t^2 / (2(\sigma^2 + t/3))\big)` with
+    :math:`\sigma^2 = Nq(1-q)`; with :math:`L = \text{log2\_miss}\cdot\ln 2` the right side is
+    :math:`e^{-L}` at :math:`t = L/3 + \sqrt{L^2/9 + 2\sigma^2 L}`. The bound is at most :math:`N`.
+
+    A deployment's node sizes its noise share by the number of sampled clients
+    the server states, which it cannot see: it refuses a number above this
+    bound. So a server that overstates it shrinks the released noise by at most
+    :math:`\sqrt{|S| / \text{bound}}` (the bound is :math:`m + O(\sqrt m)` for :math:`m = Nq`),
+    and a true sample is refused with probability below :math:`2^{-40}` per round.
+    """
+    if population < 1:
+        raise ValueError(f"population must be at least 1 client, got {population!r}")
+    rate = open_unit(rate, f"{FIELD}.sample_rate", closed_right=True)
+    mean, variance = population * rate, population * rate * (1 - rate)
+    spread = log2_miss * math.log(2)
+    t = spread / 3 + math.sqrt(spread**2 / 9 + 2 * variance * spread)
+    return min(population, math.floor(mean + t))

@@ -2,6 +2,7 @@ r"""A policy's DP settings checked against the federation: what one run actually
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedrecgel_secure.errors import BadInputError
@@ -9,7 +10,7 @@ from fedrecgel_secure.policy import AccountantKind, AdaptiveClippingSettings, DP
 
 from .adaptive import AdaptiveClipping, effective_update_noise
 from .checks import FIELD, open_unit
-from .mechanism import noise_std
+from .mechanism import max_poisson_sample, noise_std
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,21 @@ class ResolvedDP:
             learning_rate=self.adaptive.learning_rate,
             count_noise_std=self.clipped_count_stddev,
         )
+
+    def clip_norm_after(self, released: Sequence[float]) -> float:
+        """The round's C from the policy alone: C under fixed clipping; under adaptive clipping the initial C
+        moved by each released, noised clipped count in turn (:meth:`.AdaptiveClipping.replay`)."""
+        if self.adaptive is None:
+            return self.clip_norm
+        adaptive = self.make_adaptive_clipping()
+        assert adaptive is not None
+        return adaptive.replay(released)
+
+    @property
+    def max_participants(self) -> int:
+        """The most clients a round's Poisson sample may hold, but for a chance below 2^-40
+        (:func:`.mechanism.max_poisson_sample`)."""
+        return max_poisson_sample(self.population, self.sample_rate)
 
     def update_noise_std(self, clip_norm: float, participants: int) -> float:
         """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""

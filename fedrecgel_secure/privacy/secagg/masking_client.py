@@ -128,6 +128,11 @@ class MaskingClient:
         return None if self._round is None else self._round.round_idx
 
     @property
+    def cohort(self) -> tuple[int, ...]:
+        """The cohort of the attempt in progress, from the signed adverts (empty before the key exchange)."""
+        return () if self._round is None else self._round.cohort
+
+    @property
     def confirmed_round(self) -> int:
         """The last round in which this client signed a survivor set (-1: none); it never decreases."""
         return self._confirmed_round

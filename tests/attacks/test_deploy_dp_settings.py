@@ -1,0 +1,256 @@
+"""Attack: a deployment's server changes the DP settings it sends, so that the released sum carries less noise.
+
+The attacker is the server. It runs the real ServerApp code, but every message
+it sends to the nodes and to the BFV key holder passes through its hands
+(:class:`TamperingGrid`, over the in-process Grid of :mod:`inprocess_grid`), so
+it may change any unsigned field: the number of sampled clients a node sizes
+its noise share for (``participants``), the clip norm, the history of released
+clipped counts (adaptive clipping), what it asks the key holder to add. The
+nodes and the key holder are the real ClientApp handlers. What the attacker
+achieves is measured where it matters: the noise in the released sum (the
+release minus the exact sum of the clipped vectors the nodes handed over), and
+the norm of those clipped vectors.
+
+Before the fix (commit e24caf5) nodes and the key holder took these settings
+from the server's message: ``participants = 10**12`` cut the noise in the
+released sum from 0.5 (z * C) to 1.5e-6 while metrics.jsonl still reported
+noise multiplier 1; a clip norm of 1e6 left every upload unclipped (norms up
+to 0.35 under a policy C of 0.01; a missing clip norm was already the policy's
+C); under adaptive clipping a clip norm 1.5 times the rule's was taken as it
+came; the key holder added no noise (std 7e-10, the float rounding) to a
+request without a clip norm, std 1.2e-9 for ``clip_norm = 1e-9``, and failed
+on ``population = 10**12`` (the round was lost); and a sample understated
+below the signed cohort was released with every share sized for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import run_records, write_deploy_policy
+from inprocess_grid import InProcessGrid
+
+MASKING = """[privacy.secure_aggregation]
+scheme = "masking"
+min_clients = 2
+"""
+
+BFV = """[privacy.secure_aggregation]
+scheme = "bfv"
+min_clients = 2
+"""
+
+Z, C = 1.0, 0.5
+
+
+def dp(mode: str, clip_norm: float = C) -> str:
+    return f"""[privacy.dp]
+enabled = true
+mode = "{mode}"
+noise = "seeded"
+noise_multiplier = {Z}
+clip_norm = {clip_norm}
+"""
+
+
+ADAPTIVE = """[privacy.dp.adaptive_clipping]
+initial = 0.2
+"""
+
+
+class TamperingGrid(InProcessGrid):
+    """The real ServerApp's messages, changed by ``tamper(group, payload)`` on their way to the nodes."""
+
+    def __init__(self, *args, tamper, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tamper = tamper
+        self.refusals: list[tuple[str, str]] = []  # (group, the node's reason), as the server logs them
+
+    def push_messages(self, messages):
+        from fedrecgel_secure.deploy.stages import from_record, to_record
+
+        messages = list(messages)
+        for msg in messages:
+            payload = from_record(msg.content)
+            if self.tamper(msg.metadata.group_id, payload):
+                msg.content = to_record(payload)
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages):
+            reply = self.replies.get(mid)
+            if reply is not None and reply.has_error():
+                self.refusals.append((msg.metadata.group_id, reply.error.reason))
+        return ids
+
+
+class Observed:
+    """What the attack is measured on: the clipped vectors the nodes handed over, and the sums the server released."""
+
+    def __init__(self, monkeypatch):
+        from fedrecgel_secure.deploy.he_summer import NodeHESum
+        from fedrecgel_secure.deploy.node import Node
+        from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum
+
+        self.vectors: dict[tuple[int, int], np.ndarray] = {}  # (round, client) -> its clipped vector
+        self.releases: list[tuple[int, np.ndarray, np.ndarray]] = []  # (round, contributor ids, released total)
+        protect = Node.protect
+
+        def spy_protect(node, round_idx, clients, *args, **kwargs):
+            vectors, shares = protect(node, round_idx, clients, *args, **kwargs)
+            for c, v in zip(np.asarray(clients).tolist(), vectors):
+                self.vectors[(round_idx, c)] = v
+            return vectors, shares
+
+        monkeypatch.setattr(Node, "protect", spy_protect)
+        for summer in (NodeMaskingSum, NodeHESum):
+            monkeypatch.setattr(summer, "__call__", self._spy_sum(summer.__call__))
+
+    def _spy_sum(self, call):
+        def spy(summer, round_idx, contributions, **kwargs):
+            result = call(summer, round_idx, contributions, **kwargs)
+            if result.total is not None:
+                ids = np.asarray(contributions.clients)[result.contributors]
+                self.releases.append((round_idx, ids, result.total.double().numpy()))
+            return result
+
+        return spy
+
+    def noise_stds(self, dim: int) -> list[float]:
+        """Per release: the std of (released sum - exact sum of the contributors' clipped vectors) over the update."""
+        out = []
+        for round_idx, ids, total in self.releases:
+            exact = np.sum([self.vectors[(round_idx, c)] for c in ids.tolist()], axis=0)
+            out.append(float(np.std(total[:dim] - exact[:dim])))
+        return out
+
+
+def _deploy(tmp_path: Path, extra: str, tamper, rounds: int = 1, key_holder: bool = False) -> TamperingGrid:
+    from fedrecgel_secure.deploy.serverapp import run_server
+
+    policy_file = write_deploy_policy(tmp_path, extra, rounds, 3, timeout=1.0, heartbeat=0.05)
+    out = tmp_path / "deployed"
+    holder = out / "nodes" / "keyholder" if key_holder else None
+    grid = TamperingGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, holder, tamper=tamper)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    return grid
+
+
+def _update_dim(tmp_path: Path) -> int:
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.model import NeuMF
+    from fedrecgel_secure.policy import load_policy
+
+    policy = load_policy(tmp_path / "policy.toml")
+    m = policy.model
+    model = NeuMF(load_split(policy.data).n_items, m.gmf_dim, m.mlp_dim, tuple(m.tower))
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_an_inflated_participant_count_does_not_shrink_the_noise_in_the_release(tmp_path, monkeypatch):
+    # Distributed DP under masking: each node sizes its users' noise shares z*C/sqrt(|S|). The server claims a
+    # sample of 10**12 so that every share, and the sum of the shares, nearly vanishes.
+    def inflate(group, payload):
+        if group.startswith("round-"):
+            payload["participants"] = 10**12
+            return True
+        return False
+
+    seen = Observed(monkeypatch)
+    grid = _deploy(tmp_path, MASKING + dp("distributed"), inflate)
+    stds = seen.noise_stds(_update_dim(tmp_path))
+    print("noise std of each release:", stds, "planned z*C:", Z * C)
+    assert all(std > 0.9 * Z * C for std in stds)  # no release with shrunken noise
+    refused = [reason for group, reason in grid.refusals if group == "round-1"]
+    assert len(refused) == 3 and all("participants" in r for r in refused)  # every node refused, and said why
+    assert run_records(tmp_path / "deployed")[0]["contributors"] == 0
+
+
+@pytest.mark.parametrize("change", ["missing", "1e6"])
+def test_the_nodes_clip_to_the_policy_norm_whatever_the_server_sends(tmp_path, monkeypatch, change):
+    # A tiny C, so that every upload of the tiny world is clipped: a larger announced norm would let it through.
+    policy_c = 0.01
+
+    def change_clip_norm(group, payload):
+        if not group.startswith("round-"):
+            return False
+        if change == "missing":
+            payload.pop("clip_norm", None)
+        else:
+            payload["clip_norm"] = float(change)
+        return True
+
+    seen = Observed(monkeypatch)
+    grid = _deploy(tmp_path, MASKING + dp("distributed", policy_c), change_clip_norm)
+    norms = [float(np.linalg.norm(v)) for v in seen.vectors.values()]
+    print("norms of the clipped vectors the nodes handed over:", max(norms, default=None))
+    assert all(n <= policy_c * (1 + 1e-6) for n in norms)  # clipped at the policy's C (or refused: no vector)
+    if change == "missing":  # ignored: the nodes have the norm from their own policy and the round goes on
+        assert len(norms) > 0 and not grid.refusals
+    else:  # a norm that is not the policy's is refused, with the reason
+        refused = [reason for group, reason in grid.refusals if group == "round-1"]
+        assert len(refused) == 3 and all("clip norm" in r for r in refused)
+
+
+def test_under_adaptive_clipping_a_clip_norm_that_does_not_follow_the_released_counts_is_refused(tmp_path, monkeypatch):
+    # Round 2's norm follows from the policy's initial C and round 1's released, noised clipped count; the server
+    # announces 1.5 times that norm.
+    announced = {}
+
+    def raise_round_two(group, payload):
+        if group == "round-2":
+            announced["honest"] = payload["clip_norm"]
+            payload["clip_norm"] = 1.5 * payload["clip_norm"]
+            return True
+        return False
+
+    seen = Observed(monkeypatch)
+    grid = _deploy(tmp_path, MASKING + dp("distributed") + ADAPTIVE, raise_round_two, rounds=2)
+    refused = [reason for group, reason in grid.refusals if group == "round-2"]
+    print("round-2 refusals:", refused)
+    assert len(refused) == 3 and all("clip norm" in r for r in refused)
+    assert not any(r == 2 for r, _ in seen.vectors)  # no node protected an upload at the forged norm
+    assert announced["honest"] != 0.2  # the rule did move the norm after round 1
+
+
+@pytest.mark.parametrize("request_says", ["no clip norm", "clip_norm = 1e-9", "population = 10**12"])
+def test_the_key_holder_adds_its_central_noise_from_its_own_policy(tmp_path, monkeypatch, request_says):
+    # Central DP under BFV: the key holder adds z*C after decryption. The server asks it to add none (no clip
+    # norm in the request) or almost none (a tiny clip norm, an absurd population).
+    def strip(group, payload):
+        if group != "keyholder-decrypt":
+            return False
+        if request_says == "no clip norm":
+            payload.pop("clip_norm", None)
+        elif request_says == "clip_norm = 1e-9":
+            payload["clip_norm"] = 1e-9
+        else:
+            payload["population"] = 10**12
+        return True
+
+    seen = Observed(monkeypatch)
+    _deploy(tmp_path, BFV + dp("central"), strip, key_holder=True)
+    stds = seen.noise_stds(_update_dim(tmp_path))
+    print("noise std of each release:", stds, "planned z*C:", Z * C)
+    assert len(stds) == 1 and 0.9 * Z * C < stds[0] < 1.1 * Z * C
+
+
+def test_under_masking_a_cohort_larger_than_the_stated_sample_is_refused(tmp_path, monkeypatch):
+    # Each node is told that the sample is just its own sampled users: a possible size, so the train stage goes
+    # on. But the noise shares are then sized for a sample smaller than the cohort that signed its keys in: the
+    # users refuse to upload at the masked stage, so nothing is released from shares sized on a false count.
+    def understate(group, payload):
+        if group.startswith("round-"):
+            payload["participants"] = int(np.asarray(payload["sampled"]).size)
+            return True
+        return False
+
+    seen = Observed(monkeypatch)
+    _deploy(tmp_path, MASKING + dp("distributed"), understate)
+    record = run_records(tmp_path / "deployed")[0]
+    print("releases:", len(seen.releases), "round record:", record)
+    assert seen.vectors and not seen.releases  # the nodes protected their uploads, and none was released
+    assert record["contributors"] == 0 and "skipped" in record
