@@ -164,23 +164,28 @@ def keyholder(msg: Message, context: Context) -> Message:
         public, sealed = holder.start(directory, req["session_tag"], seal, users_of)
         out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
     else:
-        round_idx, noise = int(req["round"]), None
-        dp = policy.privacy.dp
+        noise_for, dp = None, policy.privacy.dp
         if dp.enabled and dp.mode == "central":
-            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy:
-            # C (under adaptive clipping, replayed over the released counts) and N; the request has no say
+            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
+            # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
+            # aggregate's signed round; the request has no say
             from fedrecgel_secure.deploy.node import key_holder_population
             from fedrecgel_secure.federation.trainer import make_dp_mechanism
 
-            counts = [float(c) for c in req.get("released_counts", ())]
-            if len(counts) > round_idx - 1:  # one released count per earlier round at most
-                return Message(to_record({"refused": "released counts"}), reply_to=msg)
             population = key_holder_population(policy, context.node_config.get("catalogue"))
             mechanism = make_dp_mechanism(policy, population)
-            clip_norm = mechanism.dp.clip_norm_after(counts)
-            noise = mechanism.central_noise(round_idx, int(req["dim"]) - mechanism.extra, clip_norm).numpy()
+            dim = int(req["dim"]) - mechanism.extra
+
+            def noise_for(round_idx: int, counts) -> np.ndarray:
+                import torch
+
+                # the server moves C by each release's count as its uploads' dtype holds it: the same numbers here
+                counts = torch.tensor(counts, dtype=torch.float64).to(getattr(torch, policy.model.dtype)).tolist()
+                clip_norm = mechanism.dp.clip_norm_after(counts)
+                return mechanism.central_noise(round_idx, dim, clip_norm).numpy()
+
         try:
-            out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise), dtype=np.float64)}
+            out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise_for), dtype=np.float64)}
         except RejectedPayload as exc:
             out = {"refused": exc.reason.value}
     return Message(to_record(out), reply_to=msg)

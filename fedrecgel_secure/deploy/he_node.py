@@ -27,7 +27,7 @@ faithfully.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,8 @@ from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_privat
 KEY_FILE = "keyholder.key"
 SUMS = "he-sums.json"
 _INFO = b"fedrecgel/he-tag-keys/v1"
+# (the aggregate's round, the last coordinate of each earlier release) -> the central noise, or None
+NoiseFor = Callable[[int, Sequence[float]], "np.ndarray | None"]
 
 
 def _suite():
@@ -197,6 +199,7 @@ class KeyHolderNode:
             "session_tag": session_tag.hex(),
             "last_released": before["last_released"],
             "contributors": before.get("contributors"),
+            "counts": before.get("counts", {}),  # round -> last coordinate of its release
         }
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         sealed = {}
@@ -206,8 +209,8 @@ class KeyHolderNode:
             sealed[node] = _suite().encrypt(json.dumps(keys).encode(), public, info=_INFO + session_tag)
         return holder.public_context(), sealed
 
-    def decrypt(self, aggregate: bytes, noise: np.ndarray | None) -> np.ndarray:
-        """The checked aggregate's sum, plus the central ``noise`` drawn here.
+    def decrypt(self, aggregate: bytes, noise_for: NoiseFor | None = None) -> np.ndarray:
+        """The checked aggregate's sum, plus the central noise ``noise_for`` draws here.
 
         Each round is released once. The round is the aggregate's own, which
         its contributors' signatures and tags bind (no field of the request's
@@ -215,6 +218,12 @@ class KeyHolderNode:
         that names the same contributors (a resumed server repeating the round
         its checkpoint missed) gets that same release back, so nothing new
         leaves; any other request for a released round is refused (``replay``).
+
+        ``noise_for(round, counts)`` gets the aggregate's round and the last
+        coordinate of every earlier release, in round order: the key holder's
+        own record (``session.json``), which under adaptive clipping is the
+        noised clipped count its clip norm follows from. Nothing the server
+        says about rounds or counts sizes the noise.
         """
         from fedrecgel_secure.privacy.secagg.he_wire import parse_aggregate
 
@@ -227,8 +236,12 @@ class KeyHolderNode:
         directory = {int(u): bytes.fromhex(k) for u, k in facts["directory"].items()}
         holder = self._key_holder(directory, bytes.fromhex(facts["session_tag"]))
         holder.last_decrypted_round = facts["last_released"]
+        counts = facts.get("counts", {})
+        earlier = [counts[r] for r in sorted(counts, key=int) if int(r) < round_idx]
+        noise = None if noise_for is None else noise_for(round_idx, earlier)
         total = np.asarray(holder.decrypt(aggregate, noise), dtype=np.float64)
         write_private_file(released, total.tobytes())
-        facts.update(last_released=holder.last_decrypted_round, contributors=contributors)
+        counts[str(round_idx)] = float(total[-1])
+        facts.update(last_released=holder.last_decrypted_round, contributors=contributors, counts=counts)
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total

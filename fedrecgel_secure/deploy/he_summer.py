@@ -48,12 +48,8 @@ class NodeHESum:
         exchange: Exchange,
         key_holder: KeyHolderCall,
         users_of: dict[int, list[int]],
-        released_counts: Callable[[], np.ndarray],
     ):
-        """``released_counts()``: the noised clipped counts released so far (adaptive clipping, else empty), from
-        which the key holder computes the round's clip norm for its central noise, with its own policy."""
         self.setup, self.exchange, self.key_holder, self.users_of = setup, exchange, key_holder, users_of
-        self.released_counts = released_counts
         self.aggregator = None
         self.partials: dict[int, bytes] = {}  # this round's summed ciphertexts, by node, from the train replies
         self.clipped = 0  # values the grid clipped on the nodes this round
@@ -129,13 +125,9 @@ class NodeHESum:
         except RoundSkipped as skipped:
             log.warning("round %d skipped: %s", round_idx, skipped)
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(rejected))
-        # under central DP the key holder draws the noise (the server never learns it), whatever this says
-        request = {
-            "stage": "decrypt",
-            "round": round_idx,
-            "aggregate": aggregate.serialize(),
-            "released_counts": self.released_counts(),
-        }
+        # under central DP the key holder draws the noise (the server never learns it) for the aggregate's own
+        # round, with the clip norm of the counts it released itself: the request carries the aggregate alone
+        request = {"stage": "decrypt", "aggregate": aggregate.serialize()}
         reply = self.key_holder("decrypt", request)
         if reply is None or "total" not in reply:
             why = "no reply" if reply is None else reply.get("refused", "refused")

@@ -89,7 +89,7 @@ class RemoteTrainer(Trainer):
 
         setup = he_node.setup_of(self.policy, dim)
         key_holder = self._key_holder_call(self.stages, dim)
-        return NodeHESum(setup, exchange, key_holder, self._users_of(), self.released_counts)
+        return NodeHESum(setup, exchange, key_holder, self._users_of())
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
         keep = getattr(self.aggregation.summer, "keep_releases", None)

@@ -235,6 +235,13 @@ class MaskingNode(UserIdentities):
                             Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
                         )
                     x, noise = vectors.get(u, (None, None))
+                    if sampled is not None and noise is not None and len(client.cohort) < sampled:
+                        # shares sized for more users than signed in: the sum would carry less than the planned
+                        # noise (a server sampling a few and stating a large sample); the round is skipped instead
+                        raise client.abort(
+                            Reason.INCONSISTENT,
+                            f"noise shares sized for {sampled} sampled users, but the cohort has {len(client.cohort)}",
+                        )
                     reply = client.masked_input(messages[u], x, noise)
                     out.clipped[u] = client.last_clipped
                 elif stage == "confirm":

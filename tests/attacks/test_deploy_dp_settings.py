@@ -238,6 +238,62 @@ def test_the_key_holder_adds_its_central_noise_from_its_own_policy(tmp_path, mon
     assert len(stds) == 1 and 0.9 * Z * C < stds[0] < 1.1 * Z * C
 
 
+@pytest.mark.parametrize("forge", ["a forged round and 1000 counts", "forged counts for the real rounds"])
+def test_under_adaptive_clipping_the_key_holder_sizes_its_noise_from_its_own_record(tmp_path, monkeypatch, forge):
+    # Central DP + adaptive clipping under BFV. The server tells the key holder that nobody was clipped, over and
+    # over ("released counts" of 1e9), with a round label far ahead so that a length check passes: each such
+    # count shrinks the clip norm by exp(-eta * gamma). Found by a hostile review: with 1000 forged counts the
+    # noise of every release fell from 0.36-0.42 to below 3e-9; with forged counts for the real rounds it
+    # drifted down by exp(-0.1) a round. The key holder now replays the counts it released itself, for the
+    # aggregate's signed round, and the request carries the aggregate alone.
+    def forged(group, payload):
+        if group != "keyholder-decrypt":
+            return False
+        if forge == "a forged round and 1000 counts":
+            payload["round"], payload["released_counts"] = 1001, [1e9] * 1000
+        else:
+            payload["released_counts"] = [1e9] * 2
+        return True
+
+    (tmp_path / "honest").mkdir()
+    (tmp_path / "attacked").mkdir()
+    honest = Observed(monkeypatch)
+    _deploy(tmp_path / "honest", BFV + dp("central") + ADAPTIVE, lambda group, payload: False, 3, key_holder=True)
+    expected = honest.noise_stds(_update_dim(tmp_path / "honest"))
+    attacked = Observed(monkeypatch)
+    _deploy(tmp_path / "attacked", BFV + dp("central") + ADAPTIVE, forged, 3, key_holder=True)
+    stds = attacked.noise_stds(_update_dim(tmp_path / "attacked"))
+    print("noise std of each release, honest:", expected, "attacked:", stds)
+    assert len(stds) == len(expected) == 3
+    assert stds == pytest.approx(expected, rel=1e-9)  # the very same noise: the request had no say
+    assert min(stds) > 0.5 * Z * 0.2
+
+
+def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_path, monkeypatch):
+    # The server samples two users and states the largest sample a node accepts (the policy's Poisson bound):
+    # each share is sized for the bound, so the release carried z*C*sqrt(2/bound). Found by a hostile review:
+    # no node refused, and the noise was 0.144 for a planned 0.5. Each user now checks the stated sample against
+    # the cohort it signed in, at the masked stage, and refuses when it is larger: the round is skipped.
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.federation.trainer import make_dp_mechanism
+    from fedrecgel_secure.policy import load_policy
+
+    sample = RemoteTrainer.client_updates
+    monkeypatch.setattr(RemoteTrainer, "client_updates", lambda trainer, clients: sample(trainer, clients[:2]))
+
+    def at_the_bound(group, payload):
+        if not group.startswith("round-"):
+            return False
+        payload["participants"] = make_dp_mechanism(load_policy(tmp_path / "policy.toml"), 24).dp.max_participants
+        return True
+
+    seen = Observed(monkeypatch)
+    grid = _deploy(tmp_path, MASKING + dp("distributed"), at_the_bound)
+    print("refusals:", grid.refusals, "releases:", len(seen.releases))
+    assert seen.releases == []  # nothing released from shares sized for a sample that did not sign in
+    assert run_records(tmp_path / "deployed")[0]["contributors"] == 0
+
+
 def test_under_masking_a_cohort_larger_than_the_stated_sample_is_refused(tmp_path, monkeypatch):
     # Each node is told that the sample is just its own sampled users: a possible size, so the train stage goes
     # on. But the noise shares are then sized for a sample smaller than the cohort that signed its keys in: the
