@@ -524,6 +524,7 @@ def deploy_local_cmd(
 ):
     """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
     from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.processes import Terminated, stop_on_signals
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
 
     policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
@@ -537,23 +538,26 @@ def deploy_local_cmd(
         TimeElapsedColumn(),
     ]
     try:
-        with Progress(*columns, console=out, transient=False) as progress:
-            task = progress.add_task("deploy", total=rounds, hr="-")
+        with stop_on_signals():  # SIGTERM and SIGHUP end the deployment as Ctrl-C does: every process stopped
+            try:
+                with Progress(*columns, console=out, transient=False) as progress:
+                    task = progress.add_task("deploy", total=rounds, hr="-")
 
-            def on_progress(_lines):
-                lines = (out_dir / METRICS).read_text().splitlines()
-                if lines:
-                    last = json.loads(lines[-1])
-                    progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
+                    def on_progress(_lines):
+                        lines = (out_dir / METRICS).read_text().splitlines()
+                        if lines:
+                            last = json.loads(lines[-1])
+                            progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
 
-            out.print(dep.describe())
-            dep.start()
-            dep.wait(dep.launch(resume), rounds, on_progress)
-    except KeyboardInterrupt:
-        err.print(f"interrupted: every process stopped; `fedrecgel deploy local --out {out_dir} --resume` continues")
-        raise typer.Exit(130) from None
-    finally:
-        dep.stop()
+                    out.print(dep.describe())
+                    dep.start()
+                    dep.wait(dep.launch(resume), rounds, on_progress)
+            finally:
+                dep.stop()
+    except (KeyboardInterrupt, Terminated) as e:  # the processes are stopped by now
+        why, code = (str(e), e.exit_code) if isinstance(e, Terminated) else ("interrupted", 130)
+        err.print(f"{why}: every process stopped; `fedrecgel deploy local --out {out_dir} --resume` continues")
+        raise typer.Exit(code) from None
     summary = read_summary(out_dir)
     out.print(
         _metrics_table(

@@ -129,10 +129,11 @@ def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_
         pytest.skip("needs openssl and ssh-keygen")
     sets = ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true", "deployment.nodes=2"]
     text = plan(load_policy(None, [*sets, "deployment.superlink.host=10.1.2.3"]), "policy.toml")
-    link = next(line for line in text.splitlines() if line.startswith("flower-superlink "))
+    link = next(line for line in text.splitlines() if line.startswith("python -m fedrecgel_secure.deploy.superlink "))
     assert "--ssl-ca-certfile ca.pem --ssl-certfile server.pem --ssl-keyfile server.key" in link
-    assert "--enable-supernode-auth" in link and "--insecure" not in text
-    assert "flwr supernode register node-1.key.pub deploy" in text and "Control API has NO authentication" in text
+    local = "flower-superexec --insecure --runtime-api-address 127.0.0.1:9094"  # a node's own Runtime API, loopback
+    assert "--enable-supernode-auth" in link and "--insecure" not in text.replace(local, "")
+    assert "flwr supernode register node-1.key.pub deploy" in text and "--control-token-file control-token" in link
     node = [line for line in text.splitlines() if line.startswith("flower-supernode ")]
     assert len(node) == 2 and "--root-certificates ca.pem --superlink 10.1.2.3:9091" in node[0]
     assert "--auth-supernode-private-key node-1.key" in node[1] and 'shard=1 state-dir="nodes/1"' in node[1]

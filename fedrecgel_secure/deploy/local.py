@@ -12,11 +12,20 @@ Layout of the deployment directory ``DIR`` (also the run directory):
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
                         registered with ``flwr supernode register`` before the node starts
+``.flwr/control-token``     the SuperLink's Control API token (0600, new for each start; superlink.py), also in
+                        ``.flwr/credentials.yaml`` (0600) for the deployment's own ``flwr`` commands
+``.flwr/superexec-secret``  what our SuperExecs sign their task requests with (0600, new for each start)
+
+Another account of the machine can neither start a run (the Control API answers the token's holder only; a run
+executes its app's code on the SuperLink and every node) nor take a task (the SuperLink's and SuperNodes' Runtime
+APIs hand tasks only to the SuperExecs started here); it can still dial the Fleet API, i.e. attach a SuperNode,
+unless node authentication is on. SIGTERM, SIGHUP and Ctrl-C stop every process started here, by PID.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -27,14 +36,16 @@ from pathlib import Path
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
-from fedrecgel_secure.deploy.processes import Processes, free_ports, wait_for_port
-from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls
+from fedrecgel_secure.deploy.processes import Processes, free_ports, stop_on_signals, wait_for_port
+from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY
 
 POLICY_FILE = "policy.deploy.toml"
 SHARDS = "shards"
+CONTROL_TOKEN_FILE = "control-token"  # the SuperLink's Control API token (superlink.py), 0600
+SUPEREXEC_SECRET_FILE = "superexec-secret"  # what a SuperExec proves to take a task from a Runtime API, 0600
 
 APP_PYPROJECT = """[build-system]
 requires = ["hatchling"]
@@ -136,7 +147,11 @@ class Deployment:
         # SuperExec polls for a new clientapp task every second by default; every stage waits for that poll,
         # on every node (0.1 s: a stage about 1 s faster, measured; the user's own setting wins)
         poll = os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
-        self.env = {**os.environ, "FLWR_HOME": str(self.out / ".flwr"), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
+        self.flwr_home = self.out / ".flwr"
+        self.control_token = self.flwr_home / CONTROL_TOKEN_FILE
+        self.superexec_secret = self.flwr_home / SUPEREXEC_SECRET_FILE
+        self.node_ports: dict[int | str, int] = {}  # each SuperNode's Runtime API port
+        self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
@@ -155,7 +170,10 @@ class Deployment:
         }[scheme]
         seeded = ", SEEDED noise (research mode: predictable from the policy)" if dp.noise == "seeded" else ""
         noise = f"; DP {dp.mode}{seeded}" if dp.enabled else ""
-        return f"starting a SuperLink and {nodes} ({transport}; {sees}{noise}); logs in {self.procs.log_dir}"
+        # what another account of this machine can still do (see superlink.py for what it cannot)
+        fleet = "" if tls.node_authentication else "; any local account can attach a SuperNode (no node authentication)"
+        control = f"; runs start with this deployment's control token only{fleet}"
+        return f"starting a SuperLink and {nodes} ({transport}; {sees}{noise}{control}); logs in {self.procs.log_dir}"
 
     def _tls_files(self) -> TlsFiles | None:
         tls = self.policy.deployment.tls
@@ -185,7 +203,12 @@ class Deployment:
             ]
         )
         return [
-            _bin("flower-superlink"),
+            # flwr's flower-superlink with the Control API closed to all but this deployment's token (superlink.py)
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.deploy.superlink",
+            "--control-token-file",
+            str(self.control_token),
             *sec,
             *(["--enable-supernode-auth"] if tls.node_authentication else []),
             "--host",
@@ -193,8 +216,31 @@ class Deployment:
             "--port",
             str(port),
             "--disable-runtime-dependency-installation",
+            *self.isolation_args(),
             "--database",
             ":flwr-in-memory:",
+        ]
+
+    def isolation_args(self) -> list[str]:
+        """For the SuperLink and each SuperNode: their SuperExec is ours (:meth:`superexec_argv`), and their Runtime
+        API hands a task (a ServerApp's or ClientApp's inputs, the right to answer in its name) only to a
+        SuperExec that signs its request with the secret. Flower's own SuperExec (isolation "subprocess") signs
+        nothing, so any local account asking faster than it polls would get the tasks."""
+        return ["--isolation", "process", "--superexec-auth-secret-file", str(self.superexec_secret)]
+
+    def superexec_argv(self, port: int, parent: subprocess.Popen, tls: bool) -> list[str]:
+        """The SuperExec for the Runtime API on ``port`` (the SuperLink's with ``tls``, or a SuperNode's); it ends
+        with ``parent``, and its app processes (flwr-serverapp, flwr-clientapp) are its children."""
+        sec = ["--root-certificates", str(self.tls.ca_cert)] if tls and self.tls is not None else ["--insecure"]
+        return [
+            _bin("flower-superexec"),
+            *sec,
+            "--runtime-api-address",
+            f"{self.HOST}:{port}",
+            "--parent-pid",
+            str(parent.pid),
+            "--superexec-auth-secret-file",
+            str(self.superexec_secret),
         ]
 
     def supernode_argv(self, shard: int | str, port: int, auth_key: Path | None = None) -> list[str]:
@@ -211,6 +257,7 @@ class Deployment:
             "--port",
             str(port),
             *(["--auth-supernode-private-key", str(auth_key)] if auth_key is not None else []),
+            *self.isolation_args(),
             "--node-config",
             node_config(self.policy_file, shard, state_dir, self.node_data(shard)),
         ]
@@ -254,6 +301,8 @@ class Deployment:
         return json.loads(result.stdout)["nodes"]
 
     def start(self) -> None:
+        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
+
         d = self.policy.deployment
         # the policy's split, cut into one file per node: each node process is given only its own
         write_shards(self.policy, self.shards)
@@ -263,14 +312,16 @@ class Deployment:
         self.port, *node_ports = free_ports(1 + n)
         self.procs.log_dir.mkdir(parents=True, exist_ok=True)
         self.tls = self._tls_files()
+        address = f"{self.HOST}:{self.port}"
+        new_control_token(self.control_token)  # a new one for each start: an earlier start's SuperLink is gone
+        write_private(self.superexec_secret, secrets.token_bytes(32))  # likewise
+        write_connection(
+            self.flwr_home, address, insecure=self.tls is None, root_cert=str(self.tls.ca_cert) if self.tls else None
+        )
+        store_control_token(self.flwr_home, address, self.control_token)
         link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
         wait_for_port(self.HOST, self.port, 60, link)
-        write_connection(
-            self.out / ".flwr",
-            f"{self.HOST}:{self.port}",
-            insecure=self.tls is None,
-            root_cert=str(self.tls.ca_cert) if self.tls else None,
-        )
+        self.procs.start("superexec-superlink", self.superexec_argv(self.port, link, tls=True), self.env)
         for shard, port in zip(roles, node_ports):
             state_dir = state_dir_for(self.policy, self.out, shard)
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -278,7 +329,12 @@ class Deployment:
             if d.tls.node_authentication:
                 key = state_dir / NODE_KEY  # made for this node in its own 0700 directory; kept across restarts
                 self.register_node(make_node_key(key), f"node-{shard}")
+            self.node_ports[shard] = port
             self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, port, key), self.env)
+        for shard, port in self.node_ports.items():
+            node = self.procs.procs[f"supernode-{shard}"]
+            wait_for_port(self.HOST, port, 60, node)
+            self.procs.start(f"superexec-{shard}", self.superexec_argv(port, node, tls=False), self.env)
         if d.tls.node_authentication:
             self.say(
                 f"node authentication: registered {n} node keys with the SuperLink"
@@ -326,8 +382,8 @@ class Deployment:
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
 
     def serverapp_pids(self) -> list[int]:
-        """The flwr-serverapp processes under our SuperLink (a SuperExec spawns them)."""
-        pids, todo = [], self.procs.children("superlink")
+        """The flwr-serverapp processes (the SuperLink's SuperExec spawns them)."""
+        pids, todo = [], self.procs.children("superexec-superlink")
         while todo:
             pid = todo.pop()
             try:
@@ -352,13 +408,15 @@ def deploy_local(
     on_progress: Callable[[int], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict:
+    """One run to the end; every process stopped by PID, also on Ctrl-C, SIGTERM or SIGHUP (then re-raised)."""
     policy = resolve_policy(Path(out), policy_path, overrides, nodes, resume)
     dep = Deployment(policy, out, say)
-    try:
-        dep.start()
-        return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
-    finally:
-        dep.stop()
+    with stop_on_signals():
+        try:
+            dep.start()
+            return dep.wait(dep.launch(resume), policy.federation.rounds, on_progress)
+        finally:
+            dep.stop()
 
 
 def _ip_or_dns(host: str) -> str:
@@ -369,6 +427,22 @@ def _ip_or_dns(host: str) -> str:
         return f"IP:{host}"
     except ValueError:
         return f"DNS:{host}"
+
+
+# the SuperLink and every SuperNode hand tasks only to a SuperExec that holds the machine's secret (see
+# Deployment.isolation_args); flwr's default SuperExec holds none and would hand them to anyone who asks
+ISOLATED = f" --isolation process --superexec-auth-secret-file {SUPEREXEC_SECRET_FILE}"
+
+
+MAKE_SECRET = f"(umask 077; head -c 32 /dev/urandom > {SUPEREXEC_SECRET_FILE})   # this machine's own"
+
+
+def _superexec(host: str, port: int, sec: str) -> list[str]:
+    """The plan's line for the SuperExec of the Runtime API at host:port (it runs the app processes)."""
+    return [
+        f"flower-superexec {sec} --runtime-api-address {host}:{port}"
+        f" --superexec-auth-secret-file {SUPEREXEC_SECRET_FILE}   # alongside the command above"
+    ]
 
 
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
@@ -455,12 +529,20 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     out += [*each, "# send the printed keys (public) to the operator"]
     section("SuperLink machine")
     out += [
-        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42;",
-        "# the Control API has NO authentication in this build: anyone who reaches the port can start, stop or",
-        "# register; let only the nodes' and the operator's addresses reach it (firewall)",
-        f"flower-superlink {link_sec}" + (" --enable-supernode-auth" if auth else "") + f" --host {s.host}"
-        f" --port {s.port} --disable-runtime-dependency-installation"
+        "# one HTTP port serves the Fleet (nodes), Runtime (ServerApp) and Control (flwr CLI) APIs in flwr 1.42.",
+        "# Starting a run runs that app's code here and on every node, as their users; flwr's open-source build",
+        "# authenticates nobody on the Control API, so the SuperLink is flwr's flower-superlink (same flags) started",
+        f"# by fedrecgel: it serves the Control API to the holder of {CONTROL_TOKEN_FILE} only (401 for anyone else).",
+        f"# Copy {CONTROL_TOKEN_FILE} (0600) to the operator only; still let only the nodes' and the operator's",
+        "# addresses reach the port (firewall): the Fleet API takes no token. Its Runtime API hands the ServerApp's",
+        f"# task only to the SuperExec holding {SUPEREXEC_SECRET_FILE} (so does each node's, on its own machine)",
+        f"(umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > {CONTROL_TOKEN_FILE})",
+        MAKE_SECRET,
+        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
+        + (" --enable-supernode-auth" if auth else "")
+        + f" --host {s.host} --port {s.port} --disable-runtime-dependency-installation{ISOLATED}"
         + (" --database superlink.db   # registrations survive a restart" if auth else ""),
+        *_superexec(s.host if s.host not in ("0.0.0.0", "::") else "127.0.0.1", s.port, node_sec),
     ]
     section("Operator: the connection (FLWR_HOME/config.toml, default ~/.flwr/config.toml)")
     out += [
@@ -474,6 +556,10 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     ]
     if tls.enabled:
         out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
+    out += [
+        f"# and the SuperLink's {CONTROL_TOKEN_FILE} (0600), into FLWR_HOME's credential store for this address:",
+        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} --store-for {address}",
+    ]
     if auth:
         section("Operator: register each node's public key before that node starts")
         out += [f"flwr supernode register node-{k}.key.pub deploy --name node-{k}" for k in keyed]
@@ -497,9 +583,12 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out += [
             f"# node {k}: state (0700): identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
             f"mkdir -m 700 -p {state[k]}",
+            MAKE_SECRET,
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
+            + ISOLATED
             + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}" data="shard-{k}.npz"\'',
+            *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     out += each
     if bfv:
@@ -509,9 +598,12 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",
             f"# session.json (the last round it released); it reads the policy and {MANIFEST} but no interaction data",
             f"mkdir -m 700 -p {kh}",
+            MAKE_SECRET,
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{KEY_HOLDER}.key" if auth else "")
+            + ISOLATED
             + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"\'',
+            *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     section("Start the run (operator)")
     out += [

@@ -1,8 +1,16 @@
 """Processes a deployment starts: free ports, each process in its own session, stopped by its PID.
 
 Every process is started with ``start_new_session``, so its process group is
-its PID and stopping it (SIGTERM, then SIGKILL after a grace period) also ends
-the children Flower spawns for it (flwr-serverapp, flwr-clientapp), and nothing else.
+its PID and stopping it (SIGTERM, then SIGKILL after a grace period) ends it and
+its group; the processes Flower spawns in sessions of their own (its SuperExecs,
+flwr-serverapp, flwr-clientapp) are found below it by their parent links first
+and stopped by PID too, and nothing else.
+
+:func:`stop_on_signals` turns SIGTERM and SIGHUP into :class:`Terminated`, as
+Ctrl-C raises KeyboardInterrupt, so the ``finally`` that stops the processes
+runs when a service manager, ``timeout`` or a closed terminal ends the command.
+Starting a process (until it is recorded) and stopping them all are never cut
+short by a signal: it waits until they are done.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +54,88 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:g} s")
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):  # like KeyboardInterrupt: not an Exception, so no `except Exception` eats it
+    """SIGTERM or SIGHUP arrived; ``exit_code`` is the shell's 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        self.signal = signal.Signals(signum)
+        self.exit_code = 128 + signum
+        super().__init__(f"terminated by {self.signal.name}")
+
+
+class _Held(threading.local):
+    depth = 0  # inside how many _signals_held blocks
+    pending: int | None = None  # a signal that arrived meanwhile
+
+
+_held = _Held()
+
+
+def _interrupt(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Inside: SIGTERM and SIGHUP raise :class:`Terminated`, SIGINT KeyboardInterrupt, once (a repeat is ignored:
+    the processes are being stopped), and not in the middle of starting or stopping a process (then on leaving).
+
+    Only the main thread can take signals in Python; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def interrupt(signum, _frame):
+        if received:
+            return
+        received.append(signum)
+        if _held.depth:
+            _held.pending = signum
+        else:
+            raise _interrupt(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (*STOP_SIGNALS, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """What is inside completes; a signal that arrives meanwhile (under :func:`stop_on_signals`) is raised after."""
+    _held.depth += 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
+        if _held.depth == 0 and _held.pending is not None:
+            signum, _held.pending = _held.pending, None
+            raise _interrupt(signum)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the PID, its identity (PIDs are reused)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _running(pid: int, started: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X") and _start_time(pid) == started
+
+
 @dataclass
 class Processes:
     """The processes one deployment started; :meth:`stop_all` ends them (and only them) by PID."""
@@ -53,29 +145,59 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_dir / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+        with open(self.log_dir / f"{name}.log", "ab") as log, _signals_held():  # started means recorded
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.procs[name] = proc
+            self.procs[name] = proc
         return proc
 
     def stop(self, name: str, grace: float = 5.0) -> None:
-        proc = self.procs.pop(name, None)
+        """Stop process ``name``, its group, and every process below it (by PID), SIGTERM first, then SIGKILL."""
+        proc = self.procs.get(name)
         if proc is None:
             return
+        with _signals_held():
+            # Flower's SuperExecs and app processes run in sessions of their own: find them while their
+            # parent links still lead here
+            below = [(pid, t) for pid in self.descendants(proc.pid) if (t := _start_time(pid)) is not None]
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)  # its own session: the group id is its PID
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            with contextlib.suppress(ProcessLookupError):  # children that outlived their parent carry its group id
+                os.killpg(proc.pid, signal.SIGKILL)
+            self._stop_pids(below, grace)
+            del self.procs[name]
+
+    @staticmethod
+    def _stop_pids(procs: list[tuple[int, int]], grace: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace``, to each (pid, start time) still running (not a reused PID)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)  # its own session: the group id is its PID
-            try:
-                proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # children that outlived their parent still carry its group id
-            os.killpg(proc.pid, signal.SIGKILL)
+            procs = [(pid, t) for pid, t in procs if _running(pid, t)]
+            for pid, _ in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while procs and time.monotonic() < deadline and any(_running(pid, t) for pid, t in procs):
+                time.sleep(0.05)
 
     def stop_all(self) -> None:
-        for name in reversed(list(self.procs)):
-            self.stop(name)
+        with _signals_held():
+            for name in reversed(list(self.procs)):
+                self.stop(name)
+
+    @classmethod
+    def descendants(cls, pid: int) -> list[int]:
+        """Every process below ``pid`` by parent links (children first)."""
+        found, todo = [], [pid]
+        while todo:
+            children = cls.children_of(todo.pop())
+            found += children
+            todo += children
+        return found
 
     def children(self, name: str) -> list[int]:
         """PIDs of the direct children of process ``name`` (e.g. the SuperExec a SuperLink spawned)."""

@@ -1,0 +1,276 @@
+"""A real ``deploy local`` against the other accounts of the machine, and against the signals that end it.
+
+* Another local account, with its own FLWR_HOME and its own Flower app, runs ``flwr run`` against the
+  deployment's SuperLink: it must not start a run, and its code must never execute, neither as the
+  ServerApp on the SuperLink side nor as a ClientApp inside a SuperNode (both would run as the
+  deployment's user, next to the nodes' keys and data).
+* SIGTERM or SIGHUP (``kill``, ``timeout``, a service manager, a container stop) to ``fedrecgel deploy
+  local`` stops every process it started, as Ctrl-C does, and it exits 128 + the signal's number.
+
+Every wait is bounded and every process is stopped by PID in a ``finally``, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from test_deploy import _policy, _wait_until
+
+pytestmark = pytest.mark.slow
+
+STRANGER_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "stranger"
+version = "1.0.0"
+license = "MIT"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "stranger"
+
+[tool.flwr.app.components]
+serverapp = "stranger_app:server"
+clientapp = "stranger_app:client"
+"""
+
+# The stranger's app: its ServerApp asks every node a query; its ClientApp answers it. Each leaves a marker
+# with what it could see, i.e. proof that the stranger's code ran as the deployment's user.
+STRANGER_APP = """import json, os, time
+from pathlib import Path
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+MARKERS = Path({markers!r})
+server = ServerApp()
+client = ClientApp()
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    (MARKERS / "serverapp").write_text(json.dumps({{"uid": os.getuid(), "cwd": os.getcwd()}}))
+    nodes, deadline = [], time.monotonic() + 60
+    while not nodes and time.monotonic() < deadline:
+        nodes = list(grid.get_node_ids())
+        time.sleep(0.5)
+    grid.send_and_receive([Message(RecordDict(), dst_node_id=n, message_type="query") for n in nodes], timeout=60)
+
+
+@client.query()
+def query(msg: Message, context: Context) -> Message:
+    state = Path(str(context.node_config.get("state-dir", ".")))
+    seen = sorted(p.name for p in state.iterdir()) if state.is_dir() else []
+    (MARKERS / f"clientapp-{{context.node_id}}").write_text(json.dumps({{"uid": os.getuid(), "state": seen}}))
+    return Message(RecordDict(), reply_to=msg)
+"""
+
+
+def _stranger(tmp_path: Path, address: str) -> tuple[Path, dict, Path]:
+    """Another account's app directory, FLWR_HOME (pointing at our SuperLink) and marker directory."""
+    home, markers, app = (tmp_path / "stranger" / d for d in (".flwr", "markers", "app"))
+    for d in (home, markers, app):
+        d.mkdir(parents=True)
+    (app / "pyproject.toml").write_text(STRANGER_PYPROJECT)
+    (app / "stranger_app.py").write_text(STRANGER_APP.format(markers=str(markers)))
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "theirs"\n\n[superlink.theirs]\naddress = "{address}"\ninsecure = true\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    return app, {**env, "FLWR_HOME": str(home)}, markers
+
+
+def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deployment(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, _bin, resolve_policy
+
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
+    try:
+        dep.start()
+        app, env, markers = _stranger(tmp_path, f"{dep.HOST}:{dep.port}")
+        _wait_until(lambda: len(dep.supernodes()) == 2, 90, "the SuperNodes never registered")
+        result = subprocess.run(
+            [_bin("flwr"), "run", str(app), "theirs", "--stream"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path / "stranger",
+            timeout=240,
+        )
+        time.sleep(5.0)  # a run that was accepted would have reached the nodes by now
+        ran = {p.name: p.read_text() for p in markers.iterdir()}
+        owner_sees = dep.supernodes()  # the deployment's own CLI still gets in
+    finally:
+        dep.stop()
+    assert not dep.procs.procs
+    assert ran == {}, f"the stranger's code ran as the deployment's user: {ran}"
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert len(owner_sees) == 2
+
+
+# Another account's program against a Runtime API (the SuperLink's, or a SuperNode's, on 127.0.0.1): flwr's own
+# client, as a SuperExec uses it, but without anything of the deployment's. It asks for a task of the given type
+# every 5 ms (a SuperExec asks every 0.1 s) until it gets one, reads what the task's process would read, and writes
+# it to OUT; or writes how it was refused.
+TASK_THIEF = """import json, sys, time
+from flwr.proto.runtime_pb2 import AcquireTaskRequest, PullAppMessagesRequest, PullTaskInputRequest
+from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+from flwr.supercore.interceptors.http.runtime_token import RuntimeTokenHttpInterceptor
+from flwr.supercore.runtime import RuntimeHttpClient
+
+address, task_type, out, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+
+
+def client(*extra):
+    version = RuntimeVersionHttpInterceptor(component_name="SuperExec")
+    return RuntimeHttpClient.from_server_address(address, True, None, [version, *extra])
+
+
+got, deadline = {"refused": None}, time.monotonic() + seconds
+while time.monotonic() < deadline:
+    try:
+        res = client().AcquireTask(AcquireTaskRequest(supported_task_types=[task_type]))
+    except Exception as e:
+        got["refused"] = f"{type(e).__name__}: {e}"[:300]
+        break
+    if res.HasField("task") and res.token:
+        thief = client(RuntimeTokenHttpInterceptor(res.token))
+        task = thief.PullTaskInput(PullTaskInputRequest())
+        got["node_config"] = {k: str(v).strip() for k, v in task.context.node_config.items()}
+        got["run_config"] = {k: str(v).strip() for k, v in task.run.override_config.items()}
+        got["fab_bytes"] = len(task.fab.content)
+        if task_type == "flwr-clientapp":
+            try:
+                msgs = thief.PullMessages(PullAppMessagesRequest())
+                got["message_types"] = [m.metadata.message_type for m in msgs.messages_list]
+            except Exception as e:
+                got["message_types"] = f"{type(e).__name__}: {e}"[:300]
+        break
+    time.sleep(0.005)
+open(out, "w").write(json.dumps(got))
+"""
+
+
+def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis(tmp_path):
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.processes import wait_for_port
+
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
+    thief = tmp_path / "stranger" / "thief.py"
+    thief.parent.mkdir()
+    thief.write_text(TASK_THIEF)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    env["FLWR_HOME"] = str(tmp_path / "stranger" / ".flwr")
+    probes = {}
+    try:
+        dep.start()
+        node = dep.procs.procs["supernode-0"].args
+        node_port = int(node[node.index("--port") + 1])  # its Runtime API
+        wait_for_port(dep.HOST, node_port, 60)
+        targets = {"serverapp": (dep.port, "flwr-serverapp"), "clientapp": (node_port, "flwr-clientapp")}
+        for name, (port, task_type) in targets.items():
+            argv = [sys.executable, str(thief), f"{dep.HOST}:{port}", task_type, str(tmp_path / f"{name}.json"), "150"]
+            probes[name] = dep.procs.start(f"thief-{name}", argv, env)
+        run = dep.launch(False)
+        for probe in probes.values():
+            probe.wait(timeout=200)
+        got = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in probes}
+        assert all("node_config" not in g for g in got.values()), f"the stranger took the deployment's tasks: {got}"
+        summary = dep.wait(run, 1)  # the deployment's own SuperExecs still get them
+    finally:
+        dep.stop()
+    assert all(g["refused"] for g in got.values()), got
+    assert summary["rounds_done"] == 1
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` (by /proc parent links), with its command line."""
+    from fedrecgel_secure.deploy.processes import Processes
+
+    found, todo = {}, [pid]
+    while todo:
+        for child in Processes.children_of(todo.pop()):
+            with contextlib.suppress(OSError):
+                found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended; only its exit status waits to be collected
+
+
+def _of_the_deployment(flwr_home: Path) -> list[int]:
+    """Every live process whose environment names the deployment's FLWR_HOME: whatever it started, at any depth."""
+    needle = f"\0FLWR_HOME={flwr_home}\0".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit() and needle in b"\0" + (d / "environ").read_bytes() + b"\0" and _alive(int(d.name)):
+                found.append(int(d.name))
+    return found
+
+
+KINDS = {"deploy.superlink": 1, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}  # and Flower's SuperExecs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
+    out, policy = tmp_path / "deployed", _policy(tmp_path, rounds=50, nodes=2)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", "deploy", "local", str(policy), "--out", str(out)],
+        stdout=open(tmp_path / "stdout.txt", "w"),  # noqa: SIM115 (the child keeps its own descriptor)
+        stderr=open(tmp_path / "stderr.txt", "w"),  # noqa: SIM115
+        start_new_session=True,
+    )
+    started: dict[int, str] = {}
+    try:
+        # up and running: the SuperLink, its SuperExec and the ServerApp, the SuperNodes, flwr run
+        _wait_until(
+            lambda: any("flwr-serverapp" in c for c in _descendants(cli.pid).values()) or cli.poll() is not None,
+            240,
+            "the run never started",
+        )
+        started = _descendants(cli.pid)
+        assert cli.poll() is None, (tmp_path / "stderr.txt").read_text()
+        cli.send_signal(sig)
+        cli.wait(timeout=90)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {pid: cmd for pid, cmd in started.items() if _alive(pid)}
+        strays = _of_the_deployment(out / ".flwr")  # also those started after the snapshot
+    finally:
+        for pid in [cli.pid, *started, *_of_the_deployment(out / ".flwr")]:  # whatever is left, by PID
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            cli.wait(timeout=10)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert left == {}, f"{len(left)} of {len(started)} processes outlived deploy local: {left}"
+    assert strays == []
+    running = {kind: sum(kind in cmd for cmd in started.values()) for kind in KINDS}
+    assert running == KINDS, started  # the signal came with the deployment up and its run going
+    assert cli.returncode == 128 + sig, stderr
+    assert signal.Signals(sig).name in stderr and "every process stopped" in stderr
