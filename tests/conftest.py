@@ -42,6 +42,14 @@ def filmtrust_split():
     return load_split(DataPolicy())
 
 
+# the secure-aggregation sections of the deployment tests' policies
+MASKING = """[privacy.secure_aggregation]
+scheme = "masking"
+min_clients = 2
+"""
+BFV = MASKING.replace("masking", "bfv")
+
+
 def write_deploy_policy(
     tmp_path: Path, extra: str = "", rounds: int = 2, nodes: int = 3, timeout: float = 60.0, heartbeat: float = 0.5
 ) -> Path:

@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
 from conftest import run_records as _metrics
 from conftest import simulate as _simulate
-from conftest import summed_per_node, write_deploy_policy
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 40  # a stage on a loaded 2-core machine: a new clientapp process imports torch and reads the data
@@ -42,18 +42,6 @@ mode = "central"
 noise = "seeded"
 noise_multiplier = 1.0
 clip_norm = 0.5
-"""
-
-
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
-
-
-BFV = """[privacy.secure_aggregation]
-scheme = "bfv"
-min_clients = 2
 """
 
 

@@ -10,15 +10,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from conftest import summed_per_node, write_deploy_policy
 from inprocess_grid import InProcessGrid
-
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
 
 DP = """[privacy.dp]
 enabled = true
@@ -116,12 +111,6 @@ def test_distributed_noise_shares_are_drawn_on_the_nodes_not_by_the_server(tmp_p
     shares = [on for purpose, on in purposes if purpose == "update-share"]
     assert shares and all(shares)
     assert not any(purpose == "update-noise" for purpose, _ in purposes)  # and no central noise either
-
-
-BFV = """[privacy.secure_aggregation]
-scheme = "bfv"
-min_clients = 2
-"""
 
 
 def test_only_the_server_builds_a_privacy_accountant(tmp_path, monkeypatch):

@@ -32,18 +32,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import run_records, write_deploy_policy
+from conftest import BFV, MASKING, run_records, write_deploy_policy
 from inprocess_grid import InProcessGrid
-
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
-
-BFV = """[privacy.secure_aggregation]
-scheme = "bfv"
-min_clients = 2
-"""
 
 Z, C = 1.0, 0.5
 

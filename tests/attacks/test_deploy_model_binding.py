@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import write_deploy_policy
+from conftest import MASKING, write_deploy_policy
 from inprocess_grid import FIRST_NODE_ID
-from test_deploy_dp_settings import MASKING, Observed, TamperingGrid
+from test_deploy_dp_settings import Observed, TamperingGrid
 
 VICTIM_NODE = FIRST_NODE_ID  # shard 0
 

@@ -34,20 +34,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import write_deploy_policy
+from conftest import BFV, MASKING, write_deploy_policy
 from inprocess_grid import InProcessGrid
 
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
-
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
-
-BFV = """[privacy.secure_aggregation]
-scheme = "bfv"
-min_clients = 2
-"""
 
 
 class Deployed:

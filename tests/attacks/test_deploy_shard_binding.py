@@ -22,20 +22,12 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from conftest import summed_per_node, write_deploy_policy
 from inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse
 
 ATTACKER = 999  # the attacker's Flower node id
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
-BFV = """[privacy.secure_aggregation]
-scheme = "bfv"
-min_clients = 2
-"""
 SHARD_1 = list(range(8, 16))  # 24 users, 3 contiguous shards
 
 

@@ -34,14 +34,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import write_deploy_policy
+from conftest import BFV, MASKING, write_deploy_policy
 from inprocess_grid import InProcessGrid
-
-MASKING = """[privacy.secure_aggregation]
-scheme = "masking"
-min_clients = 2
-"""
-BFV = MASKING.replace("masking", "bfv")
 
 # what the audit hook watches: set while a test runs a server, None otherwise (the hook stays installed)
 _WATCH: dict = {"grid": None, "private": (), "opened": []}
