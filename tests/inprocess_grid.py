@@ -19,12 +19,35 @@ while a node's handler runs (what a test of the server's own reads needs).
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 FIRST_NODE_ID = 1000
+
+
+@contextmanager
+def server_killed_before_checkpoint(round_idx: int):
+    """Inside, the server dies (KeyboardInterrupt) when it is about to checkpoint round ``round_idx``: after that
+    round's release, before any record of it is saved; the block must end that way."""
+    from fedrecgel_secure.deploy.remote import RemoteTrainer
+
+    state_dict = RemoteTrainer.state_dict
+
+    def dies(self):
+        if self.round == round_idx:
+            raise KeyboardInterrupt("killed")
+        return state_dict(self)
+
+    RemoteTrainer.state_dict = dies
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        RemoteTrainer.state_dict = state_dict
 
 
 class InProcessGrid:

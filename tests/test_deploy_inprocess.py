@@ -13,7 +13,7 @@ pytest.importorskip("flwr")
 from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from inprocess_grid import InProcessGrid
+from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 DP = """[privacy.dp]
 enabled = true
@@ -263,25 +263,15 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.deploy.serverapp import run_server
 
     policy_file = _policy(tmp_path, BFV + DP.format(mode="central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
-    state_dict = RemoteTrainer.state_dict
-
-    def dies_at_round_2(self):
-        if self.round == 2:
-            raise KeyboardInterrupt("killed")
-        return state_dict(self)
-
-    monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
-    with pytest.raises(KeyboardInterrupt):
+    with server_killed_before_checkpoint(2):
         run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
-    monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("keyholder-decrypt") == 2  # rounds 2 (the repeat) and 3
@@ -491,25 +481,15 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.deploy.serverapp import run_server
 
     policy_file = _policy(tmp_path, MASKING + DP.format(mode="central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
-    state_dict = RemoteTrainer.state_dict
-
-    def dies_at_round_2(self):
-        if self.round == 2:
-            raise KeyboardInterrupt("killed")
-        return state_dict(self)
-
-    monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
-    with pytest.raises(KeyboardInterrupt):
-        grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
+    with server_killed_before_checkpoint(2):
         run_server(grid, policy_file, out, False, grid.catalogue)
     assert load_checkpoint(out / "checkpoint.pt")["round"] == 1
-    monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("secagg-unmask") == 3  # round 3's, one message per node; round 2 not run again

@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from conftest import BFV, MASKING, write_deploy_policy
-from inprocess_grid import InProcessGrid
+from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 
@@ -173,21 +173,11 @@ def test_a_resumed_server_rerunning_a_released_round_over_fewer_users_gets_the_s
     # so round 2 runs again over the users of nodes 0 and 1 only. The difference of the two sums would be node 2's
     # users' sum (one user's upload when one was sampled there). The users refuse the new attempt: no second sum.
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
 
     run = Deployed(tmp_path, monkeypatch, MASKING, rounds=2)
-    state_dict = RemoteTrainer.state_dict
-
-    def dies_at_round_2(self):
-        if self.round == 2:
-            raise KeyboardInterrupt("killed")
-        return state_dict(self)
-
-    monkeypatch.setattr(RemoteTrainer, "state_dict", dies_at_round_2)
-    with pytest.raises(KeyboardInterrupt):
+    with server_killed_before_checkpoint(2):
         run.run()
     assert load_checkpoint(run.out / "checkpoint.pt")["round"] == 1
-    monkeypatch.setattr(RemoteTrainer, "state_dict", state_dict)
     run.run(resume=True, down={2: ("round-2",)})
     (_, users, total), (_, again_users, again) = [(r, u, t) for r, u, t in run.summed if r == 2]
     assert total is not None

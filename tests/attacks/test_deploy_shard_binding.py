@@ -25,7 +25,7 @@ pytest.importorskip("flwr")
 from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
 from conftest import run_records as _records
 from conftest import simulate as _simulate
-from inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse
+from inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse, server_killed_before_checkpoint
 
 ATTACKER = 999  # the attacker's Flower node id
 SHARD_1 = list(range(8, 16))  # 24 users, 3 contiguous shards
@@ -96,23 +96,11 @@ def _policy(tmp_path: Path, extra: str = "", rounds: int = 2) -> Path:
 
 def _killed_after_round_1(policy_file: Path, out: Path, key_holder: bool = False) -> None:
     """An honest first server run (its hello pins every node's key), killed before its checkpoint of round 2."""
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
     from fedrecgel_secure.deploy.serverapp import run_server
 
-    state_dict = RemoteTrainer.state_dict
-
-    def dies_at_round_2(self):
-        if self.round == 2:
-            raise KeyboardInterrupt("killed")
-        return state_dict(self)
-
-    RemoteTrainer.state_dict = dies_at_round_2
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            federation = Federation(policy_file, out, key_holder=key_holder)
-            run_server(federation, policy_file, out, resume=False, catalogue=federation.catalogue)
-    finally:
-        RemoteTrainer.state_dict = state_dict
+    with server_killed_before_checkpoint(2):
+        federation = Federation(policy_file, out, key_holder=key_holder)
+        run_server(federation, policy_file, out, resume=False, catalogue=federation.catalogue)
 
 
 def _pins(out: Path) -> dict[str, str]:
