@@ -30,6 +30,7 @@ from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.secagg.settings import encoding
 from fedrecgel_secure.rundir import (
     CHECKPOINT,
     METRICS,
@@ -78,7 +79,7 @@ def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
     settings = policy.privacy.dp
     resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    return DPMechanism(resolved, policy.privacy.secure_aggregation.encoding(), randomness)
+    return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):

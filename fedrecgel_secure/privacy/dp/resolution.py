@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedrecgel_secure.checks import FIELD, open_unit
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import AccountantKind, AdaptiveClippingSettings, DPSettings, Mode, NoiseSource
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .checks import FIELD, open_unit
 from .mechanism import max_poisson_sample, noise_std
 
 
