@@ -45,11 +45,15 @@ $py -c 'import fedrecgel_secure.federation.trainer, pydantic, opacus; print("imp
 
 gpu=$($py -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 
-timeout 110 $py -m pytest -q -p no:cacheprovider -rs tests/test_device.py 2>&1 | tee "$out/pytest.log" | tail -3
+timeout 100 $py -m pytest -q -p no:cacheprovider -rs tests/test_device.py 2>&1 | tee "$out/pytest.log" | tail -3
 tests_rc=$?
 
-if [ "$gpu" = 1 ]; then
-    bench=(--device cuda --rounds 100 --budget-s 12 --cpu-rounds 5)
+# BENCH_ARGS replaces the benchmark's arguments (e.g. BENCH_ARGS="--device cuda --shapes ml20m-shape --budget-s 30"
+# to measure one shape longer in a second run).
+if [ -n "${BENCH_ARGS:-}" ]; then
+    read -r -a bench <<< "$BENCH_ARGS"
+elif [ "$gpu" = 1 ]; then
+    bench=(--device cuda --rounds 100 --budget-s 8 --cpu-rounds 5)
 else
     bench=(--device cpu --quick --rounds 2 --budget-s 5 --cpu-rounds 1)
 fi
