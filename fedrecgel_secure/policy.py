@@ -106,7 +106,7 @@ class CheckpointPolicy(Section):
 # --------------------------------------------------------------------------- [privacy.dp]
 
 Mode = Literal["central", "distributed"]
-AccountantKind = Literal["rdp", "prv", "gdp"]
+AccountantKind = Literal["pld", "rdp", "prv", "gdp"]
 NoiseSource = Literal["secure", "seeded"]
 
 
@@ -176,8 +176,20 @@ class DPSettings(Section):
     )
     delta: float = Field(1e-5, description="The delta of (epsilon, delta)-DP; must be below 1/number of clients.")
     max_epsilon: float | None = Field(None, description="Stop before any round that would bring epsilon above this.")
+    max_epsilon_against: Literal["release", "server"] = Field(
+        "release",
+        description="Whose epsilon max_epsilon bounds. release: anyone who sees the released models (the accounted"
+        " epsilon). server: the server in distributed mode, which sees who took part (no amplification by sampling).",
+    )
     accountant: AccountantKind = Field(
-        "rdp", description="Opacus accountant: rdp, prv (tightest), or gdp (an approximation, not a bound)."
+        "pld",
+        description="pld: privacy loss distributions (Google's dp-accounting, tightest); rdp, prv: Opacus's"
+        " (RDP is always reported beside as a cross-check); gdp: an approximation, not a bound.",
+    )
+    shares: Literal["sampled", "threshold"] = Field(
+        "sampled",
+        description="Distributed noise shares sized for everyone sampled (a dropout lowers the noise), or for the"
+        " masking protocol's survivor threshold (any round that completes carries at least the planned noise).",
     )
     sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
     sampler: Literal["poisson", "fixed"] = Field("poisson", description="Client sampling; DP requires poisson.")
@@ -558,6 +570,21 @@ class Policy(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _dp_observers_need_secure_sums(self) -> Policy:
+        dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
+        if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
+            raise BadInputError(
+                f"{DP}.shares = 'threshold' sizes distributed noise shares for the masking protocol's survivor"
+                " threshold: it needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
+            )
+        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
+            raise BadInputError(
+                f"{DP}.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it needs"
+                " mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload)"
+            )
+        return self
+
     def rhos(self) -> tuple[float, float]:
         """(rho_sh, rho_ns) in effect for the method."""
         rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
@@ -580,6 +607,9 @@ class Policy(Section):
         del secagg["simulation"], secagg["workers"]
         if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
             del secagg["tampered"]
+        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled")):  # likewise
+            if dump["privacy"]["dp"][field] == default:
+                del dump["privacy"]["dp"][field]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
