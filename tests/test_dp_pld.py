@@ -252,3 +252,40 @@ def test_threshold_shares_need_masking_and_distributed_noise():
     sets = ["privacy.dp.enabled=true", "privacy.dp.mode=distributed", "privacy.dp.noise_multiplier=1.0"]
     with pytest.raises(BadInputError, match=r"default\.toml.*privacy\.dp\.shares"):
         load_policy(None, [*sets, "privacy.dp.shares=threshold"])
+
+
+def test_the_cli_reports_each_observer_s_epsilon(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import write_ratings
+
+    data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=80, per_user=(5, 12))
+    sets = [
+        f"data.dataset={data}",
+        "data.test_negatives=20",
+        "federation.rounds=2",
+        "federation.fraction=0.5",
+        "model.gmf_dim=8",
+        "model.mlp_dim=8",
+        "model.tower=[8]",
+        "privacy.dp.enabled=true",
+        "privacy.dp.mode=distributed",
+        "privacy.dp.noise_multiplier=1.0",
+        "privacy.dp.delta=0.001",
+        "privacy.secure_aggregation.scheme=masking",
+        "privacy.secure_aggregation.simulation=arithmetic",
+        "privacy.secure_aggregation.min_clients=5",
+    ]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fedrecgel_secure.cli.main", "train", "--out", str(out)]
+    result = subprocess.run([*cmd, *(a for s in sets for a in ("--set", s))], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())["privacy"]
+    assert summary["accountant"] == "pld" and summary["epsilon_rdp"] > summary["epsilon"]
+    assert summary["epsilon_server"] > summary["epsilon"] and summary["server_rounds"] in (1, 2)
+    text = " ".join(result.stdout.split())
+    assert f"RDP ε {summary['epsilon_rdp']:.3f}" in text
+    assert f"against the server: ε {summary['epsilon_server']:.3g}" in text
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["epsilon_server"] == summary["epsilon_server"]
