@@ -145,6 +145,7 @@ def training_rows(seeds: int, rounds: int) -> list[str]:
             f"| `{name}.toml` | {label} | {p['noise_multiplier']:.4f} | {eps_cell} | {rdp_cell} | {' | '.join(cells)}"
             f" | {per_run:.0f} |"
         )
+        print(rows[-1], file=sys.stderr, flush=True)  # a long run's rows as they come
     return rows
 
 
