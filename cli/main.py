@@ -83,7 +83,7 @@ def train(
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
     from fedrecgel_secure.rundir import hold_run_dir
-    from fedrecgel_secure.runs import check_out_dir
+    from fedrecgel_secure.runner import check_out_dir
 
     check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
     with hold_run_dir(out_dir):
@@ -93,7 +93,7 @@ def train(
 def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
     from fedrecgel_secure.interrupt import StopBetweenRounds
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
-    from fedrecgel_secure.runs import open_run
+    from fedrecgel_secure.runner import open_run
 
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
@@ -210,7 +210,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ):
     """Recompute the metrics of the model saved in a run directory."""
-    from fedrecgel_secure.runs import evaluate_run
+    from fedrecgel_secure.runner import evaluate_run
 
     metrics = evaluate_run(run_dir)
     if as_json:

@@ -104,7 +104,7 @@ def summed_per_node(records: list[dict], tol: float = 1e-12) -> list[dict]:
 
 def simulate(policy: Path, out: Path):
     """``fedrecgel train`` of ``policy`` into ``out``; the trainer."""
-    from fedrecgel_secure.runs import open_run
+    from fedrecgel_secure.runner import open_run
 
     trainer = open_run(out, policy)
     trainer.run(out)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY, read_summary
-from fedrecgel_secure.runs import open_run
+from fedrecgel_secure.runner import open_run
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.privacy.secagg.settings import bfv_params, encoding, masking_params
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -199,8 +200,8 @@ class SecureSum:
 
     def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
-        self.grid = settings.encoding()
-        self.params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
+        self.grid = encoding(settings)
+        self.params = bfv_params(settings.bfv) if settings.scheme == "bfv" else masking_params(settings.masking)
         self.arithmetic = settings.simulation == "arithmetic"
         self.session = None
         if not self.arithmetic:
@@ -323,6 +324,6 @@ class SecureSum:
 def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:
     """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate."""
     if settings.scheme == "none":
-        return PlainSum(settings.encoding())
+        return PlainSum(encoding(settings))
     covered = dim if settings.cover == "shared" else n_item_values
     return SecureSum(settings, n_clients, dim, covered, seed)

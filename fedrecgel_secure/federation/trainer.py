@@ -30,6 +30,7 @@ from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.secagg.settings import encoding
 from fedrecgel_secure.rundir import (
     CHECKPOINT,
     METRICS,
@@ -80,7 +81,7 @@ def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
         settings, n_users, policy.federation.rounds, policy.federation.fraction, policy.privacy.secure_aggregation
     )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    return DPMechanism(resolved, policy.privacy.secure_aggregation.encoding(), randomness)
+    return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):

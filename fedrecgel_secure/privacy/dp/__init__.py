@@ -26,7 +26,7 @@ The package is split by concern, like Opacus's ``accountants`` over its ``analys
 * :mod:`.adaptive`: adaptive clipping (Andrew et al. 2021);
 * :mod:`.resolution`: the policy's settings checked against the federation.
 
-The settings themselves are pydantic models in :mod:`fedrecgel_secure.policy`.
+The settings themselves are pydantic models in :mod:`fedrecgel_secure.policy.dp`.
 Importing this package imports none of the submodules, so reading a policy
 never loads torch or opacus.
 """

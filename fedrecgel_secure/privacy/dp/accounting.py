@@ -21,10 +21,9 @@ from typing import Any
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
+from fedrecgel_secure.checks import FIELD, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import AccountantKind
-
-from .checks import FIELD, open_unit, positive
 
 KINDS = ("pld", "rdp", "prv", "gdp")
 

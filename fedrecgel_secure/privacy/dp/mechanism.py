@@ -12,10 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from fedrecgel_secure.checks import FIELD, fractions_sum_to_one, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Mode
-
-from .checks import FIELD, fractions_sum_to_one, open_unit, positive
 
 # --------------------------------------------------------------------------- clipping
 

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedrecgel_secure.checks import FIELD, open_unit
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import (
     AccountantKind,
@@ -17,7 +18,6 @@ from fedrecgel_secure.policy import (
 )
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .checks import FIELD, open_unit
 from .mechanism import max_poisson_sample, noise_std, reached_noise_multiplier
 
 
