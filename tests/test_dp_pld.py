@@ -63,17 +63,17 @@ def test_heterogeneous_rounds_compose_as_the_library_composes_their_events():
     rng = np.random.default_rng(0)
     accountant = PrivacyAccountant("pld", 0.1, 0.9, 1e-4)
     events = []
-    for _ in range(30):  # shares lost to dropouts: each round its own noise
+    for _ in range(12):  # shares lost to dropouts: each round its own noise
         z = 0.9 * math.sqrt(rng.integers(60, 101) / 100)
         accountant.step(z)
         events.append(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(z)))
     library = PLDAccountant(value_discretization_interval=1e-3).compose(history_event(accountant.history))
     assert accountant.epsilon() == library.get_epsilon(1e-4)
-    # the order of the rounds does not matter, and the finer grid agrees to the discretisation
-    in_order = PLDAccountant().compose(dp_event.ComposedDpEvent(events)).get_epsilon(1e-4)
-    assert in_order <= accountant.epsilon() <= in_order + 2e-3
+    # the order of the rounds does not matter (composition in round order, by the library)
+    in_order = PLDAccountant(value_discretization_interval=1e-3).compose(dp_event.ComposedDpEvent(events))
+    assert accountant.epsilon() == pytest.approx(in_order.get_epsilon(1e-4), abs=1e-9)
     # fewer shares, more epsilon than all rounds at the planned noise
-    assert accountant.epsilon() > pld_epsilon([(0.9, 0.1, 30)], 1e-4)
+    assert accountant.epsilon() > pld_epsilon([(0.9, 0.1, 12)], 1e-4)
 
 
 def test_pld_is_tighter_than_rdp_and_never_below_the_finer_grid():
@@ -160,6 +160,7 @@ def _sample_log(trainer: Trainer, rounds: int) -> list[np.ndarray]:
     return log
 
 
+@pytest.mark.slow
 def test_the_reported_server_epsilon_is_the_gaussian_composition_over_the_most_sampled_user(split):
     trainer = Trainer(masked_policy(12), split)
     log = _sample_log(trainer, 12)
@@ -176,6 +177,7 @@ def test_the_reported_server_epsilon_is_the_gaussian_composition_over_the_most_s
     assert report["epsilon_server"] > 2 * report["epsilon"]  # far weaker than the accounted epsilon
 
 
+@pytest.mark.slow
 def test_max_epsilon_against_the_server_stops_before_the_most_exposed_user_passes_it(split, tmp_path):
     cap = gaussian_epsilon(0.922 / math.sqrt(3), 1e-3)  # three participations fit, a fourth does not
     trainer = Trainer(masked_policy(30, max_epsilon=cap, max_epsilon_against="server"), split)
@@ -221,6 +223,7 @@ def test_threshold_shares_carry_the_planned_noise_with_any_t_survivors(split):
     assert sampled_mode.reached_noise_multiplier(sampled, t) == pytest.approx(0.922 * math.sqrt(21 / 30))
 
 
+@pytest.mark.slow
 def test_threshold_shares_account_the_more_noise_that_reached_the_sum(split, tmp_path):
     """30% dropout: with shares sized for the sample each round falls short of z; sized for the threshold, the
     survivors carry more than z and the run is charged less."""
@@ -254,6 +257,7 @@ def test_threshold_shares_need_masking_and_distributed_noise():
         load_policy(None, [*sets, "privacy.dp.shares=threshold"])
 
 
+@pytest.mark.slow
 def test_the_cli_reports_each_observer_s_epsilon(tmp_path):
     import subprocess
     import sys

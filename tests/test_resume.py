@@ -102,6 +102,7 @@ def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
     assert metrics(tmp_path) == metrics(reference)
 
 
+@pytest.mark.slow
 def test_dp_accounting_resumes_exactly(tmp_path):
     """Heterogeneous rounds (noise shares lost to dropouts): the PLD and RDP epsilons and the server's per-user
     ledger continue from the checkpoint to exactly what the uninterrupted run reports."""
