@@ -87,6 +87,11 @@ def test_pld_is_tighter_than_rdp_and_never_below_the_finer_grid():
         assert coarse < 0.92 * rdp.epsilon()
 
 
+def test_the_accountant_s_docstring_example():
+    # z = 1, q = 100/6040, 100 rounds, delta = 1e-4: rdp 1.26, prv 0.91, pld 0.90
+    assert pld_epsilon([(1.0, 100 / 6040, 100)], 1e-4) == pytest.approx(0.90, abs=0.005)
+
+
 # -- epsilon against the server ------------------------------------------------------------------
 
 

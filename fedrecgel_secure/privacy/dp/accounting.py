@@ -73,8 +73,8 @@ class PrivacyAccountant:
       ``dp-accounting`` (:mod:`.pld`); a pessimistic discretisation, so an upper
       bound, and the tightest here. The default.
     - ``rdp``: Rényi DP of the sampled Gaussian mechanism (Mironov, Talwar, Zhang
-      2019), converted to :math:`(\varepsilon, \delta)`; an upper bound, 11–13%
-      looser than ``pld`` at the shipped settings.
+      2019), converted to :math:`(\varepsilon, \delta)`; an upper bound, looser
+      than ``pld`` (``benchmarks/pld_vs_rdp.py`` measures by how much at the shipped settings).
     - ``prv``: Opacus's numerical composition of privacy loss random variables
       (Gopi, Lee, Wutschitz 2021); Opacus's implementation has open failures
       above :math:`\varepsilon \approx 10`.
@@ -84,7 +84,7 @@ class PrivacyAccountant:
 
     Example: :math:`z = 1`, :math:`q = 100/6040`, 100 rounds,
     :math:`\delta = 10^{-4}`: ``rdp`` gives :math:`\varepsilon \approx 1.26`,
-    ``prv`` 0.91, ``pld`` 0.91, ``gdp`` 0.66.
+    ``prv`` 0.91, ``pld`` 0.90, ``gdp`` 0.66.
     """
 
     def __init__(self, kind: AccountantKind, sample_rate: float, noise_multiplier: float, delta: float):
