@@ -35,7 +35,7 @@ def row(name: str) -> str:
     privacy = summary.get("privacy") or {}
     eps = f"{privacy['epsilon']:.2f}" if dp.enabled else "∞"
     z = f"{privacy['noise_multiplier']:.3f}" if dp.enabled else "-"
-    mode = dp.mode if dp.enabled else "-"
+    mode = f"{dp.mode}, {dp.accountant}" if dp.enabled else "-"
     best, final = summary["best"], summary["final"]
     return (
         f"| `{name}.toml` | {mode} | {eps} | {z} | {policy.federation.server_lr:g} | {best['round']} "
@@ -54,7 +54,7 @@ def main() -> None:
         f"FilmTrust, 100 rounds, training seed 42, seeded DP noise, δ = 1e-4, torch {torch.__version__}"
         f" (`python benchmarks/dp_policies.py`, {time.strftime('%Y-%m-%d')}); best round by test HR@10.",
         "",
-        "| policy | DP mode | ε | z | server_lr | best round | best HR@10 | best NDCG@10 | final HR@10"
+        "| policy | DP mode, accountant | ε | z | server_lr | best round | best HR@10 | best NDCG@10 | final HR@10"
         " | final NDCG@10 | s |",
         "| --- " * 11 + "|",
     ]
