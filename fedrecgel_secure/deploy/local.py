@@ -446,7 +446,11 @@ def _superexec(host: str, port: int, sec: str) -> list[str]:
 
 
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
-    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42)."""
+    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42).
+
+    Refuses (:class:`~fedrecgel_secure.errors.BadInputError`) exactly what ``deploy local`` refuses: both call
+    :func:`~fedrecgel_secure.deploy.check_deployable`, so no plan is printed for a run no deployment would start."""
+    check_deployable(policy)
     d = policy.deployment
     s = d.superlink
     tls = d.tls
