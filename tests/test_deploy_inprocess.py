@@ -470,6 +470,12 @@ def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
     unmask = lines[stages.index("secagg-unmask")]
     assert unmask["answered"] == unmask["sent"] - 1 and unmask["seconds"] >= 1.0  # node 2 waited out the timeout
     assert all(line["seconds"] >= 0 for line in lines)
+    # each answered stage split into its parts by the nodes' timestamps (deploy/timing.py)
+    from fedrecgel_secure.deploy.timing import PARTS
+
+    train = lines[stages.index("round-1")]["parts"]
+    assert set(train) == set(PARTS) and train["work"] > 0 and train["imports"] >= 0
+    assert all(set(line["parts"]) == set(PARTS) for line in lines if line["answered"])
 
 
 def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
