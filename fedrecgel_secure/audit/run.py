@@ -184,7 +184,7 @@ def audit_run(run_dir: Path, rounds: int = 3) -> dict:
     either absent or complete, so a crash never leaves a file that a study
     would take as a finished audit.
     """
-    from fedrecgel_secure.runs import load_run
+    from fedrecgel_secure.runner import load_run
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BadInputError(f"rounds to audit: expected an integer >= 1, got {rounds!r}")

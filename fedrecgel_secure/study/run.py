@@ -63,7 +63,7 @@ def _record_failure(run_dir: Path, message: str, trace: str | None) -> None:
 
 def _execute(task: _Task) -> dict:
     """Train (or resume) one run to the end, audit it if asked; a failure is reported, never raised."""
-    from fedrecgel_secure.runs import open_run
+    from fedrecgel_secure.runner import open_run
 
     run_dir = Path(task.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
