@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrecgel_secure.data.split import SeenIndex
+from fedrecgel_secure.data.split import SeenIndex, sample_negatives
 from fedrecgel_secure.federation.sampling import (
     LocalSets,
     build_local_sets,
@@ -57,3 +57,27 @@ def test_redraws_and_streams_of_a_shard_match_too(filmtrust_split):
     assert np.array_equal(fast.items, plain.items) and np.array_equal(fast.labels, plain.labels)
     empty = build_local_sets_per_client(1, 2, split, seen, clients[:0], 4)
     assert empty.items.size == 0 and np.array_equal(empty.offsets, [0])
+
+
+def sample_negatives_checking_every_row(rng, seen, users, k):
+    """sample_negatives as it was: every redraw round rechecks all rows (the oracle)."""
+    out = rng.integers(0, seen.n_items, size=(users.size, k), dtype=np.int64)
+    while True:
+        bad = seen.contains(users, out)
+        for j in range(1, k):
+            bad[:, j] |= (out[:, :j] == out[:, j : j + 1]).any(axis=1)
+        n_bad = int(bad.sum())
+        if n_bad == 0:
+            return out
+        out[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
+
+
+@pytest.mark.parametrize("k", [4, 99, 400])
+def test_negatives_rechecking_redrawn_rows_only_are_the_same_draws(filmtrust_split, k):
+    split = filmtrust_split
+    seen = SeenIndex(split.seen_indptr, split.seen_items, split.n_items)
+    users = np.arange(split.n_users)
+    fast_rng, plain_rng = np.random.default_rng(3), np.random.default_rng(3)
+    fast = sample_negatives(fast_rng, seen, users, k)
+    assert np.array_equal(fast, sample_negatives_checking_every_row(plain_rng, seen, users, k))
+    assert fast_rng.bit_generator.state == plain_rng.bit_generator.state

@@ -136,17 +136,21 @@ def build_local_sets_per_client(
     # sample_negatives, each client from its own stream
     parts = [rng.integers(0, seen.n_items, size=(int(n), k), dtype=np.int64) for rng, n in zip(rngs, lens)]
     negatives = np.concatenate(parts) if parts else np.zeros((0, k), dtype=np.int64)
+    active = np.arange(pos_users.size)  # rows to (re)check: as in sample_negatives, the redrawn ones only
     while True:
-        bad = seen.contains(pos_users, negatives)
+        sub = negatives[active]
+        bad = seen.contains(pos_users[active], sub)
         for j in range(1, k):
-            bad[:, j] |= (negatives[:, :j] == negatives[:, j : j + 1]).any(axis=1)
-        per_client = np.bincount(pos_owner, weights=bad.sum(axis=1), minlength=clients.size).astype(np.int64)
+            bad[:, j] |= (sub[:, :j] == sub[:, j : j + 1]).any(axis=1)
+        per_client = np.bincount(pos_owner[active], weights=bad.sum(axis=1), minlength=clients.size)
         redraw = np.flatnonzero(per_client)
         if redraw.size == 0:
             break
-        negatives[bad] = np.concatenate(
+        sub[bad] = np.concatenate(
             [rngs[c].integers(0, seen.n_items, size=int(per_client[c]), dtype=np.int64) for c in redraw]
         )
+        negatives[active] = sub
+        active = active[bad.any(axis=1)]
 
     items = np.concatenate([pos_items[:, None], negatives], axis=1).reshape(-1)
     labels = np.zeros((pos_items.size, 1 + k), dtype=np.float32)
