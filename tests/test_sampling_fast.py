@@ -81,3 +81,24 @@ def test_negatives_rechecking_redrawn_rows_only_are_the_same_draws(filmtrust_spl
     fast = sample_negatives(fast_rng, seen, users, k)
     assert np.array_equal(fast, sample_negatives_checking_every_row(plain_rng, seen, users, k))
     assert fast_rng.bit_generator.state == plain_rng.bit_generator.state
+
+
+def test_synthetic_interactions_are_those_of_np_unique():
+    from fedrecgel_secure.data.synthetic import synthetic_interactions
+
+    n_users, n_items, n_interactions, seed = 300, 500, 9000, 4
+    raw = synthetic_interactions(n_users, n_items, n_interactions, seed=seed)
+    # the draws as the function makes them, deduplicated by np.unique (the oracle)
+    rng = np.random.default_rng(seed)
+    extra = rng.pareto(1.5, n_users)
+    counts = 5 + np.floor(extra / extra.sum() * (n_interactions - 5 * n_users)).astype(np.int64)
+    counts[: n_interactions - counts.sum()] += 1
+    counts = np.minimum(counts, n_items // 2)
+    popularity = 1.0 / np.arange(1, n_items + 1) ** 0.8
+    drawn = np.repeat(np.arange(n_users), np.ceil(counts * 2.0).astype(np.int64))
+    pairs = np.unique(drawn * n_items + rng.choice(n_items, size=drawn.size, p=popularity / popularity.sum()))
+    users, items = pairs // n_items, pairs % n_items
+    order = np.lexsort((rng.random(users.size), users))
+    users, items = users[order], items[order]
+    keep = np.arange(users.size) - np.searchsorted(users, np.arange(n_users))[users] < counts[users]
+    assert np.array_equal(raw.users, users[keep]) and np.array_equal(raw.items, items[keep])

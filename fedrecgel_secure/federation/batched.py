@@ -6,7 +6,9 @@ of clients. A client's shared parameters are only what its loss can touch:
 its rows of the item table (one per distinct item in its local set) and the
 small dense tower. So each client's SAM perturbation, with its own gradient
 norm, lives on those rows alone; no per-client copy of the full item table is
-ever made. Clients are bucketed by local-set size so that padding stays small.
+ever made. On the CPU clients are bucketed by local-set size so that padding
+stays small; on an accelerator, where each bucket's passes cost launches rather
+than padded work, into as few buckets as a padded-example budget allows.
 """
 
 from __future__ import annotations
