@@ -102,7 +102,7 @@ def data_split(
             protocol="authors",
         )
     except ValidationError as e:
-        raise BadInputError(describe_errors(e, "fedrecgel data split")) from None
+        raise BadInputError(describe_errors(e, "fedrecgel data split", DataPolicy)) from None
     split = authors_data(data)
     train, test = write_authors_files(split, out_dir, all_columns=all_columns)
     out.print(

@@ -16,7 +16,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.policy import POLICY_DIR, Policy, apply_overrides, describe_errors, load_policy, read_policy_data
+from fedrecgel_secure.policy import (
+    POLICY_DIR,
+    Policy,
+    apply_overrides,
+    describe_errors,
+    is_policy_name,
+    load_policy,
+    packaged_policy_names,
+    read_policy_data,
+)
 from fedrecgel_secure.rundir import RESOLVED, atomic_write_json, read_json
 from fedrecgel_secure.study.spec import (
     EPSILON_KEY,
@@ -106,14 +115,10 @@ def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[tuple[dict
 
 def _base_path(spec: StudySpec, spec_path: Path) -> Path:
     """A bare name (no folder, no .toml) is a packaged policy; anything else a file relative to the study."""
-    if "/" not in spec.base and not spec.base.endswith(".toml"):
+    if is_policy_name(spec.base):
         return POLICY_DIR / f"{spec.base}.toml"
     path = Path(spec.base).expanduser()
     return path if path.is_absolute() else spec_path.resolve().parent / path
-
-
-def _packaged_policies() -> str:
-    return ", ".join(sorted(p.stem for p in POLICY_DIR.glob("*.toml")))
 
 
 def _validated(base: dict, overrides: list[str], where: str) -> Policy:
@@ -139,7 +144,7 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
                 (
                     "base",
                     f"no such policy file {str(base_path)!r} (a path is relative to the study"
-                    f" file's folder; a bare name is a packaged policy: {_packaged_policies()})",
+                    f" file's folder; a bare name is a packaged policy: {', '.join(packaged_policy_names())})",
                 )
             ],
         )
