@@ -20,9 +20,18 @@ def data_list():
     """The datasets this package knows, and where each comes from."""
     from fedrecgel_secure.data.loaders import DATASETS
 
+    if not out.is_terminal:  # a pipe or a file: one block per dataset, every URL whole on its own line
+        for info in DATASETS.values():
+            out.print(
+                f"{info.name} ({'bundled' if info.bundled else 'not bundled'}, format {info.fmt})"
+                f"\n  source: {info.url or '(no public URL)'}\n  {info.description}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        return
     table = Table(title="datasets")
     for col in ("name", "bundled", "format", "source", "description"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a URL too long for its column folds onto the next line, whole
     for info in DATASETS.values():
         table.add_row(
             info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description
