@@ -35,6 +35,8 @@ def study_group():
     fedrecgel study STUDY.toml --out DIR [--jobs N]   train every run not finished yet, then write the report
 
     fedrecgel study report DIR                         rebuild results.csv, report.md and the plots, no training
+
+    fedrecgel study validate STUDY.toml                check the study file and every run's policy, no training
     """
 
 
@@ -107,3 +109,19 @@ def study_report(study_dir: Annotated[Path, typer.Argument(help="A study directo
 
     files = rebuild_report(study_dir)
     out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
+
+
+@app.command("validate")
+@user_errors
+def study_validate(study_file: Annotated[Path, typer.Argument(help="Study file (TOML).")]):
+    """Check a study file and the policy of every run it plans; print every error with its field, train nothing."""
+    from fedrecgel_secure.study import validate_study
+
+    plan = validate_study(study_file)
+    settings = len({r.slug for r in plan.runs})
+    out.print(
+        f"{study_file}: valid ({len(plan.runs)} runs: {settings} setting{'s' * (settings != 1)}"
+        f" x {len(plan.spec.seeds)} seed{'s' * (len(plan.spec.seeds) != 1)}, base {plan.base_path.name})",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -87,7 +87,8 @@ def read_listing(run_dir: Path) -> RunListing:
         policy = load_policy(run_dir / RESOLVED)
         summary = read_summary(run_dir)
     except BadInputError as e:
-        return RunListing(run_dir, "unreadable", 0, None, "-", None, None, None, "-", str(e).splitlines()[0])
+        problem = "; ".join(line.strip() for line in str(e).splitlines())
+        return RunListing(run_dir, "unreadable", 0, None, "-", None, None, None, "-", problem)
     if summary is not None:
         status = "finished" if summary.finished else "stopped"
         return RunListing(

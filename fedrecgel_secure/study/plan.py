@@ -132,8 +132,9 @@ def _validated(base: dict, overrides: list[str], where: str) -> Policy:
         raise BadInputError(f"{where}: {e}") from None
 
 
-def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
-    """Every run of a study, each policy validated up front so a typo fails before any training."""
+def plan_study(spec_path: str | Path, out_dir: str | Path, *, check_dirs: bool = True) -> StudyPlan:
+    """Every run of a study, each policy validated up front so a typo fails before any training; with
+    ``check_dirs``, run directories already in ``out_dir`` must have been trained under the same policies."""
     spec_path, out_dir = Path(spec_path), Path(out_dir).resolve()
     spec = load_study(spec_path)
     base_path = _base_path(spec, spec_path)
@@ -175,6 +176,20 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
         runs.append(
             PlannedRun(setting, seed, name, out_dir / "runs" / name / f"seed={seed}", overrides, policy.digest())
         )
+    plan = StudyPlan(spec, spec_path.resolve(), base_path.resolve(), out_dir, runs)
+    if check_dirs:
+        _refuse_stale(plan, spec_path)
+    return plan
+
+
+def validate_study(spec_path: str | Path) -> StudyPlan:
+    """Every run of a study validated as ``plan_study`` does, without a study directory (``study validate``)."""
+    return plan_study(spec_path, Path(spec_path).resolve().parent / "(study directory)", check_dirs=False)
+
+
+def _refuse_stale(plan: StudyPlan, spec_path: Path) -> None:
+    """A run directory trained under another policy than the study now describes is refused, never mixed in."""
+    out_dir, runs = plan.out_dir, plan.runs
     stale = [r for r in runs if (r.dir / RESOLVED).is_file() and load_policy(r.dir / RESOLVED).digest() != r.digest]
     if stale:
         raise BadInputError(
@@ -183,4 +198,3 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
             f"another policy than the study now describes (did its base or overrides change?), e.g. {stale[0].dir}; "
             "choose another --out or delete those run directories"
         )
-    return StudyPlan(spec, spec_path.resolve(), base_path.resolve(), out_dir, runs)
