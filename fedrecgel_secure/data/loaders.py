@@ -194,12 +194,15 @@ def _is_data_row(fields: list[str], layout: _Layout) -> bool:
     return True
 
 
-def _is_numeric(fields: list[str]) -> bool:
-    try:
-        [float(f) for f in fields]
-    except ValueError:
-        return False
-    return True
+def _has_number(fields: list[str]) -> bool:
+    """A header names its columns: a number in the first line means the file has no header."""
+    for field in fields:
+        try:
+            float(field)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 def _column(src: str, header_line: int, names: list[str], keys: list[str], wanted: tuple[str, ...], fmt: str) -> int:
@@ -207,7 +210,7 @@ def _column(src: str, header_line: int, names: list[str], keys: list[str], wante
         if name.lower() in keys:
             return keys.index(name.lower())
     hint = ""
-    if fmt == "csv" and _is_numeric(names):
+    if fmt == "csv" and _has_number(names):
         # The first line is data: format 'csv' wants a header. Only a 4-field file fits a headerless format.
         hint = (
             "; the first line looks like data, not a header: add a header line naming the columns"
