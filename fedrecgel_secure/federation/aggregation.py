@@ -100,7 +100,7 @@ def _with_canaries(hook: CanaryHook | None, round_idx: int, total: torch.Tensor)
     if hook is None:
         return total, 0
     extra, n = hook.inserted(round_idx, total.numel(), total.dtype)
-    return (total if extra is None else total + extra.to(total.dtype)), n
+    return (total if extra is None else total + extra.to(total.device, total.dtype)), n
 
 
 class AggregationRule(Protocol):
@@ -209,7 +209,7 @@ class DPMechanism:
         if self.dp.group_fractions is None:
             return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
         budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
-        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype)
+        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype, device=group_sq.device)
         return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
 
     def protect(
