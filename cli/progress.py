@@ -22,7 +22,10 @@ def round_fields(event, metrics: dict | None, secagg) -> list[str]:
         fields += [f"HR@10 {metrics['hr@10']:.4f}", f"NDCG@10 {metrics['ndcg@10']:.4f}"]
     info = event.info
     if info.epsilon is not None:
-        fields.append(f"ε {info.epsilon:.3f}")
+        rdp = "" if info.epsilon_rdp is None else f" (RDP {info.epsilon_rdp:.3f})"
+        fields.append(f"ε {info.epsilon:.3f}{rdp}")
+    if info.epsilon_server is not None:
+        fields.append(f"ε vs server {info.epsilon_server:.3g}")
     if info.cost is not None:
         cost = info.cost
         fields.append(

@@ -35,7 +35,7 @@ def list_runs(
     table = Table(title=f"runs under {root}")
     for name, justify in [("run", "left"), ("status", "left"), ("rounds", "right"), ("best", "right")]:
         table.add_column(name, justify=justify, overflow="fold")
-    for name in ("final", "ε", "policy"):
+    for name in ("final", "ε", "ε vs server", "policy"):
         table.add_column(name, justify="right" if name != "policy" else "left", overflow="fold")
     for r in runs:
         name = str(r.dir.relative_to(root)) if r.dir != root else str(root)
@@ -49,6 +49,7 @@ def list_runs(
             best,
             "-" if r.final is None else _metric(r.final, r.select_by),
             eps,
+            "-" if r.epsilon_server is None else f"{r.epsilon_server:.3g}",
             r.policy,
         )
     out.print(table)

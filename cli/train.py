@@ -111,7 +111,14 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
+            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f" {p.epsilon_rdp:.3f}); against the server: "
+            + (
+                "no bound (it sees the clipped uploads)"
+                if p.epsilon_server is None
+                else f"ε {p.epsilon_server:.3g}"
+                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling)"
+            )
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)

@@ -28,6 +28,7 @@ class RunListing:
     best: Evaluation | None
     final: Evaluation | None
     epsilon: float | None  # the budget spent; inf without DP; None when unknown
+    epsilon_server: float | None  # against the server (privacy.dp against the server); None: no bound or unknown
     policy: str  # what the resolved policy trains: method, dataset, DP, secure aggregation
     problem: str | None = None  # why the directory could not be read
 
@@ -41,6 +42,7 @@ class RunListing:
             "best": self.best,
             "final": self.final,
             "epsilon": None if self.epsilon is None else (self.epsilon if self.epsilon != float("inf") else "inf"),
+            "epsilon_server": self.epsilon_server,
             "policy": self.policy,
             "problem": self.problem,
         }
@@ -88,7 +90,7 @@ def read_listing(run_dir: Path) -> RunListing:
         summary = read_summary(run_dir)
     except BadInputError as e:
         problem = "; ".join(line.strip() for line in str(e).splitlines())
-        return RunListing(run_dir, "unreadable", 0, None, "-", None, None, None, "-", problem)
+        return RunListing(run_dir, "unreadable", 0, None, "-", None, None, None, None, "-", problem)
     if summary is not None:
         status = "finished" if summary.finished else "stopped"
         return RunListing(
@@ -100,6 +102,7 @@ def read_listing(run_dir: Path) -> RunListing:
             summary.best,
             summary.final,
             summary.epsilon,
+            None if summary.privacy is None else summary.privacy.epsilon_server,
             describe_policy(policy),
         )
     # No summary yet: training now, or killed before it stopped; the metrics written so far are all there is.
@@ -120,6 +123,7 @@ def read_listing(run_dir: Path) -> RunListing:
         best,
         final,
         epsilon if epsilon is not None else (None if policy.privacy.dp.enabled else float("inf")),
+        final.get("epsilon_server") if final else None,
         describe_policy(policy),
     )
 

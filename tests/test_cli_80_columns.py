@@ -21,6 +21,7 @@ from fedrecgel_secure.federation.trainer import RoundEvent
 def dp_secagg_event(r: int) -> RoundEvent:
     cost = SecAggCost(client_seconds=1.234, upload_bytes=12_345_678, aggregate_seconds=0.4, finalize_seconds=0.056)
     info = RoundInfo(sampled=12, contributors=12, cost=cost, clipped_values=3, epsilon=1.2345, delta=1e-5)
+    info.epsilon_rdp, info.epsilon_server = 1.4567, 20.25
     return RoundEvent(r, 10, 0.6931, {"round": r, "hr@10": 0.4, "ndcg@10": 0.2}, info)
 
 

@@ -78,7 +78,9 @@ def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     settings = policy.privacy.dp
-    resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
+    resolved = validate_against_population(
+        settings, n_users, policy.federation.rounds, policy.federation.fraction, policy.privacy.secure_aggregation
+    )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
     return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
@@ -359,7 +361,7 @@ class Trainer:
             return None
         r = self.aggregation.dp
         return PrivacySpent(
-            epsilon=self.aggregation.accountant.epsilon(),
+            **self.aggregation.ledger.report(),
             delta=r.delta,
             noise=r.noise,
             guarantee=GUARANTEE[r.noise],
@@ -371,6 +373,8 @@ class Trainer:
             clip_norm=self.aggregation.clip_norm,
             mode=r.mode,
             max_epsilon=r.max_epsilon,
+            max_epsilon_against=r.max_epsilon_against,
+            shares=r.shares,
         )
 
     # -- checkpoints ----------------------------------------------------------
