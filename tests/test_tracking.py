@@ -14,26 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_ratings
+from conftest import write_deploy_policy, write_ratings
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one torch thread: the machine's cores are shared
-TINY = """seed = 3
-[data]
-dataset = "{ratings}"
-test_negatives = 20
-[model]
-gmf_dim = 8
-mlp_dim = 8
-tower = [16, 8]
-[federation]
-rounds = {rounds}
-fraction = 0.5
-[checkpoint]
-every = {every}
-[privacy.dp]
+TRACKED_DP = """[privacy.dp]
 enabled = true
 noise = "{noise}"
 noise_multiplier = 1.0
@@ -45,11 +32,10 @@ mlflow = true
 
 
 def tiny_policy(folder: Path, rounds: int = 3, every: int = 1, noise: str = "secure", seed: int = 3) -> Path:
-    """A 3-round DP run on 24 users, logged to TensorBoard and to a local MLflow store."""
-    ratings = write_ratings(folder / "ratings.txt")
-    path = folder / "policy.toml"
-    text = TINY.format(ratings=ratings, rounds=rounds, every=every, noise=noise)
-    path.write_text(text.replace("seed = 3", f"seed = {seed}", 1))
+    """A DP run on 24 users (the deployment tests' tiny policy), logged to TensorBoard and a local MLflow store."""
+    path = write_deploy_policy(folder, TRACKED_DP.format(noise=noise), rounds)
+    text = path.read_text().replace("seed = 3", f"seed = {seed}", 1).replace("every = 1", f"every = {every}", 1)
+    path.write_text(text)
     return path
 
 
@@ -343,7 +329,6 @@ def test_a_study_is_an_mlflow_run_with_each_of_its_runs_a_child_and_its_report_a
 @pytest.mark.slow
 def test_a_deployed_run_is_logged_by_its_server_like_a_simulated_one(tmp_path):
     pytest.importorskip("flwr")
-    from conftest import write_deploy_policy
     from inprocess_grid import InProcessGrid
 
     from fedrecgel_secure.deploy.serverapp import run_server
@@ -360,3 +345,17 @@ def test_a_deployed_run_is_logged_by_its_server_like_a_simulated_one(tmp_path):
     assert mlflow_series(c, run_id) == expected
     assert [s for s, _ in tensorboard_scalars(out)["hr_at_10"]] == [1, 2]
     assert {a.path for a in c.list_artifacts(run_id)} == {"summary.json"}
+
+
+@pytest.mark.slow
+def test_a_tracker_whose_package_is_missing_is_a_clear_error_before_any_round(tmp_path):
+    policy, out = tiny_policy(tmp_path), tmp_path / "run"
+    without_mlflow = (
+        "import sys; sys.modules['mlflow'] = None; "  # as if the tracking extra were not installed
+        f"sys.argv = ['fedrecgel', 'train', {str(policy)!r}, '--out', {str(out)!r}]; "
+        "from fedrecgel_secure.cli.main import main; main()"
+    )
+    result = subprocess.run([sys.executable, "-c", without_mlflow], capture_output=True, text=True, env=ENV)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "tracking.mlflow needs the tracking extra" in " ".join(result.stderr.split())
+    assert not (out / "checkpoint.pt").exists()

@@ -139,22 +139,24 @@ class Sink(Protocol):
 def open_sinks(run_dir: Path, policy, history: list[Evaluation] | None) -> list[Sink]:
     """The trackers ``policy`` turns on for ``run_dir``. With ``history`` (a run that starts or resumes), each is
     brought to exactly those records; without (a file added after training), each is attached as it is."""
-    settings = policy.tracking
+    import importlib
+
+    wanted = {
+        "tensorboard": ("tensorboard_sink", "TensorBoardSink", policy.tracking.tensorboard),
+        "mlflow": ("mlflow_sink", "MlflowSink", policy.tracking.mlflow is not False),
+    }
     sinks: list[Sink] = []
-    try:
-        if settings.tensorboard:
-            from fedrecgel_secure.tracking.tensorboard_sink import TensorBoardSink
-
-            sinks.append(TensorBoardSink(run_dir, policy, history))
-        if settings.mlflow is not False:
-            from fedrecgel_secure.tracking.mlflow_sink import MlflowSink
-
-            sinks.append(MlflowSink(run_dir, policy, history))
-    except ImportError as e:
-        raise BadInputError(
-            f"[tracking] in {run_dir / RESOLVED} needs the tracking extra: pip install 'fedrecgel-secure[tracking]'"
-            f" ({e})"
-        ) from None
+    for field, (module, name, on) in wanted.items():
+        if not on:
+            continue
+        try:
+            sink = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        except ImportError as e:
+            raise BadInputError(
+                f"{run_dir / RESOLVED}: tracking.{field} needs the tracking extra:"
+                f" pip install 'fedrecgel-secure[tracking]' ({e})"
+            ) from None
+        sinks.append(sink(run_dir, policy, history))
     return sinks
 
 
