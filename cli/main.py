@@ -135,7 +135,9 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
             if event.metrics is not None:
                 latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
             info = event.info
-            extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f}"
+            extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f} (RDP {info.epsilon_rdp:.3f})"
+            if info.epsilon_server is not None:
+                extra += f"  ε vs server {info.epsilon_server:.3g}"
             if info.cost is not None:
                 cost = info.cost
                 extra += (
@@ -182,7 +184,14 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
+            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f" {p.epsilon_rdp:.3f}); against the server: "
+            + (
+                "no bound (it sees the clipped uploads)"
+                if p.epsilon_server is None
+                else f"ε {p.epsilon_server:.3g}"
+                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling)"
+            )
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)

@@ -159,7 +159,7 @@ class DataShape(_Record):
 class PrivacySpent(_Record):
     """What client-level DP gave a run: the budget spent and how it was reached."""
 
-    epsilon: float
+    epsilon: float  # the accounted epsilon: against anyone who sees the released models
     delta: float
     noise: str  # "secure" or "seeded" (privacy.dp.noise)
     guarantee: str  # what the noise source promises, in words
@@ -171,6 +171,12 @@ class PrivacySpent(_Record):
     clip_norm: float  # the clip norm of the last round (it moves under adaptive clipping)
     mode: str  # "central" or "distributed"
     max_epsilon: float | None
+    # (fields below: None/defaults in summaries written before they existed)
+    epsilon_rdp: float | None = None  # RDP's epsilon of the same rounds: a cross-check of the accountant's
+    epsilon_server: float | None = None  # against the server, which knows who took part; None: no bound against it
+    server_rounds: int | None = None  # rounds in which the server saw the most exposed user's upload
+    max_epsilon_against: str = "release"  # whose epsilon max_epsilon bounds: "release" or "server"
+    shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
 
 
 class SecureAggregationRun(_Record):

@@ -21,6 +21,7 @@ from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import Catalogue, SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, DPMechanism, MeanAggregation, RoundInfo
+from fedrecgel_secure.federation.device import resolve_device
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
@@ -76,7 +77,9 @@ def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     settings = policy.privacy.dp
-    resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
+    resolved = validate_against_population(
+        settings, n_users, policy.federation.rounds, policy.federation.fraction, policy.privacy.secure_aggregation
+    )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
     return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
@@ -164,11 +167,17 @@ class Trainer:
         self.catalogue = data.catalogue if isinstance(data, Split) else data
         self.authors = policy.data.protocol == "authors"
         self.seen = None if self.split is None else negatives_index(policy, self.split)
+        # The simulator trains on federation.device; a deployment's server keeps its model on the host, where the
+        # protocol's bytes are. The initial draws are made on the host, so they are the same on any device.
+        self.device = torch.device("cpu") if self.split is None else resolve_device(policy.federation.device)
         self.model, init = init_model(policy, self.catalogue.n_items)
         # every client's private state; None where it lives elsewhere (a deployment's nodes)
         self.states = (
-            None if self.split is None else ClientStates.fresh(self.model.init_private(self.split.n_users, init))
+            None
+            if self.split is None
+            else ClientStates.fresh(self.model.init_private(self.split.n_users, init)).to(self.device)
         )
+        self.model.to(self.device)
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
         self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer)
@@ -232,8 +241,8 @@ class Trainer:
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
         """Keep the new private state of the clients (ids) whose uploads are in the aggregate."""
-        positions = np.flatnonzero(np.isin(update.private.clients.numpy(), contributors))
-        self.states.commit(update.private.select(torch.from_numpy(positions)))
+        positions = np.flatnonzero(np.isin(update.private.clients.cpu().numpy(), contributors))
+        self.states.commit(update.private.select(torch.from_numpy(positions).to(self.device)))
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
@@ -341,7 +350,7 @@ class Trainer:
             return None
         r = self.aggregation.dp
         return PrivacySpent(
-            epsilon=self.aggregation.accountant.epsilon(),
+            **self.aggregation.ledger.report(),
             delta=r.delta,
             noise=r.noise,
             guarantee=GUARANTEE[r.noise],
@@ -353,6 +362,8 @@ class Trainer:
             clip_norm=self.aggregation.clip_norm,
             mode=r.mode,
             max_epsilon=r.max_epsilon,
+            max_epsilon_against=r.max_epsilon_against,
+            shares=r.shares,
         )
 
     # -- checkpoints ----------------------------------------------------------
@@ -385,7 +396,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.server.optimizer.load_state_dict(state["server_optimizer"])
         if state["clients"] is not None:
-            self.states = ClientStates.from_state_dict(state["clients"])
+            self.states = ClientStates.from_state_dict(state["clients"]).to(self.device)
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
         self.aggregation.load_state_dict(state["aggregation"])

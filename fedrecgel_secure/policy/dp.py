@@ -12,7 +12,7 @@ from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy.section import Section
 
 Mode = Literal["central", "distributed"]
-AccountantKind = Literal["rdp", "prv", "gdp"]
+AccountantKind = Literal["pld", "rdp", "prv", "gdp"]
 NoiseSource = Literal["secure", "seeded"]
 
 
@@ -82,8 +82,20 @@ class DPSettings(Section):
     )
     delta: float = Field(1e-5, description="The delta of (epsilon, delta)-DP; must be below 1/number of clients.")
     max_epsilon: float | None = Field(None, description="Stop before any round that would bring epsilon above this.")
+    max_epsilon_against: Literal["release", "server"] = Field(
+        "release",
+        description="Whose epsilon max_epsilon bounds. release: anyone who sees the released models (the accounted"
+        " epsilon). server: the server in distributed mode, which sees who took part (no amplification by sampling).",
+    )
     accountant: AccountantKind = Field(
-        "rdp", description="Opacus accountant: rdp, prv (tightest), or gdp (an approximation, not a bound)."
+        "pld",
+        description="pld: privacy loss distributions (Google's dp-accounting, tightest); rdp, prv: Opacus's"
+        " (RDP is always reported beside as a cross-check); gdp: an approximation, not a bound.",
+    )
+    shares: Literal["sampled", "threshold"] = Field(
+        "sampled",
+        description="Distributed noise shares sized for everyone sampled (a dropout lowers the noise), or for the"
+        " masking protocol's survivor threshold (any round that completes carries at least the planned noise).",
     )
     sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
     sampler: Literal["poisson", "fixed"] = Field("poisson", description="Client sampling; DP requires poisson.")

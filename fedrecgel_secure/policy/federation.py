@@ -19,6 +19,11 @@ class FederationPolicy(Section):
     chunk_size: int = Field(128, ge=1, description="Chunk length of the sum-of-chunk-means loss.")
     engine: Literal["batched", "per-client"] = Field("batched", description="per-client is the plain reference path.")
     clients_per_batch: int = Field(256, ge=1, description="Batched engine: clients trained together, bounds memory.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the simulator trains and evaluates: auto takes a CUDA GPU when one is present."
+        " Local sets are drawn on the host either way, so a run trains on the same examples on any device.",
+    )
 
 
 class EvaluationPolicy(Section):

@@ -66,6 +66,21 @@ class Policy(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _dp_observers_need_secure_sums(self) -> Policy:
+        dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
+        if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
+            raise BadInputError(
+                "privacy.dp.shares = 'threshold' sizes distributed noise shares for the masking protocol's survivor"
+                " threshold: it needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
+            )
+        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
+            raise BadInputError(
+                "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
+                " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload)"
+            )
+        return self
+
     def rhos(self) -> tuple[float, float]:
         """(rho_sh, rho_ns) in effect for the method."""
         rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
@@ -89,5 +104,8 @@ class Policy(Section):
         del secagg["simulation"], secagg["workers"]
         if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
             del secagg["tampered"]
+        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled")):  # likewise
+            if dump["privacy"]["dp"][field] == default:
+                del dump["privacy"]["dp"][field]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
