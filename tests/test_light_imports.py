@@ -29,6 +29,7 @@ LIGHT_MODULES = [
     "fedrecgel_secure.policy",
     "fedrecgel_secure.rundir",
     "fedrecgel_secure.run_index",
+    "fedrecgel_secure.tracking",
     "fedrecgel_secure.study.report",
     "fedrecgel_secure.cli.main",
 ]

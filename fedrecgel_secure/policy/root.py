@@ -16,6 +16,7 @@ from fedrecgel_secure.policy.federation import CheckpointPolicy, EvaluationPolic
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
 from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.section import Section
+from fedrecgel_secure.policy.tracking import TrackingPolicy
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
@@ -43,6 +44,9 @@ class Policy(Section):
     deployment: DeploymentPolicy = Field(
         DeploymentPolicy(),
         description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).",
+    )
+    tracking: TrackingPolicy = Field(
+        TrackingPolicy(), description="Experiment trackers the run's records also go to: TensorBoard, MLflow."
     )
 
     @model_validator(mode="after")
@@ -97,8 +101,9 @@ class Policy(Section):
 
     def digest(self) -> str:
         """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
-        # [deployment] says where the roles run, not what is computed: a run may move machines and still resume
-        dump = self.model_dump(mode="json", exclude={"deployment"})
+        # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
+        # run may move machines or trackers and still resume
+        dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
         if (
             self.privacy.audit == AuditPolicy()
         ):  # no canaries: the digest of runs started before [privacy.audit] existed
