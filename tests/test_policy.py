@@ -24,6 +24,7 @@ def test_every_shipped_policy_validates():
         "lastfm-2k.toml",
         "amazon-video.toml",
         "qb-article.toml",
+        "movielens-1m.toml",
     } <= names
     for path in SHIPPED:
         load_policy(path)

@@ -79,7 +79,8 @@ def load_split(data, *, use_cache: bool = True) -> Split:
         protocol=data.protocol,
         version=PREP_VERSION,
     )
-    digest = hashlib.sha256(path.read_bytes())
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256")  # streamed: a 500 MB file is not held twice
     digest.update(json.dumps(params, sort_keys=True).encode())
     cache = Path(data.cache_dir) if data.cache_dir else default_cache_dir()
     cached = cache / f"{path.stem}-{digest.hexdigest()[:20]}.npz"

@@ -123,10 +123,18 @@ class Split:
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.lexsort((cols, rows))
+    """CSR of (row, col) pairs, columns sorted within each row, repeats kept.
+
+    One in-place sort of ``row * width + col`` keys gives the same order as a
+    lexsort by (row, col) (equal keys are equal pairs), several times faster at
+    20 million pairs.
+    """
+    width = int(cols.max()) + 1 if cols.size else 1
+    keys = rows.astype(np.int64) * width + cols
+    keys.sort()
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
-    return indptr, cols[order].astype(np.int64)
+    return indptr, keys % width
 
 
 def _csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
