@@ -83,7 +83,7 @@ def train(
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
     from fedrecgel_secure.rundir import hold_run_dir
-    from fedrecgel_secure.runs import check_out_dir
+    from fedrecgel_secure.runner import check_out_dir
 
     check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
     with hold_run_dir(out_dir):
@@ -93,7 +93,7 @@ def train(
 def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
     from fedrecgel_secure.interrupt import StopBetweenRounds
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY, read_summary
-    from fedrecgel_secure.runs import open_run
+    from fedrecgel_secure.runner import open_run
 
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
@@ -135,7 +135,9 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
             if event.metrics is not None:
                 latest.update(hr=f"{event.metrics['hr@10']:.4f}", ndcg=f"{event.metrics['ndcg@10']:.4f}")
             info = event.info
-            extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f}"
+            extra = "" if info.epsilon is None else f"  ε {info.epsilon:.3f} (RDP {info.epsilon_rdp:.3f})"
+            if info.epsilon_server is not None:
+                extra += f"  ε vs server {info.epsilon_server:.3g}"
             if info.cost is not None:
                 cost = info.cost
                 extra += (
@@ -182,7 +184,14 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise)"
+            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f" {p.epsilon_rdp:.3f}); against the server: "
+            + (
+                "no bound (it sees the clipped uploads)"
+                if p.epsilon_server is None
+                else f"ε {p.epsilon_server:.3g}"
+                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling)"
+            )
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
@@ -201,7 +210,7 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ):
     """Recompute the metrics of the model saved in a run directory."""
-    from fedrecgel_secure.runs import evaluate_run
+    from fedrecgel_secure.runner import evaluate_run
 
     metrics = evaluate_run(run_dir)
     if as_json:

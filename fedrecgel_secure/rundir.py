@@ -11,6 +11,9 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 ``curves.png``             the run's curves (``fedrecgel train``)
 ``audit.json``             the privacy audit (``fedrecgel audit``, audited studies)
 ``study_error.json``       why a study's last attempt at this run failed
+``tracking.json``          the run's MLflow run id and store, so a resumed run continues them (``[tracking]``)
+``tensorboard/``           TensorBoard event files (``[tracking] tensorboard = true``)
+``mlruns/``                the local MLflow file store (``[tracking] mlflow = true``, a run outside a study)
 ``crash-*.log``            the traceback of an internal error of the command (0600)
 ``.run.lock``              held by the process training this run (``train``, a study's worker)
 =========================  =====================================================
@@ -18,7 +21,8 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 Every file is replaced atomically (:func:`atomic_write_bytes`): a reader sees
 the previous content or the new one, never a torn file, whatever kills the
 writer. The one exception is ``metrics.jsonl``, appended a line per evaluation;
-the trainer rewrites it atomically from its checkpoint when a run resumes.
+it is rewritten atomically from the checkpoint when a run resumes
+(:class:`fedrecgel_secure.tracking.RunLog`, which also feeds the trackers).
 
 This module imports neither torch nor any other heavy package, so the commands
 that only read run directories (``fedrecgel study report``) start fast.
@@ -155,7 +159,7 @@ class DataShape(_Record):
 class PrivacySpent(_Record):
     """What client-level DP gave a run: the budget spent and how it was reached."""
 
-    epsilon: float
+    epsilon: float  # the accounted epsilon: against anyone who sees the released models
     delta: float
     noise: str  # "secure" or "seeded" (privacy.dp.noise)
     guarantee: str  # what the noise source promises, in words
@@ -167,6 +171,12 @@ class PrivacySpent(_Record):
     clip_norm: float  # the clip norm of the last round (it moves under adaptive clipping)
     mode: str  # "central" or "distributed"
     max_epsilon: float | None
+    # (fields below: None/defaults in summaries written before they existed)
+    epsilon_rdp: float | None = None  # RDP's epsilon of the same rounds: a cross-check of the accountant's
+    epsilon_server: float | None = None  # against the server, which knows who took part; None: no bound against it
+    server_rounds: int | None = None  # rounds in which the server saw the most exposed user's upload
+    max_epsilon_against: str = "release"  # whose epsilon max_epsilon bounds: "release" or "server"
+    shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
 
 
 class SecureAggregationRun(_Record):

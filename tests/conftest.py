@@ -9,6 +9,18 @@ import numpy as np
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` run only where torch sees a CUDA GPU (benchmarks/gpu_check.sh runs them there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU here")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
     """Prepared splits go to a per-session cache, never the user's ~/.cache."""
@@ -104,7 +116,7 @@ def summed_per_node(records: list[dict], tol: float = 1e-12) -> list[dict]:
 
 def simulate(policy: Path, out: Path):
     """``fedrecgel train`` of ``policy`` into ``out``; the trainer."""
-    from fedrecgel_secure.runs import open_run
+    from fedrecgel_secure.runner import open_run
 
     trainer = open_run(out, policy)
     trainer.run(out)

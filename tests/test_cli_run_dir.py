@@ -15,7 +15,7 @@ from conftest import write_ratings
 from fedrecgel_secure.checkpoint import load_checkpoint
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS
-from fedrecgel_secure.runs import open_run
+from fedrecgel_secure.runner import open_run
 
 CLI = [sys.executable, "-m", "fedrecgel_secure.cli.main"]
 

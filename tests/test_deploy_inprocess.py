@@ -294,7 +294,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
     _deploy(_policy(tmp_path, extra, rounds=2), out, down={1: (stage,)}, key_holder=scheme == "bfv")
     records = _records(out)
     assert 0 < records[0]["contributors"] < records[0]["sampled"]
-    accountant = PrivacyAccountant("rdp", 0.5, 1.0, 1e-5)  # the policy's q, z and delta
+    accountant = PrivacyAccountant("pld", 0.5, 1.0, 1e-5)  # the policy's accountant (the default), q, z and delta
     for r in records:
         assert r["noise_multiplier"] == pytest.approx(math.sqrt(r["contributors"] / r["sampled"]))
         accountant.step(r["noise_multiplier"])

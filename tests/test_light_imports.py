@@ -28,6 +28,7 @@ def imported_packages(*args: str) -> set[str]:
 LIGHT_MODULES = [
     "fedrecgel_secure.policy",
     "fedrecgel_secure.rundir",
+    "fedrecgel_secure.tracking",
     "fedrecgel_secure.study.report",
     "fedrecgel_secure.cli.main",
 ]

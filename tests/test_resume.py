@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY, read_summary
-from fedrecgel_secure.runs import open_run
+from fedrecgel_secure.runner import open_run
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
 
@@ -100,3 +100,44 @@ def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
     reference = tmp_path.parent / (tmp_path.name + "-ref")
     open_run(reference, None, ["federation.rounds=10", "checkpoint.every=3"]).run(reference)
     assert metrics(tmp_path) == metrics(reference)
+
+
+@pytest.mark.slow
+def test_dp_accounting_resumes_exactly(tmp_path):
+    """Heterogeneous rounds (noise shares lost to dropouts): the PLD and RDP epsilons and the server's per-user
+    ledger continue from the checkpoint to exactly what the uninterrupted run reports."""
+    from conftest import write_ratings
+
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.federation.trainer import Trainer
+    from fedrecgel_secure.policy import DataPolicy, Policy
+
+    split = load_split(DataPolicy(dataset=str(write_ratings(tmp_path / "r.txt", n_users=60)), test_negatives=20))
+    policy = Policy.model_validate(
+        {
+            "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
+            "federation": {"rounds": 6, "fraction": 0.3},
+            "privacy": {
+                "dp": {"enabled": True, "mode": "distributed", "noise": "seeded", "noise_multiplier": 1.0},
+                "secure_aggregation": {
+                    "scheme": "masking",
+                    "simulation": "arithmetic",
+                    "min_clients": 5,
+                    "dropout": 0.3,
+                    "masking": {"threshold": 0.5},
+                },
+            },
+        }
+    )
+    straight = Trainer(policy, split)
+    straight.run(tmp_path / "straight")
+    first = Trainer(policy, split)
+    first.run(tmp_path / "split", stop_after=3)
+    resumed = Trainer(policy, split)
+    resumed.resume_from(tmp_path / "split")
+    assert resumed.aggregation.ledger.report() == first.aggregation.ledger.report()
+    resumed.run(tmp_path / "split")
+    assert len(straight.aggregation.accountant.history) > 1  # the rounds had different noise
+    assert resumed.aggregation.accountant.history == straight.aggregation.accountant.history
+    assert resumed.privacy_summary() == straight.privacy_summary()
+    assert resumed.privacy_summary().epsilon_server is not None

@@ -159,6 +159,8 @@ def test_results_csv_has_one_row_per_run_matching_its_summary(resumed_study):
             assert summary["privacy"] is None and row["epsilon"] == "inf"
         else:
             assert float(row["epsilon"]) == summary["privacy"]["epsilon"] and 7 < summary["privacy"]["epsilon"] <= 8.0
+            assert float(row["epsilon_rdp"]) == summary["privacy"]["epsilon_rdp"] > summary["privacy"]["epsilon"]
+            assert row["epsilon_server"] == "inf" and summary["privacy"]["epsilon_server"] is None  # central noise
     plan = json.loads((out / "study.resolved.json").read_text())
     assert [(r["setting"], r["seed"], r["dir"]) for r in plan["runs"]] == [
         ({EPSILON_KEY: r[EPSILON_KEY]}, int(r["seed"]), r["dir"]) for r in rows
@@ -169,7 +171,8 @@ def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
     out = resumed_study["out"]
     report = (out / "report.md").read_text()
     assert (
-        "| privacy.dp.target_epsilon | seeds | best HR@10 | best NDCG@10 | final HR@10 | final NDCG@10 | ε |" in report
+        "| privacy.dp.target_epsilon | seeds | best HR@10 | best NDCG@10 | final HR@10 | final NDCG@10 | ε"
+        " | ε vs server |" in report
     )
     for eps in ("inf", "8.0"):
         summaries = [
@@ -179,7 +182,8 @@ def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
         hr = [s["best"]["hr@10"] for s in summaries]
         line = next(line for line in report.splitlines() if line.startswith(f"| {eps} |"))
         assert f"| 2/2 | {statistics.fmean(hr):.4f} ± {statistics.stdev(hr):.4f} |" in line
-        assert line.endswith("| ∞ |") if eps == "inf" else "| 7.9" in line
+        # no DP: no bound; central noise the server adds itself: none against the server either
+        assert line.endswith("| ∞ | ∞ |" if eps == "inf" else "| 8 | ∞ |")  # PLD calibrates to within 1e-6
     for name in PLOTS:
         assert f"]({name})" in report
         with Image.open(out / name) as image:

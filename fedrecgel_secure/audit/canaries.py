@@ -68,7 +68,7 @@ class Canaries:
         return torch.from_numpy(total).to(dtype), int(ids.size)
 
     def released(self, round_idx: int, gradient: torch.Tensor) -> None:
-        self.released_sum += gradient[: self.dim].double().numpy()
+        self.released_sum += gradient[: self.dim].double().cpu().numpy()
         self.rounds += 1
 
     def cosines(self) -> tuple[np.ndarray, np.ndarray]:

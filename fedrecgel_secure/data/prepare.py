@@ -18,6 +18,8 @@ from fedrecgel_secure.checkpoint import atomic_write_bytes
 from fedrecgel_secure.data.authors import authors_holdout, authors_ids, authors_protocol
 from fedrecgel_secure.data.loaders import DATASETS, read_interactions, resolve_dataset
 from fedrecgel_secure.data.split import Split, prepare_split
+from fedrecgel_secure.data.synthetic import SHAPES, shape_interactions
+from fedrecgel_secure.errors import BadInputError
 
 PREP_VERSION = 3  # bump when prepare_split or authors_protocol changes what it produces (3: #27)
 
@@ -60,6 +62,8 @@ def authors_data(data):
 
 
 def load_split(data, *, use_cache: bool = True) -> Split:
+    if data.path is None and data.dataset in SHAPES:
+        return shape_split(data)
     path, fmt = resolve_source(data)
     params = dict(
         fmt=fmt,
@@ -95,6 +99,20 @@ def load_split(data, *, use_cache: bool = True) -> Split:
 def _clean_split(data, path: Path, fmt: str) -> Split:
     return prepare_split(
         read_interactions(path, fmt),
+        min_interactions=data.min_interactions,
+        test_negatives=data.test_negatives,
+        validation=data.validation,
+        seed=data.seed,
+    )
+
+
+def shape_split(data, scale: float = 1.0) -> Split:
+    """The split of a shape-only dataset (:data:`~fedrecgel_secure.data.synthetic.SHAPES`), drawn from data.seed;
+    not cached: drawing it is as fast as reading a cached copy back."""
+    if data.protocol == "authors":
+        raise BadInputError(f"data.dataset = {data.dataset!r} is synthetic; data.protocol must be 'clean'")
+    return prepare_split(
+        shape_interactions(data.dataset, scale=scale, seed=data.seed),
         min_interactions=data.min_interactions,
         test_negatives=data.test_negatives,
         validation=data.validation,

@@ -9,6 +9,22 @@ from fedrecgel_secure.data.loaders import RawInteractions
 QB_ARTICLE_SHAPE = dict(
     n_users=24_508, n_items=7_352, n_interactions=348_704
 )  # docs/design.md, "The data": after filtering
+# MovieLens-20M (GroupLens): 138,493 users with >= 20 ratings each, 26,744 rated movies, 20,000,263 ratings
+ML20M_SHAPE = dict(n_users=138_493, n_items=26_744, n_interactions=20_000_263, min_per_user=20)
+# Shape-only datasets, by the name a policy's data.dataset gives them: for benchmarks at research scale,
+# with no file to download; the interactions are synthetic, only their counts are the real dataset's.
+SHAPES = {"qb-article-shape": QB_ARTICLE_SHAPE, "ml20m-shape": ML20M_SHAPE}
+
+
+def shape_interactions(name: str, *, scale: float = 1.0, seed: int = 0) -> RawInteractions:
+    """The synthetic interactions of shape ``name`` (a key of :data:`SHAPES`); ``scale`` < 1 keeps the catalogue
+    and shrinks users and interactions alike (small copies for tests)."""
+    shape = dict(SHAPES[name])
+    shape["n_users"] = max(1, round(shape["n_users"] * scale))
+    shape["n_interactions"] = max(
+        shape["n_users"] * shape.get("min_per_user", 5), round(shape["n_interactions"] * scale)
+    )
+    return synthetic_interactions(**shape, seed=seed)
 
 
 def synthetic_interactions(
@@ -36,5 +52,8 @@ def synthetic_interactions(
     keep = np.arange(users.size) - first[users] < counts[users]
     users, items = users[keep], items[keep]
     return RawInteractions(
-        users=users, items=items, timestamps=rng.random(users.size), source=f"synthetic({n_users}x{n_items})"
+        users=users,
+        items=items,
+        timestamps=rng.random(users.size),
+        source=f"synthetic({n_users}x{n_items}, {n_interactions} interactions)",
     )

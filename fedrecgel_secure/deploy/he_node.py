@@ -35,6 +35,7 @@ import numpy as np
 
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
+from fedrecgel_secure.privacy.secagg.settings import bfv_params, encoding
 
 KEY_FILE = "keyholder.key"
 SUMS = "he-sums.json"
@@ -61,7 +62,7 @@ class HESetup:
 
 def setup_of(policy, dim: int) -> HESetup:
     settings = policy.privacy.secure_aggregation
-    return HESetup(dim, settings.bfv.params(), settings.encoding(), settings.min_clients)
+    return HESetup(dim, bfv_params(settings.bfv), encoding(settings), settings.min_clients)
 
 
 class HENode:

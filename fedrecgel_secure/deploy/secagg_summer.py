@@ -33,6 +33,7 @@ from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
+from fedrecgel_secure.privacy.secagg.settings import encoding, masking_params
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -42,7 +43,7 @@ Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 
 def setup_of(policy, dim: int):
     settings = policy.privacy.secure_aggregation
-    return MaskingSetup(dim, settings.masking.params(), settings.encoding(), settings.min_clients)
+    return MaskingSetup(dim, masking_params(settings.masking), encoding(settings), settings.min_clients)
 
 
 RELEASES = "releases"  # in the run directory

@@ -48,7 +48,9 @@ class RoundInfo:
     # differential privacy, when it is on
     clip_norm: float | None = None
     noise_multiplier: float | None = None  # what reached the released sum
-    epsilon: float | None = None  # spent so far, this round included
+    epsilon: float | None = None  # spent so far, this round included, against anyone who sees the releases
+    epsilon_rdp: float | None = None  # the same by RDP, a cross-check
+    epsilon_server: float | None = None  # against the server, for its most exposed user
     delta: float | None = None
     dp_noise: str | None = None  # "secure" or "seeded"
 
@@ -100,7 +102,7 @@ def _with_canaries(hook: CanaryHook | None, round_idx: int, total: torch.Tensor)
     if hook is None:
         return total, 0
     extra, n = hook.inserted(round_idx, total.numel(), total.dtype)
-    return (total if extra is None else total + extra.to(total.dtype)), n
+    return (total if extra is None else total + extra.to(total.device, total.dtype)), n
 
 
 class AggregationRule(Protocol):
@@ -175,6 +177,8 @@ class _Spent:
 
     noise_multiplier: float  # what reached the released sum
     clipped_count: float | None = None  # the noised centred count, under adaptive clipping
+    participants: int = 0
+    users: np.ndarray | None = None  # the clients whose uploads are in the released sum
 
 
 class DPMechanism:
@@ -209,7 +213,7 @@ class DPMechanism:
         if self.dp.group_fractions is None:
             return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
         budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
-        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype)
+        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype, device=group_sq.device)
         return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
 
     def protect(
@@ -289,7 +293,10 @@ class DPFedAvg:
 
     def __init__(self, resolved: ResolvedDP, summer: Summer | None, grid: FixedPoint, randomness: DPRandomness):
         self.dp, self.summer, self.grid, self.randomness = resolved, summer, grid, randomness
-        self.accountant = resolved.make_accountant()
+        from fedrecgel_secure.privacy.dp.observers import PrivacyLedger
+
+        self.ledger = PrivacyLedger(resolved)
+        self.accountant = self.ledger.release
         self.adaptive = resolved.make_adaptive_clipping()
         self.clip_norm = resolved.clip_norm
         self._spent: _Spent | None = None
@@ -306,13 +313,7 @@ class DPFedAvg:
 
     def budget_exhausted(self, round: int) -> str | None:
         """Why round ``round`` must not run, or None: it never overshoots max_epsilon."""
-        from fedrecgel_secure.privacy.dp.accounting import BudgetExhausted
-
-        if self.dp.max_epsilon is None or not self.accountant.would_exceed(self.dp.max_epsilon):
-            return None
-        return str(
-            BudgetExhausted(round, self.accountant.epsilon(), self.accountant.epsilon_if_step(), self.dp.max_epsilon)
-        )
+        return self.ledger.refusal_before(round)
 
     @property
     def dp_mechanism(self) -> DPMechanism:
@@ -354,19 +355,12 @@ class DPFedAvg:
             contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
         else:
             contributions = self.protect(round_idx, clients, uploads, dim, dtype)
-        # the noise shares were sized for everyone sampled; a share lost with a client that did not answer
-        # (a deployment's dropout) is missing from the sum like one lost later, and is accounted the same way
+        # the noise shares were sized for the sample (or its survivor threshold); a share lost with a client that
+        # did not answer (a deployment's dropout) is missing from the sum like one lost later, and accounted the same
         participants = clients.size if sampled is None else sampled
 
         def admit(contributors: list[int]) -> str | None:
-            reached = mechanism.reached_noise_multiplier(self.dp.mode, z, participants, len(contributors))
-            if self.dp.max_epsilon is not None and self.accountant.would_exceed(self.dp.max_epsilon, reached):
-                return (
-                    f"only {len(contributors)} of {participants} noise shares arrived (noise multiplier {reached:.4g});"
-                    f" releasing the sum would bring epsilon to {self.accountant.epsilon_if_step(reached):.4g}"
-                    f" > privacy.dp.max_epsilon = {self.dp.max_epsilon:g}"
-                )
-            return None
+            return self.ledger.refusal(participants, contributors)
 
         result = self.summer(round_idx, contributions, central_noise=self.central_noise(round_idx, dim), admit=admit)
         info = RoundInfo.of(result, participants)
@@ -375,8 +369,9 @@ class DPFedAvg:
             self._spent = _Spent(z)
             info.noise_multiplier = z
             return Aggregate(None, result.contributors, info)
-        reached = mechanism.reached_noise_multiplier(self.dp.mode, z, participants, result.contributors.size)
-        self._spent = _Spent(reached, None if self.adaptive is None else float(result.total[dim]))
+        reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
+        counted = None if self.adaptive is None else float(result.total[dim])
+        self._spent = _Spent(reached, counted, participants, clients[result.contributors])
         info.noise_multiplier = reached
         gradient = mechanism.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
@@ -388,14 +383,18 @@ class DPFedAvg:
     def commit(self, info: RoundInfo) -> None:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
         spent, self._spent = self._spent, None
-        self.accountant.step(spent.noise_multiplier)
+        users = np.zeros(0, dtype=np.int64) if spent.users is None else spent.users
+        self.ledger.commit(spent.noise_multiplier, spent.participants, users)
         if self.adaptive is not None and spent.clipped_count is not None:
             self.clip_norm = self.adaptive.update(spent.clipped_count)
-        info.epsilon, info.delta, info.dp_noise = self.accountant.epsilon(), self.dp.delta, self.randomness.source
+        spent_now = self.ledger.report()
+        info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
+        info.epsilon_server = spent_now["epsilon_server"]
+        info.delta, info.dp_noise = self.dp.delta, self.randomness.source
 
     def state_dict(self) -> dict:
         return {
-            "accountant": self.accountant.state_dict(),
+            **self.ledger.state_dict(),
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "clip_norm": self.clip_norm,
             "randomness": self.randomness.state_dict(),
@@ -403,7 +402,7 @@ class DPFedAvg:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.accountant.load_state_dict(state["accountant"])
+        self.ledger.load_state_dict(state)
         if self.adaptive is not None:
             self.adaptive.load_state_dict(state["adaptive"])
         self.clip_norm = state["clip_norm"]

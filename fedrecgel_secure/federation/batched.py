@@ -48,16 +48,18 @@ def adam_rows(theta, grad_, exp_avg, exp_avg_sq, steps, lr, betas=(0.9, 0.999), 
 @dataclass(frozen=True)
 class _Bucket:
     members: np.ndarray  # positions in the round's client list
+    members_t: torch.Tensor  # the same, on the engine's device
     idx: torch.Tensor  # (B, L) row of each example in its client's own rows; 0 on padding
     labels: torch.Tensor  # (B, L)
     weights: torch.Tensor  # (B, L) 1/|chunk|, 0 on padding
-    row_slot: np.ndarray  # (R,) bucket slot of each (client, item) row
-    row_pos: np.ndarray  # (R,) position of that row among its client's rows
-    row_item: np.ndarray  # (R,) its item id
+    row_slot: torch.Tensor  # (R,) bucket slot of each (client, item) row
+    row_pos: torch.Tensor  # (R,) position of that row among its client's rows
+    row_item: torch.Tensor  # (R,) its item id
     n_rows: int  # rows per client after padding
 
 
-def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype) -> list[_Bucket]:
+def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype, device) -> list[_Bucket]:
+    """The round's clients in buckets; index arithmetic on the host (numpy), tensors moved once to ``device``."""
     sizes = local.sizes
     owner = local.owner()
     # Each client's distinct items: its rows of the item table, owner-major.
@@ -91,12 +93,13 @@ def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype
         out.append(
             _Bucket(
                 members=members,
-                idx=torch.from_numpy(idx),
-                labels=torch.from_numpy(lab).to(dtype),
-                weights=torch.from_numpy(wts).to(dtype),
-                row_slot=slot[pair_owner[rows]],
-                row_pos=pair_pos[rows],
-                row_item=pair_item[rows],
+                members_t=torch.from_numpy(members).to(device),
+                idx=torch.from_numpy(idx).to(device),
+                labels=torch.from_numpy(lab).to(device, dtype),
+                weights=torch.from_numpy(wts).to(device, dtype),
+                row_slot=torch.from_numpy(slot[pair_owner[rows]]).to(device),
+                row_pos=torch.from_numpy(pair_pos[rows]).to(device),
+                row_item=torch.from_numpy(pair_item[rows]).to(device),
                 n_rows=int(pair_count[members].max()),
             )
         )
@@ -162,17 +165,18 @@ class BatchedEngine:
     def train_round(self, model: NeuMF, states: ClientStates, local: LocalSets) -> RoundUpdate:
         dtype = model.item_embeddings.dtype
         table = model.item_embeddings.detach()
+        device = table.device
         tower = {n: p.detach() for n, p in model.tower().items()}
-        clients = torch.from_numpy(local.clients)
+        clients = torch.from_numpy(local.clients).to(device)
         n = local.clients.size
 
-        g_theta = torch.empty(n, states.theta.shape[1], dtype=dtype)
-        rest = torch.empty(n, sum(p.numel() for p in tower.values()), dtype=dtype)
+        g_theta = torch.empty(n, states.theta.shape[1], dtype=dtype, device=device)
+        rest = torch.empty(n, sum(p.numel() for p in tower.values()), dtype=dtype, device=device)
         rows_out, owner_out, item_out = [], [], []
-        bce_total = 0.0
-        for b in _buckets(local, table.shape[0], self.cfg.chunk_size, self.clients_per_batch, dtype):
-            members = torch.from_numpy(b.members)
-            rows = torch.zeros(b.members.size, b.n_rows, table.shape[1], dtype=dtype)
+        bce_total = []
+        for b in _buckets(local, table.shape[0], self.cfg.chunk_size, self.clients_per_batch, dtype, device):
+            members = b.members_t
+            rows = torch.zeros(b.members.size, b.n_rows, table.shape[1], dtype=dtype, device=device)
             rows[b.row_slot, b.row_pos] = table[b.row_item]
             with torch.enable_grad():
                 gt, gr, gw, bce = self._bucket_step(
@@ -182,8 +186,8 @@ class BatchedEngine:
             rest[members] = torch.cat([g.reshape(b.members.size, -1) for g in gw.values()], dim=1)
             rows_out.append(gr[b.row_slot, b.row_pos])
             owner_out.append(members[b.row_slot])
-            item_out.append(torch.from_numpy(b.row_item))
-            bce_total += bce.sum().item()
+            item_out.append(b.row_item)
+            bce_total.append(bce.sum())  # one host sync per round, not one per bucket
 
         theta, m, v, s = adam_rows(
             states.theta[clients],
@@ -195,4 +199,12 @@ class BatchedEngine:
         )
         uploads = RowUploads(torch.cat(rows_out), torch.cat(owner_out), torch.cat(item_out), rest, table.shape[0])
         private = PrivateUpdate(clients=clients, theta=theta, exp_avg=m, exp_avg_sq=v, steps=s)
-        return RoundUpdate(uploads=uploads, private=private, loss=bce_total / max(1, local.items.size))
+        return RoundUpdate(uploads=uploads, private=private, loss=_host_sum(bce_total) / max(1, local.items.size))
+
+
+def _host_sum(values: list[torch.Tensor]) -> float:
+    """The Python-float sum, in order, of one-element tensors: what ``+= t.item()`` gave, with one transfer."""
+    total = 0.0
+    for v in torch.stack(values).cpu().tolist() if values else []:
+        total += v
+    return total

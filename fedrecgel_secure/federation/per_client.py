@@ -107,8 +107,8 @@ class PerClientEngine:
         bce_sum, client_bce = 0.0, []
         for c, client in enumerate(local.clients.tolist()):
             items_np, labels_np = local.of(c)
-            items = torch.from_numpy(items_np)
-            labels = torch.from_numpy(labels_np).to(dtype)
+            items = torch.from_numpy(items_np).to(model.item_embeddings.device)
+            labels = torch.from_numpy(labels_np).to(items.device, dtype)
             g_phi, g_theta, _ = client_update(model, states.theta[client], items, labels, self.cfg)
             vectors.append(torch.cat([g.reshape(-1) for g in g_phi]))
             with torch.no_grad():
@@ -128,11 +128,11 @@ class PerClientEngine:
             )
             thetas.append(theta), ms.append(m), vs.append(v), steps.append(s)
         private = PrivateUpdate(
-            clients=torch.from_numpy(local.clients),
+            clients=torch.from_numpy(local.clients).to(model.item_embeddings.device),
             theta=torch.stack(thetas),
             exp_avg=torch.stack(ms),
             exp_avg_sq=torch.stack(vs),
-            steps=torch.tensor(steps, dtype=torch.int64),
+            steps=torch.tensor(steps, dtype=torch.int64, device=model.item_embeddings.device),
         )
         uploads = DenseUploads(torch.stack(vectors), model.item_embeddings.numel())
         return RoundUpdate(

@@ -14,9 +14,10 @@ class Server:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     def step(self, aggregate: torch.Tensor) -> None:
-        """Take one Adam step along ``aggregate``, a gradient of the full shared vector."""
+        """Take one Adam step along ``aggregate``, a gradient of the full shared vector (on any device)."""
         grads = [torch.empty_like(p) for p in self.model.parameters()]
-        vector_to_parameters(aggregate.to(grads[0].dtype), grads)
+        # a protocol's sum arrives on the host: one copy to the model's device
+        vector_to_parameters(aggregate.to(grads[0].device, grads[0].dtype), grads)
         for p, g in zip(self.model.parameters(), grads):
             p.grad = g
         self.optimizer.step()

@@ -24,8 +24,15 @@ class ClientStates:
     @classmethod
     def fresh(cls, theta: torch.Tensor) -> ClientStates:
         return cls(
-            theta, torch.zeros_like(theta), torch.zeros_like(theta), torch.zeros(theta.shape[0], dtype=torch.int64)
+            theta,
+            torch.zeros_like(theta),
+            torch.zeros_like(theta),
+            torch.zeros(theta.shape[0], dtype=torch.int64, device=theta.device),
         )
+
+    def to(self, device: torch.device) -> ClientStates:
+        """These states on ``device`` (themselves when already there)."""
+        return ClientStates(*(t.to(device) for t in (self.theta, self.exp_avg, self.exp_avg_sq, self.steps)))
 
     def commit(self, update: PrivateUpdate) -> None:
         rows = update.clients

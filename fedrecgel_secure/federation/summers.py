@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.privacy.secagg.settings import bfv_params, encoding, masking_params
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -90,7 +91,7 @@ def encode_contribution(grid: FixedPoint, contributions: Contributions, pos: int
     """A client's integers on the grid, as the client itself encodes them: ``part`` of its vector plus its noise
     share; and how many of them were clipped."""
     share = None if contributions.noise is None else contributions.noise(pos)[part].numpy()
-    return grid.encode(contributions.vector(pos)[part].double().numpy(), share)
+    return grid.encode(contributions.vector(pos)[part].double().cpu().numpy(), share)
 
 
 def grid_sum(
@@ -149,9 +150,9 @@ class PlainSum:
             total = sum(
                 (contributions.vector(c) for c in positions), torch.zeros(contributions.dim, dtype=contributions.dtype)
             )
-        if central_noise is not None:
+        if central_noise is not None:  # the noised sum is snapped to the grid on the host, where the noise is drawn
             snapped = self.grid.decode(
-                self.grid.encode_noise((total.double() + central_noise).numpy()).astype(np.int64)
+                self.grid.encode_noise((total.double().cpu() + central_noise).numpy()).astype(np.int64)
             )
             total = torch.from_numpy(snapped).to(contributions.dtype)
         return SumResult(total, positions)
@@ -165,7 +166,7 @@ class _LazyVectors(Mapping):
         self.position = {int(cid): pos for pos, cid in enumerate(clients)}
 
     def __getitem__(self, cid):
-        return self.make(self.position[cid])[: self.covered].double().numpy()
+        return self.make(self.position[cid])[: self.covered].double().cpu().numpy()
 
     def __iter__(self):
         return iter(self.position)
@@ -199,8 +200,8 @@ class SecureSum:
 
     def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
-        self.grid = settings.encoding()
-        self.params = settings.bfv.params() if settings.scheme == "bfv" else settings.masking.params()
+        self.grid = encoding(settings)
+        self.params = bfv_params(settings.bfv) if settings.scheme == "bfv" else masking_params(settings.masking)
         self.arithmetic = settings.simulation == "arithmetic"
         self.session = None
         if not self.arithmetic:
@@ -255,7 +256,7 @@ class SecureSum:
         if self.covered < contributions.dim:  # the uncovered part, summed in the clear over the same contributors
             if contributions.noise is None and central_noise is None:
                 rest = sum(
-                    (contributions.vector(int(c))[self.covered :] for c in contributors),
+                    (contributions.vector(int(c))[self.covered :].cpu() for c in contributors),
                     torch.zeros(contributions.dim - self.covered, dtype=contributions.dtype),
                 )
             else:
@@ -323,6 +324,6 @@ class SecureSum:
 def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:
     """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate."""
     if settings.scheme == "none":
-        return PlainSum(settings.encoding())
+        return PlainSum(encoding(settings))
     covered = dim if settings.cover == "shared" else n_item_values
     return SecureSum(settings, n_clients, dim, covered, seed)

@@ -21,6 +21,7 @@ from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import Catalogue, SeenIndex, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, DPMechanism, MeanAggregation, RoundInfo
+from fedrecgel_secure.federation.device import resolve_device
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.server import Server
@@ -30,17 +31,17 @@ from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.secagg.settings import encoding
 from fedrecgel_secure.rundir import (
     CHECKPOINT,
-    METRICS,
     RESOLVED,
     DataShape,
     PrivacySpent,
     RunSummary,
     SecureAggregationRun,
-    atomic_write_bytes,
     write_summary,
 )
+from fedrecgel_secure.tracking import RunLog
 
 CHECKPOINT_FORMAT = 2
 GUARANTEE = {
@@ -76,9 +77,11 @@ def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     settings = policy.privacy.dp
-    resolved = validate_against_population(settings, n_users, policy.federation.rounds, policy.federation.fraction)
+    resolved = validate_against_population(
+        settings, n_users, policy.federation.rounds, policy.federation.fraction, policy.privacy.secure_aggregation
+    )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    return DPMechanism(resolved, policy.privacy.secure_aggregation.encoding(), randomness)
+    return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):
@@ -164,11 +167,17 @@ class Trainer:
         self.catalogue = data.catalogue if isinstance(data, Split) else data
         self.authors = policy.data.protocol == "authors"
         self.seen = None if self.split is None else negatives_index(policy, self.split)
+        # The simulator trains on federation.device; a deployment's server keeps its model on the host, where the
+        # protocol's bytes are. The initial draws are made on the host, so they are the same on any device.
+        self.device = torch.device("cpu") if self.split is None else resolve_device(policy.federation.device)
         self.model, init = init_model(policy, self.catalogue.n_items)
         # every client's private state; None where it lives elsewhere (a deployment's nodes)
         self.states = (
-            None if self.split is None else ClientStates.fresh(self.model.init_private(self.split.n_users, init))
+            None
+            if self.split is None
+            else ClientStates.fresh(self.model.init_private(self.split.n_users, init)).to(self.device)
         )
+        self.model.to(self.device)
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
         self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer)
@@ -232,8 +241,8 @@ class Trainer:
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
         """Keep the new private state of the clients (ids) whose uploads are in the aggregate."""
-        positions = np.flatnonzero(np.isin(update.private.clients.numpy(), contributors))
-        self.states.commit(update.private.select(torch.from_numpy(positions)))
+        positions = np.flatnonzero(np.isin(update.private.clients.cpu().numpy(), contributors))
+        self.states.commit(update.private.select(torch.from_numpy(positions).to(self.device)))
 
     def evaluate(self) -> dict[str, float]:
         return self.engine.evaluate(self.model, self.states.theta, self.split)
@@ -261,10 +270,7 @@ class Trainer:
         """
         rounds = self.policy.federation.rounds
         last = rounds if stop_after is None else min(rounds, self.round + stop_after)
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(out_dir / RESOLVED, self.policy.to_toml().encode())
-            self._rewrite_metrics(out_dir)
+        log = RunLog(out_dir, self.policy, self.history)  # metrics.jsonl and the trackers hold the history
         while self.round < last:
             self.stopped = self.aggregation.budget_exhausted(self.round + 1)
             if self.stopped:
@@ -278,31 +284,24 @@ class Trainer:
             if record is not None:
                 record["elapsed_s"] = round(self.elapsed, 3)
                 self.history.append(record)
-                if out_dir is not None:
-                    with open(out_dir / METRICS, "a") as f:
-                        f.write(json.dumps(record) + "\n")
+                log.append(record)
             self.interrupted = None if stop is None else stop.requested
             every = self.policy.checkpoint.every
             if out_dir is not None and (self.round % every == 0 or self.round in (last, rounds) or self.interrupted):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
+                log.checkpointed()
             if on_round is not None:
                 on_round(RoundEvent(self.round, rounds, loss, record, info))
             if self.interrupted:
                 break
         if self.stopped and out_dir is not None:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
+            log.checkpointed()
         summary = self.summary()
         if out_dir is not None:
             write_summary(out_dir, summary)
+            log.close(summary.finished)
         return summary.model_dump()
-
-    def _rewrite_metrics(self, out_dir: Path) -> None:
-        """metrics.jsonl holds exactly the evaluations of the state we continue from.
-
-        After a kill, lines written after the last checkpoint describe rounds that
-        will be trained again; they are dropped so no round appears twice.
-        """
-        atomic_write_bytes(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
 
     # -- results ------------------------------------------------------------
     def summary(self) -> RunSummary:
@@ -351,7 +350,7 @@ class Trainer:
             return None
         r = self.aggregation.dp
         return PrivacySpent(
-            epsilon=self.aggregation.accountant.epsilon(),
+            **self.aggregation.ledger.report(),
             delta=r.delta,
             noise=r.noise,
             guarantee=GUARANTEE[r.noise],
@@ -363,6 +362,8 @@ class Trainer:
             clip_norm=self.aggregation.clip_norm,
             mode=r.mode,
             max_epsilon=r.max_epsilon,
+            max_epsilon_against=r.max_epsilon_against,
+            shares=r.shares,
         )
 
     # -- checkpoints ----------------------------------------------------------
@@ -395,7 +396,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.server.optimizer.load_state_dict(state["server_optimizer"])
         if state["clients"] is not None:
-            self.states = ClientStates.from_state_dict(state["clients"])
+            self.states = ClientStates.from_state_dict(state["clients"]).to(self.device)
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
         self.aggregation.load_state_dict(state["aggregation"])

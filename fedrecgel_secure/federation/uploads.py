@@ -87,7 +87,7 @@ class RowUploads(Uploads):
         self.num_clients = mlp.shape[0]
 
     def group_sq_norms(self) -> torch.Tensor:
-        item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype).index_add_(
+        item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype, device=self.rows.device).index_add_(
             0, self.row_owner, self.rows.square().sum(1)
         )
         return torch.stack([item_sq, self.mlp.square().sum(1)], dim=1)
@@ -97,7 +97,9 @@ class RowUploads(Uploads):
         return RowUploads(rows, self.row_owner, self.row_item, self.mlp * factors[:, 1:2], self.n_items)
 
     def _table(self, rows: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(self.n_items, self.rows.shape[1], dtype=rows.dtype).index_add_(0, items, rows)
+        return torch.zeros(self.n_items, self.rows.shape[1], dtype=rows.dtype, device=rows.device).index_add_(
+            0, items, rows
+        )
 
     def total(self) -> torch.Tensor:
         return torch.cat([self._table(self.rows, self.row_item).reshape(-1), self.mlp.sum(dim=0)])
@@ -106,10 +108,15 @@ class RowUploads(Uploads):
         if not hasattr(self, "_spans"):  # each client's rows, found once: a protocol asks for every client
             order = torch.argsort(self.row_owner, stable=True)
             counts = torch.bincount(self.row_owner, minlength=self.num_clients)
-            self._order, self._spans = order, torch.cat([torch.zeros(1, dtype=counts.dtype), counts.cumsum(0)])
+            spans = torch.cat([torch.zeros(1, dtype=counts.dtype, device=counts.device), counts.cumsum(0)])
+            self._order, self._spans = order, spans.tolist()
         mine = self._order[self._spans[c] : self._spans[c + 1]]
         width, n_item_values = self.rows.shape[1], self.n_items * self.rows.shape[1]
-        out = torch.zeros(n_item_values + self.mlp.shape[1], dtype=torch.promote_types(self.rows.dtype, self.mlp.dtype))
+        out = torch.zeros(
+            n_item_values + self.mlp.shape[1],
+            dtype=torch.promote_types(self.rows.dtype, self.mlp.dtype),
+            device=self.rows.device,
+        )
         # a client's rows are distinct items, so writing them is adding them to zeros
         out[:n_item_values].view(self.n_items, width)[self.row_item[mine]] = self.rows[mine].to(out.dtype)
         out[n_item_values:] = self.mlp[c]
@@ -124,15 +131,26 @@ class RowUploads(Uploads):
             return None
         picked = torch.as_tensor(np.asarray(clients, dtype=np.int64))
         everyone = picked.numel() == self.num_clients and bool((picked == torch.arange(self.num_clients)).all())
+        picked = picked.to(self.rows.device)
         rows, items, mlp = self.rows, self.row_item, self.mlp  # the usual case: no copies
         if not everyone:
             take = torch.isin(self.row_owner, picked)
             rows, items, mlp = rows[take], items[take], mlp[picked]
-        ints, clipped = grid.encode(rows.numpy())
-        table = torch.zeros(self.n_items, width, dtype=torch.int64)
-        table.index_add_(0, items, torch.from_numpy(ints.reshape(-1, width)))
-        total = table.reshape(-1).numpy()
+        if rows.device.type == "cpu":
+            ints, clipped = grid.encode(rows.numpy())
+            table = torch.zeros(self.n_items, width, dtype=torch.int64)
+            table.index_add_(0, items, torch.from_numpy(ints.reshape(-1, width)))
+            total = table.reshape(-1).numpy()
+            if stop > n_item_values:
+                mlp, over = grid.encode(mlp.numpy())
+                total, clipped = np.concatenate([total, mlp.sum(axis=0)]), clipped + over
+            return total, clipped
+        # On a GPU the same integers (grid.encode_tensor is encode's twin) are summed where the rows are; integer
+        # sums are exact in any order, and only the summed table comes to the host.
+        ints, clipped = grid.encode_tensor(rows)
+        table = torch.zeros(self.n_items, width, dtype=torch.int64, device=rows.device).index_add_(0, items, ints)
+        total = table.reshape(-1)
         if stop > n_item_values:
-            mlp, over = grid.encode(mlp.numpy())
-            total, clipped = np.concatenate([total, mlp.sum(axis=0)]), clipped + over
-        return total, clipped
+            mlp, over = grid.encode_tensor(mlp)
+            total, clipped = torch.cat([total, mlp.sum(dim=0)]), clipped + over
+        return total.cpu().numpy(), clipped

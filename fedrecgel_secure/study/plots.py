@@ -19,6 +19,7 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.rundir import AUDIT, CURVES, METRICS, SUMMARY, atomic_write_bytes, read_metrics, read_summary
 from fedrecgel_secure.study.results import RunRecord, groups
 from fedrecgel_secure.study.spec import EPSILON_KEY
+from fedrecgel_secure.tracking import log_file
 
 PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
@@ -94,6 +95,7 @@ def plot_run(run_dir: str | Path) -> Path | None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write_bytes(run_dir / CURVES, buffer.getvalue())  # a crash never leaves half a PNG
+    log_file(run_dir, CURVES)  # to the run's experiment trackers, if it has any
     return run_dir / CURVES
 
 

@@ -98,7 +98,8 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         + ".",
         "",
     ]
-    header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10", "ε"]
+    header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10"]
+    header += ["ε", "ε vs server"]
     if audited:
         header += [*AUDIT_COLUMNS, "best attack"]
     if canaries:
@@ -111,6 +112,7 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         for evaluation, key in (("best", "hr@10"), ("best", "ndcg@10"), ("final", "hr@10"), ("final", "ndcg@10")):
             cells.append(_mean_std([r.metric(evaluation, key) for r in done if r.metric(evaluation, key) is not None]))
         cells.append(_epsilon_cell([r.epsilon for r in done]))
+        cells.append(_epsilon_cell([r.epsilon_server for r in done]))
         if audited:
             cells += [_mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in AUDIT_COLUMNS.values()]
             cells.append(
@@ -130,7 +132,9 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         " *final* the last one. "
         "ε is the privacy budget each run spent"
         + (f" at δ = {', '.join(f'{d:g}' for d in deltas)}" if deltas else "")
-        + "; ∞ means no DP."
+        + "; ∞ means no DP. ε vs server: against the server, which knows who took part in each round, so without"
+        " amplification by sampling: the Gaussian mechanism composed over the most exposed user's rounds"
+        " (∞: no bound, as when the server adds central noise to uploads it saw)."
         + (
             " Attack: the privacy audit's interaction-inference attack on what the server sees of each client"
             " (AUC, chance 0.5; precision@k, chance"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,15 @@ class RunRecord:
     def epsilon(self) -> float | None:
         """The budget a finished run spent (infinite without DP); None until it is finished."""
         return self.summary.epsilon if self.status == "finished" else None
+
+    @property
+    def epsilon_server(self) -> float | None:
+        """The budget a finished run spent against the server (its most exposed user; infinite without DP or
+        without a bound against it: the server saw the clipped uploads); None until it is finished."""
+        if self.status != "finished":
+            return None
+        privacy = self.summary.privacy
+        return math.inf if privacy is None or privacy.epsilon_server is None else privacy.epsilon_server
 
     def metric(self, evaluation: Literal["best", "final"], key: str) -> float | None:
         """A metric of a finished run's best or final evaluation."""
@@ -120,6 +130,8 @@ def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
             "final_hr@10": r.metric("final", "hr@10"),
             "final_ndcg@10": r.metric("final", "ndcg@10"),
             "epsilon": r.epsilon,
+            "epsilon_rdp": privacy.epsilon_rdp if privacy else None,
+            "epsilon_server": r.epsilon_server,
             "delta": privacy.delta if privacy else None,
             "dp_noise": privacy.noise if privacy else None,
             "secure_aggregation": s.secure_aggregation.describe() if s and s.secure_aggregation else None,

@@ -25,6 +25,7 @@ from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.policy import DPSettings, SecureAggregationPolicy
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
+from fedrecgel_secure.privacy.secagg.settings import encoding
 
 N_CLIENTS, DIM, VICTIM = 10, 40, 3
 SIGMA_B = 5.0  # the count noise; 10 clients expected per round
@@ -42,7 +43,7 @@ def rule():
     resolved = validate_against_population(settings, N_CLIENTS, 1000, 1.0)
     secagg = SecureAggregationPolicy(scheme="masking", min_clients=3)
     summer = make_summer(secagg, N_CLIENTS, DIM + 1, DIM, seed=0)
-    return DPFedAvg(resolved, summer, secagg.encoding(), DPRandomness.from_seed(7))  # seeded: a deterministic test
+    return DPFedAvg(resolved, summer, encoding(secagg), DPRandomness.from_seed(7))  # seeded: a deterministic test
 
 
 def test_the_server_cannot_tell_whether_a_clients_upload_was_clipped():

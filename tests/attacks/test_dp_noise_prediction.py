@@ -23,6 +23,7 @@ from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
 from fedrecgel_secure.privacy.dp import mechanism
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.secagg.settings import encoding
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def test_seeded_research_mode_is_predictable_from_the_policy_as_documented(split
     predicted, noise = attack(p, trainer, clients, dim)
     assert np.array_equal(predicted, clients)
     # what is left is only the grid's rounding: the adversary has the noiseless sum
-    grid = p.privacy.secure_aggregation.encoding()
+    grid = encoding(p.privacy.secure_aggregation)
     assert (released - noise - true_sum).abs().max() <= (clients.size + 1) * grid.error_bound(1) + 1e-9
 
 
@@ -109,5 +110,5 @@ def test_released_values_carry_no_low_order_bits_of_the_floating_point_sampler(s
         p = policy(mode, None)
         trainer = Trainer(p, split)
         _, _, released, _ = released_round(trainer)
-        scaled = released.numpy() * p.privacy.secure_aggregation.encoding().scale
+        scaled = released.numpy() * encoding(p.privacy.secure_aggregation).scale
         assert np.array_equal(scaled, np.rint(scaled)), mode

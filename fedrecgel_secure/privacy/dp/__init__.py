@@ -22,11 +22,13 @@ The package is split by concern, like Opacus's ``accountants`` over its ``analys
 
 * :mod:`.mechanism`: clipping, noise stds, the fixed denominator, Poisson sampling (pure maths);
 * :mod:`.randomness`: where the sample and the noise come from (a keyed CSPRNG);
-* :mod:`.accounting`: Opacus accountants and calibration, the only module that imports opacus;
+* :mod:`.accounting`: the accountant of the released models and calibration, the only module that imports opacus;
+* :mod:`.pld`: privacy loss distributions (the default accountant), the only module that imports dp-accounting;
+* :mod:`.observers`: epsilon against the server, from a per-user record of the rounds it saw;
 * :mod:`.adaptive`: adaptive clipping (Andrew et al. 2021);
 * :mod:`.resolution`: the policy's settings checked against the federation.
 
-The settings themselves are pydantic models in :mod:`fedrecgel_secure.policy`.
+The settings themselves are pydantic models in :mod:`fedrecgel_secure.policy.dp`.
 Importing this package imports none of the submodules, so reading a policy
 never loads torch or opacus.
 """

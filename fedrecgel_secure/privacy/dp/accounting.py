@@ -1,15 +1,18 @@
-r"""How much privacy a run has spent: Opacus's accountants over DP-FedAvg rounds.
+r"""How much privacy a run has spent: one accountant step per DP-FedAvg round.
 
 Each round is one Poisson-subsampled Gaussian mechanism with sampling rate
 :math:`q` and the noise multiplier that actually reached the released sum
-(:func:`.mechanism.reached_noise_multiplier`); Opacus's RDP and PRV
-accountants compose such heterogeneous steps from their history. This is the
-only module of the package that imports opacus.
+(:meth:`.resolution.ResolvedDP.reached_noise_multiplier`). The accountant keeps
+the run's steps as a history of ``(z, q, steps)`` entries and evaluates it with
+the analysis the policy names: ``pld`` through Google's ``dp-accounting``
+(:mod:`.pld`, the default), ``rdp``, ``prv`` or ``gdp`` through Opacus (the
+only module of the package that imports opacus). Every kind but ``gdp``
+composes rounds of different noise; RDP's :math:`\varepsilon` of the same
+history is always reported beside it as a cross-check.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Mapping
@@ -18,73 +21,93 @@ from typing import Any
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
+from fedrecgel_secure.checks import FIELD, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import AccountantKind
 
-from .checks import FIELD, open_unit, positive
+KINDS = ("pld", "rdp", "prv", "gdp")
 
 
 class BudgetExhausted(Exception):
     """Running round ``round`` would push epsilon above ``privacy.dp.max_epsilon``.
 
     ``epsilon`` is what the rounds already run have spent, ``next_epsilon`` what
-    running round ``round`` would spend; the round was not run.
+    running round ``round`` would spend; the round was not run. ``against`` names
+    the observer whose epsilon the budget bounds (``privacy.dp.max_epsilon_against``).
     """
 
-    def __init__(self, round: int, epsilon: float, next_epsilon: float, max_epsilon: float):
+    def __init__(self, round: int, epsilon: float, next_epsilon: float, max_epsilon: float, against: str = "release"):
         self.round = round
         self.epsilon = epsilon
         self.next_epsilon = next_epsilon
         self.max_epsilon = max_epsilon
+        whose = "" if against == "release" else f" against the {against}"
         super().__init__(
-            f"privacy budget exhausted before round {round}: epsilon is {epsilon:.4g} and that round"
+            f"privacy budget exhausted before round {round}: epsilon{whose} is {epsilon:.4g} and that round"
             f" would bring it to {next_epsilon:.4g} > {FIELD}.max_epsilon = {max_epsilon:g}"
         )
 
 
+def opacus_epsilon(kind: str, history: list[tuple[float, float, int]], delta: float) -> float:
+    """Opacus's epsilon of a ``(z, q, steps)`` history under ``kind`` (rdp, prv, gdp); 0 for none."""
+    if not history:
+        # Opacus's PRV and GDP accountants fail on an empty history.
+        return 0.0
+    accountant = create_accountant(mechanism=kind)
+    accountant.history = [tuple(entry) for entry in history]
+    with warnings.catch_warnings():
+        # RDP's advice to widen its orders concerns tightness, not validity: the bound holds.
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        return float(accountant.get_epsilon(delta=delta))
+
+
 class PrivacyAccountant:
-    r"""Epsilon spent by DP-FedAvg rounds, one Opacus accountant step per round.
+    r"""Epsilon spent by DP-FedAvg rounds, one step per round.
 
     Each round is a Poisson-subsampled Gaussian mechanism with rate :math:`q` and
     a noise multiplier :math:`z_t` (sensitivity :math:`C`, noise std :math:`z_tC`);
-    :math:`z_t` is the planned :math:`z` unless fewer noise shares reached the
-    sum. ``kind`` picks Opacus's analysis:
+    :math:`z_t` is the planned :math:`z` unless the noise shares that reached the
+    sum carry another. ``kind`` picks the analysis:
 
+    - ``pld``: privacy loss distributions composed numerically by Google's
+      ``dp-accounting`` (:mod:`.pld`); a pessimistic discretisation, so an upper
+      bound, and the tightest here. The default.
     - ``rdp``: Rényi DP of the sampled Gaussian mechanism (Mironov, Talwar, Zhang
       2019), converted to :math:`(\varepsilon, \delta)`; an upper bound, looser
-      than ``prv``;
-    - ``prv``: numerical composition of privacy loss random variables (Gopi, Lee,
-      Wutschitz 2021); the tightest upper bound of the three;
+      than ``pld`` (``benchmarks/pld_vs_rdp.py`` measures by how much at the shipped settings).
+    - ``prv``: Opacus's numerical composition of privacy loss random variables
+      (Gopi, Lee, Wutschitz 2021); Opacus's implementation has open failures
+      above :math:`\varepsilon \approx 10`.
     - ``gdp``: the central-limit approximation of Gaussian DP (Dong, Roth, Su
       2019; Bu et al. 2020). Not a bound: Opacus warns it can underestimate.
-      Opacus's implementation cannot compose rounds of different :math:`z_t`.
+      It cannot compose rounds of different :math:`z_t`.
 
-    Example: ``rdp``, :math:`z = 1`, :math:`q = 100/6040`, 100 rounds,
-    :math:`\delta = 10^{-4}` gives :math:`\varepsilon \approx 1.26` (``prv`` 0.91,
-    ``gdp`` 0.66).
+    Example: :math:`z = 1`, :math:`q = 100/6040`, 100 rounds,
+    :math:`\delta = 10^{-4}`: ``rdp`` gives :math:`\varepsilon \approx 1.26`,
+    ``prv`` 0.91, ``pld`` 0.90, ``gdp`` 0.66.
     """
 
     def __init__(self, kind: AccountantKind, sample_rate: float, noise_multiplier: float, delta: float):
-        if kind not in ("rdp", "prv", "gdp"):
-            raise BadInputError(f"{FIELD}.accountant must be one of 'rdp', 'prv', 'gdp', got {kind!r}")
+        if kind not in KINDS:
+            raise BadInputError(f"{FIELD}.accountant must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
         self.kind: AccountantKind = kind
         self.sample_rate = open_unit(sample_rate, f"{FIELD}.sample_rate", closed_right=True)
         self.noise_multiplier = positive(noise_multiplier, f"{FIELD}.noise_multiplier")
         self.delta = open_unit(delta, f"{FIELD}.delta")
-        self._accountant = create_accountant(mechanism=kind)
+        self._history: list[tuple[float, float, int]] = []
+        self._memo: dict[tuple, float] = {}
 
     @property
     def steps(self) -> int:
-        """Rounds accounted so far (Opacus's ``len()`` counts history entries, not steps)."""
-        return sum(n for _, _, n in self._accountant.history)
+        """Rounds accounted so far."""
+        return sum(n for _, _, n in self._history)
 
     @property
     def history(self) -> list[tuple[float, float, int]]:
-        """Opacus's ``(z, q, steps)`` entries, oldest first."""
-        return [tuple(entry) for entry in self._accountant.history]
+        """``(z, q, steps)`` entries, oldest first; consecutive rounds of the same ``(z, q)`` share one entry."""
+        return list(self._history)
 
-    def step(self, noise_multiplier: float | None = None) -> None:
-        """Account one round, whether or not any client was sampled in it, at ``noise_multiplier`` (default: z)."""
+    def _z(self, noise_multiplier: float | None) -> float:
         z = (
             self.noise_multiplier
             if noise_multiplier is None
@@ -92,26 +115,45 @@ class PrivacyAccountant:
         )
         if self.kind == "gdp" and z != self.noise_multiplier:
             raise BadInputError(
-                f"{FIELD}.accountant = 'gdp' cannot compose a round whose noise fell short of z (z_t = {z:.4g});"
-                " use 'rdp' or 'prv'"
+                f"{FIELD}.accountant = 'gdp' cannot compose a round whose noise differs from z (z_t = {z:.4g});"
+                " use 'pld' or 'rdp'"
             )
-        self._accountant.step(noise_multiplier=z, sample_rate=self.sample_rate)
+        return z
+
+    def _stepped(self, z: float) -> list[tuple[float, float, int]]:
+        history = list(self._history)
+        if history and history[-1][:2] == (z, self.sample_rate):
+            history[-1] = (z, self.sample_rate, history[-1][2] + 1)
+        else:
+            history.append((z, self.sample_rate, 1))
+        return history
+
+    def step(self, noise_multiplier: float | None = None) -> None:
+        """Account one round, whether or not any client was sampled in it, at ``noise_multiplier`` (default: z)."""
+        self._history = self._stepped(self._z(noise_multiplier))
+
+    def _epsilon_of(self, kind: str, history: list[tuple[float, float, int]]) -> float:
+        key = (kind, tuple(history))
+        if key not in self._memo:  # the budget check computes the next round's epsilon, the round then reuses it
+            if kind == "pld":
+                from .pld import pld_epsilon  # dp-accounting: only when a run is accounted
+
+                self._memo[key] = pld_epsilon(history, self.delta)
+            else:
+                self._memo[key] = opacus_epsilon(kind, history, self.delta)
+        return self._memo[key]
 
     def epsilon(self) -> float:
         r""":math:`\varepsilon` spent so far at this accountant's :math:`\delta`; 0 before any round."""
-        if not self._accountant.history:
-            # Opacus's PRV and GDP accountants fail on an empty history.
-            return 0.0
-        return float(self._accountant.get_epsilon(delta=self.delta))
+        return self._epsilon_of(self.kind, self._history)
+
+    def rdp_epsilon(self) -> float:
+        r"""RDP's :math:`\varepsilon` of the same rounds: the cross-check reported beside :meth:`epsilon`."""
+        return self._epsilon_of("rdp", self._history)
 
     def epsilon_if_step(self, noise_multiplier: float | None = None) -> float:
         r""":math:`\varepsilon` after one more round at ``noise_multiplier``, leaving this accountant unchanged."""
-        saved = copy.deepcopy(self._accountant.history)
-        try:
-            self.step(noise_multiplier)
-            return self.epsilon()
-        finally:
-            self._accountant.history = saved
+        return self._epsilon_of(self.kind, self._stepped(self._z(noise_multiplier)))
 
     def would_exceed(self, max_epsilon: float, noise_multiplier: float | None = None) -> bool:
         r"""Whether one more round at ``noise_multiplier`` would bring :math:`\varepsilon` above ``max_epsilon``."""
@@ -125,16 +167,12 @@ class PrivacyAccountant:
             raise BudgetExhausted(round, self.epsilon(), next_epsilon, max_epsilon)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: the mechanism and Opacus's ``(z, q, steps)`` history."""
-        state = self._accountant.state_dict()
-        return {"mechanism": state["mechanism"], "history": [list(entry) for entry in state["history"]]}
+        """JSON-serialisable state: the analysis and the ``(z, q, steps)`` history (Opacus's format)."""
+        return {"mechanism": self.kind, "history": [list(entry) for entry in self._history]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict`, e.g. from a checkpoint written as JSON.
-
-        A history recorded with another ``z`` or ``q`` composes correctly under
-        ``rdp`` and ``prv``; ``gdp`` cannot compose heterogeneous steps.
-        """
+        """Restore a :meth:`state_dict`, e.g. from a checkpoint written as JSON; epsilon is then exactly what it
+        was. A history recorded with another ``z`` or ``q`` composes correctly under every kind but ``gdp``."""
         mechanism = state.get("mechanism")
         if mechanism != self.kind:
             raise BadInputError(
@@ -146,7 +184,7 @@ class PrivacyAccountant:
                 f"{FIELD}.noise_multiplier/sample_rate changed since the checkpoint"
                 f" (was z={history[-1][0]}, q={history[-1][1]}); the gdp accountant cannot compose that"
             )
-        self._accountant.load_state_dict({"mechanism": mechanism, "history": history})
+        self._history = history
 
 
 def calibrate_noise_multiplier(
@@ -154,13 +192,14 @@ def calibrate_noise_multiplier(
     delta: float,
     sample_rate: float,
     rounds: int,
-    kind: AccountantKind = "rdp",
+    kind: AccountantKind = "pld",
 ) -> float:
-    r"""The smallest :math:`z` (to Opacus's tolerance) with :math:`\varepsilon(z) \le` ``target_epsilon``
-    after ``rounds``.
+    r"""The smallest :math:`z` with :math:`\varepsilon(z) \le` ``target_epsilon`` after ``rounds``, under ``kind``.
 
-    Opacus's ``get_noise_multiplier`` bisects on :math:`z`; the returned value
-    satisfies :math:`\text{target} - 0.01 \le \varepsilon(z) \le \text{target}`.
+    ``pld``: ``dp-accounting``'s ``calibrate_dp_mechanism`` (:func:`.pld.calibrate`),
+    within :math:`10^{-6}` of the optimum. The others: Opacus's ``get_noise_multiplier``
+    bisection, whose :math:`z` satisfies :math:`\text{target} - 0.01 \le \varepsilon(z) \le \text{target}`.
+    Either way the accountant of the same kind then reports at most the target after ``rounds``.
     """
     target_epsilon = positive(target_epsilon, f"{FIELD}.target_epsilon")
     delta = open_unit(delta, f"{FIELD}.delta")
@@ -170,23 +209,28 @@ def calibrate_noise_multiplier(
     unreachable = (
         f"{FIELD}.target_epsilon = {target_epsilon:g} cannot be reached in the planned {rounds} rounds"
         f" (sample rate {sample_rate:.4g}, delta {delta:g}, {kind} accountant): no noise multiplier"
-        " up to Opacus's limit of 1e6 gets there; raise the target or plan fewer rounds"
+        " the calibration tries gets there; raise the target or plan fewer rounds"
     )
     try:
-        with warnings.catch_warnings():
-            # The bisection probes noise multipliers far from the answer; Opacus's
-            # advice about their RDP orders says nothing about the z returned.
-            warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-            z = get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=rounds,
-                accountant=kind,
-            )
+        if kind == "pld":
+            from .pld import calibrate  # dp-accounting: only when a run is built
+
+            z = calibrate(target_epsilon, delta, sample_rate, rounds)
+        else:
+            with warnings.catch_warnings():
+                # The bisection probes noise multipliers far from the answer; Opacus's
+                # advice about their RDP orders says nothing about the z returned.
+                warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+                z = get_noise_multiplier(
+                    target_epsilon=target_epsilon,
+                    target_delta=delta,
+                    sample_rate=sample_rate,
+                    steps=rounds,
+                    accountant=kind,
+                )
     except ValueError as error:
-        # "The privacy budget is too low." from the bisection, or a root finder
-        # failing inside the gdp analysis when epsilon is absurdly small.
+        # "The privacy budget is too low." from the bisection, no bracket found by
+        # dp-accounting, or a root finder failing inside the gdp analysis.
         raise BadInputError(unreachable) from error
     if not (math.isfinite(z) and z > 0):
         raise BadInputError(unreachable)

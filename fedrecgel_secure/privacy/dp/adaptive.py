@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from fedrecgel_secure.checks import FIELD, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 
-from .checks import FIELD, open_unit, positive
 from .mechanism import check_norms
 
 

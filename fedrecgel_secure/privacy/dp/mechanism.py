@@ -12,10 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from fedrecgel_secure.checks import FIELD, fractions_sum_to_one, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Mode
-
-from .checks import FIELD, fractions_sum_to_one, open_unit, positive
 
 # --------------------------------------------------------------------------- clipping
 
@@ -104,19 +103,21 @@ def noise_std(mode: Mode, noise_multiplier: float, clip_norm: float, participant
     return z * c / math.sqrt(participants)
 
 
-def reached_noise_multiplier(mode: Mode, noise_multiplier: float, participants: int, contributors: int) -> float:
-    r"""The noise multiplier of what reached the sum: :math:`z\sqrt{|U|/|S|}` for distributed shares, else :math:`z`.
+def reached_noise_multiplier(mode: Mode, noise_multiplier: float, shares: int, contributors: int) -> float:
+    r"""The noise multiplier of what reached the sum: :math:`z\sqrt{|U|/k}` for distributed shares, else :math:`z`.
 
-    Distributed shares of clients that drop out or are rejected after adding
-    their noise leave with them, so the released sum carries less noise than
-    planned; this is what the round must be accounted with. With nobody
-    sampled (:math:`|S| = 0`) the server adds the full :math:`zC` itself.
+    Each distributed share has std :math:`zC/\sqrt{k}` (:func:`noise_std` with
+    :math:`k` = ``shares``: the number sampled, or a survivor threshold), so the
+    :math:`|U|` that reach the sum carry :math:`zC\sqrt{|U|/k}`: less than planned
+    when shares leave with clients that drop out or are rejected, more when more
+    than :math:`k` arrive. This is what the round must be accounted with. With
+    nobody sampled (:math:`k = 0`) the server adds the full :math:`zC` itself.
     """
-    if mode == "central" or participants == 0:
+    if mode == "central" or shares == 0:
         return noise_multiplier
-    if not 0 <= contributors <= participants:
-        raise ValueError(f"{contributors} contributors out of {participants} participants")
-    return noise_multiplier * math.sqrt(contributors / participants)
+    if contributors < 0 or shares < 0:
+        raise ValueError(f"{contributors} contributors of noise shares sized for {shares}")
+    return noise_multiplier * math.sqrt(contributors / shares)
 
 
 def fixed_denominator_mean(noisy_sum: torch.Tensor, expected_clients: float) -> torch.Tensor:

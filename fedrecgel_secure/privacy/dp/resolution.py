@@ -2,15 +2,23 @@ r"""A policy's DP settings checked against the federation: what one run actually
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedrecgel_secure.checks import FIELD, open_unit
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.policy import AccountantKind, AdaptiveClippingSettings, DPSettings, Mode, NoiseSource
+from fedrecgel_secure.policy import (
+    AccountantKind,
+    AdaptiveClippingSettings,
+    DPSettings,
+    Mode,
+    NoiseSource,
+    SecureAggregationPolicy,
+)
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .checks import FIELD, open_unit
-from .mechanism import max_poisson_sample, noise_std
+from .mechanism import max_poisson_sample, noise_std, reached_noise_multiplier
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,15 @@ class ResolvedDP:
     """sigma_b when adaptive clipping is on."""
     noise: NoiseSource = "secure"
     """Where the sample and the noise come from (see :mod:`.randomness`)."""
+    max_epsilon_against: str = "release"
+    """Whose epsilon max_epsilon bounds: "release" (the accountant's) or "server" (:mod:`.observers`)."""
+    secure_sum: str = "none"
+    """privacy.secure_aggregation.scheme: whether the server sees only the sum (masking, bfv) or each upload."""
+    shares: str = "sampled"
+    """What sizes a distributed noise share: everyone sampled, or the masking protocol's survivor threshold."""
+    min_clients: int = 1
+    consistency: float | None = None
+    """f of the masking protocol's consistency check (shares = "threshold" only)."""
 
     def make_accountant(self):
         from .accounting import PrivacyAccountant  # opacus: only when a run is built
@@ -73,17 +90,58 @@ class ResolvedDP:
         (:func:`.mechanism.max_poisson_sample`)."""
         return max_poisson_sample(self.population, self.sample_rate)
 
+    def noise_shares(self, participants: int) -> int:
+        r"""Into how many shares distributed noise is split when ``participants`` clients were sampled.
+
+        ``sampled``: :math:`|S|`, so the shares of everyone sampled carry the
+        planned noise and each dropout lowers it. ``threshold``: the fewest
+        survivors with which a masking round can complete,
+        :math:`t = \min(|S|, \max(\text{min\_clients}, \lfloor f|S|\rfloor + 1))`
+        (:meth:`~fedrecgel_secure.privacy.secagg.masking.MaskingParams.consistency_threshold`),
+        so any round that completes with the whole sample as its cohort carries at least the planned noise,
+        more when more than :math:`t` survive. The one rule every party (simulator, node) sizes shares by.
+        """
+        if self.shares == "sampled" or participants < 1:
+            return participants
+        from fedrecgel_secure.privacy.secagg.masking import MaskingParams
+
+        survivors = MaskingParams(consistency=self.consistency).consistency_threshold(participants)
+        return min(participants, max(self.min_clients, survivors))
+
     def update_noise_std(self, clip_norm: float, participants: int) -> float:
         """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""
-        return noise_std(self.mode, self.update_noise_multiplier, clip_norm, participants)
+        return noise_std(self.mode, self.update_noise_multiplier, clip_norm, self.noise_shares(participants))
 
     def count_noise_std(self, participants: int) -> float:
         """Std one party adds to the centred clipped count this round (adaptive clipping only)."""
         z_b = AdaptiveClipping.count_noise_multiplier_for(self.clipped_count_stddev)
-        return noise_std(self.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, participants)
+        return noise_std(self.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, self.noise_shares(participants))
+
+    def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
+        r"""The noise multiplier of a released sum of ``contributors`` uploads, ``participants`` having been
+        sampled: :math:`z\sqrt{|U|/\text{shares}}` in distributed mode (more than z when more than the
+        threshold's worth of shares arrived), z in central mode (:func:`.mechanism.reached_noise_multiplier`)."""
+        return reached_noise_multiplier(self.mode, self.noise_multiplier, self.noise_shares(participants), contributors)
+
+    def server_noise_multiplier(self, participants: int, contributors: int) -> float | None:
+        """The noise multiplier of what the server sees of one contributor this round, or None when it sees
+        the clipped upload itself: the released sum's under secure aggregation (distributed noise, or central
+        noise added by the BFV key holder); one client's own share when distributed uploads arrive in the clear;
+        None for central noise the server adds itself."""
+        if self.mode == "central":
+            return self.noise_multiplier if self.secure_sum == "bfv" else None
+        if self.secure_sum == "none":
+            return self.noise_multiplier / math.sqrt(self.noise_shares(participants))
+        return self.reached_noise_multiplier(participants, contributors)
 
 
-def validate_against_population(settings: DPSettings, population: int, rounds: int, fraction: float) -> ResolvedDP:
+def validate_against_population(
+    settings: DPSettings,
+    population: int,
+    rounds: int,
+    fraction: float,
+    secure_aggregation: SecureAggregationPolicy | None = None,
+) -> ResolvedDP:
     r"""Check enabled DP settings against the federation and fix :math:`z` and :math:`q`.
 
     - :math:`q` is ``sample_rate``, or the federation's client ``fraction``;
@@ -93,7 +151,9 @@ def validate_against_population(settings: DPSettings, population: int, rounds: i
       by :math:`m < 1` amplified;
     - :math:`z` is calibrated from ``target_epsilon`` over ``rounds``;
     - under adaptive clipping :math:`z` is the total, and the updates get
-      :math:`z_\Delta` from :func:`effective_update_noise`.
+      :math:`z_\Delta` from :func:`effective_update_noise`;
+    - ``secure_aggregation`` (default: none) says what the server sees and,
+      for ``shares = "threshold"``, the protocol's survivor threshold.
     """
     if not settings.enabled:
         raise ValueError("validate_against_population is for enabled DP settings")
@@ -101,7 +161,7 @@ def validate_against_population(settings: DPSettings, population: int, rounds: i
         raise BadInputError(
             f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
             " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
-            " use 'rdp' or 'prv'"
+            " use 'pld' or 'rdp'"
         )
     if population < 1:
         raise ValueError(f"population must be at least 1 client, got {population!r}")
@@ -130,6 +190,11 @@ def validate_against_population(settings: DPSettings, population: int, rounds: i
 
         z = calibrate_noise_multiplier(settings.target_epsilon, settings.delta, q, rounds, settings.accountant)
 
+    secagg = secure_aggregation if secure_aggregation is not None else SecureAggregationPolicy()
+    if settings.shares == "threshold" and (settings.mode != "distributed" or secagg.scheme != "masking"):
+        raise BadInputError(
+            f"{FIELD}.shares = 'threshold' needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
+        )
     adaptive = settings.adaptive_clipping
     sigma_b = None
     z_update = z
@@ -153,4 +218,9 @@ def validate_against_population(settings: DPSettings, population: int, rounds: i
         adaptive=adaptive,
         clipped_count_stddev=sigma_b,
         noise=settings.noise,
+        max_epsilon_against=settings.max_epsilon_against,
+        secure_sum=secagg.scheme,
+        shares=settings.shares,
+        min_clients=secagg.min_clients,
+        consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
     )

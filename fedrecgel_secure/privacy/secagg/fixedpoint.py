@@ -74,6 +74,18 @@ class FixedPoint:
             np.clip(g, -self.limit, self.limit, out=g)
         return g.astype(np.int64), over
 
+    def encode_tensor(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:  # noqa: F821 - imported inside
+        """:meth:`encode` without noise for a tensor on any device: the same int64 values (float64 widening is exact,
+        torch.round rounds half to even like np.rint) and the same clipped count, computed where ``x`` lives."""
+        import torch  # here: the protocol modules that use this class need no torch
+
+        g = torch.round(x.to(torch.float64) * self.scale)
+        outside = g.abs() > self.limit
+        over = int(outside.sum())
+        if over:
+            g.clamp_(-self.limit, self.limit)
+        return g.to(torch.int64), over
+
     def encode_noise(self, noise: np.ndarray) -> np.ndarray:
         """Noise on the grid (float64 holding integers), never clipped: it is part of what protects the sum."""
         return np.rint(np.asarray(noise, dtype=np.float64) * self.scale)

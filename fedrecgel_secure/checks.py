@@ -1,4 +1,8 @@
-"""Range checks whose errors name the policy field; shared by the settings and the DP maths, and free of torch."""
+"""Range checks whose errors name the policy field, free of torch.
+
+They sit below both :mod:`fedrecgel_secure.policy` (the settings validate with them) and
+:mod:`fedrecgel_secure.privacy.dp` (the maths re-checks its inputs), so neither package imports the other for them.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU check of issue 25, on a fresh GPU machine with no network, in under 5 minutes:
+#   benchmarks/gpu_check.sh OUT_DIR [WHEEL_DIR]
+# installs the project's dependencies from the wheels in WHEEL_DIR (default: .whl beside the project) into
+# /tmp/site, runs the device tests (the `cuda`-marked ones among them) and benchmarks/round_speed.py --device cuda,
+# and writes into OUT_DIR (flat, at most 7 files): env.txt, install.log, pytest.log, round_speed.log,
+# round_speed.json, round_speed.md, summary.txt. Every step has its own time limit, and the benchmark writes its
+# table after every configuration, so a step that runs out of time leaves what it measured.
+# Without a GPU it still runs end to end (device tests on the CPU, the benchmark's --quick CPU table) and
+# summary.txt says which figures are unmeasured.
+set -u -o pipefail
+out=${1:?usage: benchmarks/gpu_check.sh OUT_DIR [WHEEL_DIR]}
+root=$(cd "$(dirname "$0")/.." && pwd)
+wheels=${2:-$root/.whl}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$root"
+start=$(date +%s)
+
+{
+    date -u
+    uname -a
+    nproc
+    free -g 2>/dev/null
+    nvidia-smi 2>&1 || echo "nvidia-smi: not found"
+    $py -V
+    $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+        "available", torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else "")'
+    git -C "$root" log -1 --format='commit %H %s' 2>/dev/null
+} > "$out/env.txt" 2>&1
+
+site=/tmp/site
+if compgen -G "$wheels/*.whl" > /dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$wheels"/*.whl > "$out/install.log" 2>&1 || echo "wheel install failed (see above)" >> "$out/install.log"
+else
+    echo "no wheels in $wheels: using what $py already has" > "$out/install.log"
+fi
+# The source tree itself is importable (policies/ is found beside it); no pip resolution of dependencies.
+export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
+export FEDRECGEL_CACHE=/tmp/fedrecgel-cache
+export CUBLAS_WORKSPACE_CONFIG=:4096:8  # deterministic cuBLAS (the device module sets it too, if unset)
+$py -c 'import fedrecgel_secure.federation.trainer, pydantic, opacus; print("imports ok")' >> "$out/install.log" 2>&1
+
+gpu=$($py -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+
+timeout 100 $py -m pytest -q -p no:cacheprovider -rs tests/test_device.py 2>&1 | tee "$out/pytest.log" | tail -3
+tests_rc=$?
+
+# BENCH_ARGS replaces the benchmark's arguments (e.g. BENCH_ARGS="--device cuda --shapes ml20m-shape --budget-s 30"
+# to measure one shape longer in a second run).
+if [ -n "${BENCH_ARGS:-}" ]; then
+    read -r -a bench <<< "$BENCH_ARGS"
+elif [ "$gpu" = 1 ]; then
+    bench=(--device cuda --rounds 100 --budget-s 8 --cpu-rounds 5)
+else
+    bench=(--device cpu --quick --rounds 2 --budget-s 5 --cpu-rounds 1)
+fi
+left=$((285 - ($(date +%s) - start)))
+timeout $((left > 30 ? left : 30)) $py benchmarks/round_speed.py "${bench[@]}" --out "$out" 2>&1 \
+    | tee "$out/round_speed.log" | tail -15
+bench_rc=$?
+
+{
+    echo "gpu_check: $(( $(date +%s) - start )) s; device tests exit $tests_rc; benchmark exit $bench_rc (124: timed out)"
+    if [ "$gpu" = 1 ]; then
+        echo "GPU: $($py -c 'import torch; print(torch.cuda.get_device_name())')"
+        echo "Measured: see round_speed.md; rows missing there were not reached in the time limit."
+    else
+        echo "No CUDA GPU was usable: the cuda tests were skipped and every GPU figure (per-round and per-100-round"
+        echo "times on the device, peak GPU memory, the GPU-vs-CPU ratio) is UNMEASURED; round_speed.md holds a"
+        echo "CPU smoke run of the big shapes at 1% of their users instead."
+    fi
+} | tee "$out/summary.txt"

@@ -1,0 +1,35 @@
+"""Which torch device the simulator runs on, and the determinism settings a GPU run needs.
+
+``federation.device = "auto"`` takes a CUDA GPU when one is present and the CPU
+otherwise. The CPU path is the same code as before devices existed: every
+tensor the engine makes is moved with ``.to(device)``, a no-op on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from fedrecgel_secure.errors import BadInputError
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device a ``federation.device`` value names; on a GPU, with torch's deterministic algorithms on.
+
+    Determinism: with the same seed on the same GPU two runs give identical
+    metrics. cuBLAS needs a fixed workspace for that (CUBLAS_WORKSPACE_CONFIG,
+    read when cuBLAS starts, so it is set before the first GPU operation);
+    ``warn_only`` keeps an op that has no deterministic CUDA kernel running,
+    with a warning, instead of failing the run.
+    """
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise BadInputError("federation.device: 'cuda' asked for, but torch sees no CUDA GPU; use 'auto' or 'cpu'")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    # float32 matmuls stay float32 (no TF32): the agreement with the float64 oracle is stated for true float32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch.device("cuda")

@@ -1,0 +1,140 @@
+"""[privacy.dp]: client-level DP-FedAvg settings; the maths that uses them is :mod:`fedrecgel_secure.privacy.dp`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fedrecgel_secure.checks import FIELD as DP
+from fedrecgel_secure.checks import fractions_sum_to_one, open_unit, positive
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy.section import Section
+
+Mode = Literal["central", "distributed"]
+AccountantKind = Literal["pld", "rdp", "prv", "gdp"]
+NoiseSource = Literal["secure", "seeded"]
+
+
+class AdaptiveClippingSettings(Section):
+    """[privacy.dp.adaptive_clipping]: Andrew et al. 2021; the defaults are the paper's."""
+
+    initial: float = Field(0.1, description="Clip norm of the first round (replaces privacy.dp.clip_norm).")
+    target_quantile: float = Field(0.5, description="Fraction of uploads meant to be left unclipped, in (0, 1).")
+    learning_rate: float = Field(
+        0.2, description="Geometric rate: C changes by at most a factor exp(learning_rate) per round."
+    )
+    clipped_count_stddev: float | None = Field(
+        None, description="Absolute std of the noise on the clipped count; unset means m/20."
+    )
+
+    @field_validator("initial", "learning_rate")
+    @classmethod
+    def _validate_positive(cls, value: float, info) -> float:
+        return positive(value, f"{DP}.adaptive_clipping.{info.field_name}")
+
+    @field_validator("target_quantile")
+    @classmethod
+    def _validate_quantile(cls, value: float) -> float:
+        return open_unit(value, f"{DP}.adaptive_clipping.target_quantile")
+
+    @field_validator("clipped_count_stddev")
+    @classmethod
+    def _validate_count_std(cls, value: float | None) -> float | None:
+        return None if value is None else positive(value, f"{DP}.adaptive_clipping.clipped_count_stddev")
+
+
+class GroupFractions(Section):
+    """[privacy.dp.group_fractions]: share f_g of the squared clip budget per parameter group."""
+
+    item_embeddings: float = Field(0.5, description="Share of C^2 for the item embedding tables.")
+    mlp: float = Field(0.5, description="Share of C^2 for the MLP tower and the prediction layer.")
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> GroupFractions:
+        fractions_sum_to_one(self.model_dump())
+        return self
+
+
+class DPSettings(Section):
+    """[privacy.dp]: client-level DP-FedAvg (McMahan et al. 2018) on the shared uploads."""
+
+    enabled: bool = Field(False, description="Turn client-level DP on.")
+    mode: Mode = Field(
+        "central",
+        description="central: the server adds the noise to the sum; distributed: each client adds its share before"
+        " secure aggregation, so no party sees a noiseless sum.",
+    )
+    noise: NoiseSource = Field(
+        "secure",
+        description="Where the client sample and the noise come from. secure: a CSPRNG keyed by a secret drawn at run"
+        " start and kept only in the 0600 checkpoint. seeded: derived from the policy seed, reproducible for studies,"
+        " and NO guarantee against anyone who has the policy file.",
+    )
+    clip_norm: float = Field(
+        1.0, description="L2 clip norm C of each upload (with adaptive clipping: adaptive_clipping.initial)."
+    )
+    noise_multiplier: float | None = Field(
+        None, description="z: noise std z*C on the sum. Exactly one of this and target_epsilon."
+    )
+    target_epsilon: float | None = Field(
+        None, description="Epsilon to reach after the planned rounds; z is calibrated from it."
+    )
+    delta: float = Field(1e-5, description="The delta of (epsilon, delta)-DP; must be below 1/number of clients.")
+    max_epsilon: float | None = Field(None, description="Stop before any round that would bring epsilon above this.")
+    max_epsilon_against: Literal["release", "server"] = Field(
+        "release",
+        description="Whose epsilon max_epsilon bounds. release: anyone who sees the released models (the accounted"
+        " epsilon). server: the server in distributed mode, which sees who took part (no amplification by sampling).",
+    )
+    accountant: AccountantKind = Field(
+        "pld",
+        description="pld: privacy loss distributions (Google's dp-accounting, tightest); rdp, prv: Opacus's"
+        " (RDP is always reported beside as a cross-check); gdp: an approximation, not a bound.",
+    )
+    shares: Literal["sampled", "threshold"] = Field(
+        "sampled",
+        description="Distributed noise shares sized for everyone sampled (a dropout lowers the noise), or for the"
+        " masking protocol's survivor threshold (any round that completes carries at least the planned noise).",
+    )
+    sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
+    sampler: Literal["poisson", "fixed"] = Field("poisson", description="Client sampling; DP requires poisson.")
+    per_group_clipping: bool = Field(
+        False, description="Clip the item table and the MLP separately, the budget split by group_fractions."
+    )
+    group_fractions: GroupFractions = Field(
+        default_factory=GroupFractions, description="Split of C^2 between the groups."
+    )
+    adaptive_clipping: AdaptiveClippingSettings | None = Field(
+        None, description="Tune C to a quantile of the upload norms."
+    )
+
+    @field_validator("clip_norm", "noise_multiplier", "target_epsilon", "max_epsilon")
+    @classmethod
+    def _validate_positive(cls, value: float | None, info) -> float | None:
+        return None if value is None else positive(value, f"{DP}.{info.field_name}")
+
+    @field_validator("delta")
+    @classmethod
+    def _validate_delta(cls, value: float) -> float:
+        return open_unit(value, f"{DP}.delta")
+
+    @field_validator("sample_rate")
+    @classmethod
+    def _validate_sample_rate(cls, value: float | None) -> float | None:
+        return None if value is None else open_unit(value, f"{DP}.sample_rate", closed_right=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DPSettings:
+        if not self.enabled:
+            return self
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise BadInputError(
+                f"{DP}: set exactly one of {DP}.noise_multiplier and {DP}.target_epsilon when DP is enabled"
+            )
+        if self.sampler == "fixed":
+            raise BadInputError(
+                f"{DP}.sampler = 'fixed' cannot be used with DP: the accountants' amplification by"
+                " sampling assumes each client is included independently (Poisson sampling); use 'poisson'"
+            )
+        return self

@@ -1,0 +1,38 @@
+"""[federation], [evaluation] and [checkpoint]: the rounds, when they are evaluated, when saved."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from fedrecgel_secure.policy.section import Section
+
+
+class FederationPolicy(Section):
+    rounds: int = Field(
+        100, ge=1, description="Training rounds; each samples clients, aggregates their uploads and steps the server."
+    )
+    fraction: float = Field(0.1, gt=0, le=1, description="Fraction of clients sampled per round.")
+    server_lr: float = Field(0.001, gt=0, description="Server Adam learning rate on the shared parameters.")
+    client_lr: float = Field(0.1, gt=0, description="Client Adam learning rate on the private user embedding.")
+    chunk_size: int = Field(128, ge=1, description="Chunk length of the sum-of-chunk-means loss.")
+    engine: Literal["batched", "per-client"] = Field("batched", description="per-client is the plain reference path.")
+    clients_per_batch: int = Field(256, ge=1, description="Batched engine: clients trained together, bounds memory.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the simulator trains and evaluates: auto takes a CUDA GPU when one is present."
+        " Local sets are drawn on the host either way, so a run trains on the same examples on any device.",
+    )
+
+
+class EvaluationPolicy(Section):
+    every: int = Field(1, ge=1, description="Evaluate every this many rounds (and after the last).")
+    select_by: Literal["hr@5", "hr@10", "hr@15", "hr@20", "ndcg@5", "ndcg@10", "ndcg@15", "ndcg@20"] = Field(
+        "hr@10",
+        description="The metric that picks the summary's best round (on the test items) and validation-selected round.",
+    )
+
+
+class CheckpointPolicy(Section):
+    every: int = Field(10, ge=1, description="Write a checkpoint every this many rounds (and after the last).")

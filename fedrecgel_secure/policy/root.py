@@ -1,0 +1,111 @@
+"""The whole policy: every section, the checks that span sections, and the digest a checkpoint resumes under."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+import tomli_w
+from pydantic import Field, model_validator
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy.data import DataPolicy
+from fedrecgel_secure.policy.deployment import DeploymentPolicy
+from fedrecgel_secure.policy.federation import CheckpointPolicy, EvaluationPolicy, FederationPolicy
+from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
+from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
+from fedrecgel_secure.policy.section import Section
+from fedrecgel_secure.policy.tracking import TrackingPolicy
+
+Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
+
+
+class Policy(Section):
+    method: Method = Field("fedrecgel", description="fedncf: no SAM; sam-shared / sam-private: SAM on one group only.")
+    seed: int = Field(42, description="Seed of training: model init, client sampling, negatives.")
+    data: DataPolicy = Field(
+        DataPolicy(), description="The dataset and how it is split into train, validation and test items."
+    )
+    model: ModelPolicy = Field(ModelPolicy(), description="The NeuMF model: embedding widths, MLP tower, dtype.")
+    federation: FederationPolicy = Field(
+        FederationPolicy(), description="Rounds, client sampling, learning rates and the training engine."
+    )
+    sam: SamPolicy = Field(SamPolicy(), description="Sharpness-aware minimisation radii of FedRecGEL.")
+    evaluation: EvaluationPolicy = Field(
+        EvaluationPolicy(), description="When to evaluate, and which metric selects the best round."
+    )
+    checkpoint: CheckpointPolicy = Field(
+        CheckpointPolicy(), description="How often the run is saved to continue after a crash."
+    )
+    privacy: PrivacyPolicy = Field(
+        PrivacyPolicy(), description="Client-level differential privacy and secure aggregation."
+    )
+    deployment: DeploymentPolicy = Field(
+        DeploymentPolicy(),
+        description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).",
+    )
+    tracking: TrackingPolicy = Field(
+        TrackingPolicy(), description="Experiment trackers the run's records also go to: TensorBoard, MLflow."
+    )
+
+    @model_validator(mode="after")
+    def _tower_fits(self) -> Policy:
+        if any(w < 1 for w in self.model.tower):
+            raise ValueError("model.tower widths must be >= 1")
+        return self
+
+    @model_validator(mode="after")
+    def _clipped_bit_is_covered(self) -> Policy:
+        dp, secagg = self.privacy.dp, self.privacy.secure_aggregation
+        if dp.enabled and dp.adaptive_clipping is not None and secagg.scheme != "none" and secagg.cover != "shared":
+            raise BadInputError(
+                "privacy.dp.adaptive_clipping with privacy.secure_aggregation.cover = 'item_embeddings': each client's"
+                " clipped bit travels with its upload and would be summed outside the protocol, where the server"
+                " sees it; use cover = 'shared'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _dp_observers_need_secure_sums(self) -> Policy:
+        dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
+        if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
+            raise BadInputError(
+                "privacy.dp.shares = 'threshold' sizes distributed noise shares for the masking protocol's survivor"
+                " threshold: it needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
+            )
+        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
+            raise BadInputError(
+                "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
+                " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload)"
+            )
+        return self
+
+    def rhos(self) -> tuple[float, float]:
+        """(rho_sh, rho_ns) in effect for the method."""
+        rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
+        rho_ns = self.sam.rho_ns if self.method in ("fedrecgel", "sam-private") else 0.0
+        return rho_sh, rho_ns
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
+
+    def digest(self) -> str:
+        """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
+        # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
+        # run may move machines or trackers and still resume
+        dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
+        if (
+            self.privacy.audit == AuditPolicy()
+        ):  # no canaries: the digest of runs started before [privacy.audit] existed
+            del dump["privacy"]["audit"]
+        secagg = dump["privacy"]["secure_aggregation"]
+        # how the sum is computed (all exact, equal by test), not what: a run may resume in another mode
+        del secagg["simulation"], secagg["workers"]
+        if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
+            del secagg["tampered"]
+        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled")):  # likewise
+            if dump["privacy"]["dp"][field] == default:
+                del dump["privacy"]["dp"][field]
+        canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,117 @@
+"""[privacy.secure_aggregation]: how the server sums the uploads.
+
+The protocols are :mod:`fedrecgel_secure.privacy.secagg`; the parameters they take from these settings are built
+in :mod:`fedrecgel_secure.privacy.secagg.settings`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy.section import Section
+
+
+class BfvPolicy(Section):
+    """TenSEAL BFV (exact) for addition only, 128-bit security; sums the fixed-point grid integers mod a prime t."""
+
+    poly_modulus_degree: int = Field(8192, description="Ring degree N; a ciphertext packs N grid values.")
+    coeff_mod_bit_sizes: list[int] = Field(
+        [60, 60, 60],
+        description="Prime chain (the last is SEAL's key-switching prime); its sum is capped by N at 128-bit security.",
+    )
+    plain_modulus_bits: int = Field(
+        59,
+        ge=20,
+        le=59,
+        description="Bits of the plain modulus t, a prime = 1 mod 2N; sums must stay below t/2 (checked at start).",
+    )
+
+
+class MaskingPolicy(Section):
+    """Pairwise masking (Bonawitz et al. 2017) on a SecAgg+ neighbour graph (Bell et al. 2020)."""
+
+    degree: int | Literal["all", "secagg+", "auto"] = Field(
+        "auto",
+        description="Neighbours per client: all pairs, SecAgg+'s 2*ceil(log2 n),"
+        " or auto (all pairs for small cohorts).",
+    )
+    threshold: int | float | None = Field(
+        None, description="Shamir threshold t: a count, or a fraction of the neighbours."
+    )
+    consistency: float = Field(
+        2 / 3,
+        ge=0.5,
+        lt=1,
+        description="Consistency check f (malicious server): a client releases shares only after floor(f*n)+1"
+        " of the n clients in the cohort signed the same survivor set;"
+        " at most n minus that many may drop out after masking.",
+    )
+
+
+class SecureAggregationPolicy(Section):
+    scheme: Literal["none", "bfv", "masking"] = Field(
+        "none",
+        description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption;"
+        " masking: pairwise masks.",
+    )
+    min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
+    cover: Literal["shared", "item_embeddings"] = Field(
+        "shared", description="What goes through the protocol: the whole shared vector, or the item table alone."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Simulated fraction of clients that go silent after masking.")
+    tampered: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Simulated fraction of the other clients whose upload is altered in transit;"
+        " the aggregator refuses it and the round goes on without them.",
+    )
+    simulation: Literal["protocol", "arithmetic"] = Field(
+        "protocol",
+        description="How a simulated run computes the secure sum; protocol: every role runs the real cryptography"
+        " and the run reports its cost; arithmetic: the exact sum the protocol would release (same grid, same"
+        " dropouts, refusals and skipped rounds), without cryptography, for fast studies.",
+    )
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Processes that run the simulated clients' cryptography in protocol mode;"
+        " auto: one per CPU core; 1: all roles in the training process.",
+    )
+    clip_range: float = Field(
+        32.0,
+        gt=0,
+        description="Fixed-point range R: each value a client hands over is clipped to [-R, R]"
+        " (clipped values are counted in metrics.jsonl).",
+    )
+    frac_bits: int = Field(
+        36, ge=0, le=52, description="Fixed-point precision: values are rounded to multiples of 2^-frac_bits."
+    )
+    bfv: BfvPolicy = Field(BfvPolicy(), description='TenSEAL BFV parameters, used when scheme = "bfv".')
+    masking: MaskingPolicy = Field(
+        MaskingPolicy(), description='Pairwise-masking parameters, used when scheme = "masking".'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ckks(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (data.get("scheme") == "ckks" or "ckks" in data):
+            field = 'scheme = "ckks"' if data.get("scheme") == "ckks" else "[privacy.secure_aggregation.ckks]"
+            raise BadInputError(
+                f"privacy.secure_aggregation: {field} is no longer supported: approximate CKKS decryptions let"
+                " whoever receives them solve for the secret key and decrypt single uploads (Li and Micciancio,"
+                ' Eurocrypt 2021); use scheme = "bfv" (exact, same fixed-point grid) or "masking"'
+            )
+        return data
+
+    def worker_count(self) -> int:
+        """The worker processes protocol mode uses (``workers``, with auto resolved to this machine's cores)."""
+        if self.workers != "auto":
+            return self.workers
+        try:
+            return len(os.sched_getaffinity(0))  # the cores this process may run on
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1

@@ -1,0 +1,34 @@
+"""The protocol parameters a policy's ``[privacy.secure_aggregation]`` section asks for.
+
+They are built here rather than by the policy models: :mod:`fedrecgel_secure.policy`
+knows nothing of the protocols, so reading a policy never imports them
+(``privacy`` imports ``policy``, never the reverse).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .fixedpoint import FixedPoint
+from .he import BFVParams
+from .masking import MaskingParams
+
+if TYPE_CHECKING:
+    from fedrecgel_secure.policy import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
+
+
+def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
+    """The fixed-point grid every scheme sums on: ``clip_range`` and ``frac_bits``."""
+    return FixedPoint(clip_range=settings.clip_range, frac_bits=settings.frac_bits)
+
+
+def bfv_params(settings: BfvPolicy) -> BFVParams:
+    return BFVParams(
+        poly_modulus_degree=settings.poly_modulus_degree,
+        coeff_mod_bit_sizes=tuple(settings.coeff_mod_bit_sizes),
+        plain_modulus_bits=settings.plain_modulus_bits,
+    )
+
+
+def masking_params(settings: MaskingPolicy) -> MaskingParams:
+    return MaskingParams(degree=settings.degree, threshold=settings.threshold, consistency=settings.consistency)

@@ -1,0 +1,86 @@
+"""The package's layers: the policy settings sit below the privacy code, never beside it in a cycle.
+
+``fedrecgel_secure.privacy`` reads its settings from ``fedrecgel_secure.policy``;
+the policy must not import ``privacy`` back, not even inside a function, or the
+two packages depend on each other again. The graph is read from the source with
+``ast`` (every import statement, wherever it stands), so a lazy import counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import fedrecgel_secure
+
+ROOT = Path(fedrecgel_secure.__file__).resolve().parent
+PACKAGE = "fedrecgel_secure"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join((PACKAGE, *parts))
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module of the package that ``path`` names in an import statement, at any depth of its code."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {module_name(path): imports_of(path) for path in ROOT.rglob("*.py")}
+    return {module: {m for m in targets if m in graph} for module, targets in graph.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+            # importing a module runs its packages' __init__ first
+            todo.extend(p for p in (module.rsplit(".", k)[0] for k in range(1, module.count(".") + 1)) if p in graph)
+    return seen
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_graph_sees_the_privacy_code_import_the_policy():
+    graph = import_graph()
+    privacy = {m for m in graph if in_package(m, f"{PACKAGE}.privacy")}
+    assert any(in_package(t, f"{PACKAGE}.policy") for m in privacy for t in graph[m])  # the probe finds real edges
+
+
+def test_nothing_the_policy_imports_leads_back_to_the_privacy_code():
+    graph = import_graph()
+    policy = {m for m in graph if in_package(m, f"{PACKAGE}.policy")}
+    assert len(policy) > 5  # one module per section
+    leaks = sorted(m for m in reachable(graph, policy) if in_package(m, f"{PACKAGE}.privacy"))
+    assert not leaks, f"fedrecgel_secure.policy reaches {leaks}: privacy and policy would import each other"
+
+
+def test_importing_the_policy_in_a_fresh_interpreter_loads_no_privacy_module():
+    probe = "import sys, fedrecgel_secure.policy; print(*sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert f"{PACKAGE}.policy.root" in loaded
+    assert not [m for m in loaded if in_package(m, f"{PACKAGE}.privacy")]
