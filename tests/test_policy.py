@@ -261,3 +261,13 @@ def test_a_secure_sum_needs_ten_clients_unless_a_small_cohort_is_acknowledged():
     assert load_policy(None, ["privacy.secure_aggregation.min_clients=2"]).privacy.secure_aggregation.min_clients == 2
     for name in ("masking", "bfv", "secagg-dp"):
         assert load_policy(POLICY_DIR / f"{name}.toml", []).privacy.secure_aggregation.min_clients == 50
+
+
+def test_the_resolved_policy_states_the_radii_the_method_uses():
+    """fedncf trains without SAM: its resolved policy says rho = 0, not the [sam] defaults it ignores."""
+    fedncf = load_policy(POLICY_DIR / "fedncf.toml")
+    assert (fedncf.sam.rho_sh, fedncf.sam.rho_ns) == fedncf.rhos() == (0.0, 0.0)
+    assert "rho_sh = 0.0" in fedncf.to_toml() and "rho_ns = 0.0" in fedncf.to_toml()
+    shared = load_policy(None, ["method=sam-shared", "sam.rho_sh=0.3", "sam.rho_ns=0.4"])
+    assert (shared.sam.rho_sh, shared.sam.rho_ns) == (0.3, 0.0)
+    assert Policy.model_validate_json(shared.model_dump_json()).digest() == shared.digest()

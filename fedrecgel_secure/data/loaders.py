@@ -194,16 +194,30 @@ def _is_data_row(fields: list[str], layout: _Layout) -> bool:
     return True
 
 
+def _has_number(fields: list[str]) -> bool:
+    """A header names its columns: a number in the first line means the file has no header."""
+    for field in fields:
+        try:
+            float(field)
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def _column(src: str, header_line: int, names: list[str], keys: list[str], wanted: tuple[str, ...], fmt: str) -> int:
     for name in wanted:
         if name.lower() in keys:
             return keys.index(name.lower())
     hint = ""
-    if fmt == "csv":
+    if fmt == "csv" and _has_number(names):
+        # The first line is data: format 'csv' wants a header. Only a 4-field file fits a headerless format.
         hint = (
-            "; a headerless 'user,item,rating,timestamp' file needs format 'amazon'"
-            " (`--format amazon` or `--set data.format=amazon`)"
+            "; the first line looks like data, not a header: add a header line naming the columns"
+            f" (e.g. {','.join(['user', 'item', 'rating', 'timestamp'][: len(names)])})"
         )
+        if len(names) == 4:
+            hint += " or read it as the headerless format 'amazon' (data.format = 'amazon', or --format amazon)"
     raise BadInputError(
         f"{src}:{header_line}: the header has no '{wanted[0]}' column (found: {', '.join(names)}){hint}"
     )
@@ -369,7 +383,8 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
             raise BadInputError(
                 "ml-100k: MovieLens-100K is not bundled (its terms of use do not allow redistribution). "
                 "Install the copy shipped with RecBole (`pip install --no-deps recbole==1.2.1`), "
-                "or pass the path of its u.data (`--set data.path=.../u.data`); "
+                "or give the path of its u.data (`fedrecgel data info PATH/u.data`; in a policy, data.path, which"
+                " `train --set data.path=PATH/u.data` sets); "
                 "`fedrecgel data fetch ml-100k --to DIR` downloads it."
             )
         return inter, fmt or "recbole-inter"
@@ -392,7 +407,9 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
 
 def _obtain_hint(info: DatasetInfo) -> str:
     """How a user gets a non-bundled dataset's file, for error messages."""
-    where = f"Pass the path of its {Path(info.filename).name} (`--set data.path=...`)"
+    name = Path(info.filename).name
+    where = f"Give the path of its {name} (the data commands take it in place of the name; a policy as data.path"
+    where += f", which `train --set data.path=PATH/{name}` sets)"
     if info.url is None:
         return f"{where}. {info.description}"
     return f"{where}; `fedrecgel data fetch {info.name} --to DIR` downloads it from {info.url}"

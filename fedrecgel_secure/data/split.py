@@ -159,16 +159,22 @@ def sample_negatives(rng: np.random.Generator, seen: SeenIndex, users: np.ndarra
     Rejection sampling, vectorised over rows: draw uniformly, then redraw only the
     entries that are seen items or repeat an earlier entry of their row. The
     loop is over redraw rounds (a handful on sparse data), never over rows.
+    Each round rechecks only the rows that were just redrawn: a row with no
+    bad entry is final, so the masks, and the draws, are those of checking all.
     """
     out = rng.integers(0, seen.n_items, size=(users.size, k), dtype=np.int64)
+    active = np.arange(users.size)
     while True:
-        bad = seen.contains(users, out)
+        sub = out[active]
+        bad = seen.contains(users[active], sub)
         for j in range(1, k):
-            bad[:, j] |= (out[:, :j] == out[:, j : j + 1]).any(axis=1)
+            bad[:, j] |= (sub[:, :j] == sub[:, j : j + 1]).any(axis=1)
         n_bad = int(bad.sum())
         if n_bad == 0:
             return out
-        out[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
+        sub[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
+        out[active] = sub
+        active = active[bad.any(axis=1)]
 
 
 def filter_and_reindex(

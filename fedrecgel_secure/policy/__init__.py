@@ -41,8 +41,11 @@ from fedrecgel_secure.policy.files import (
     POLICY_DIR,
     apply_overrides,
     describe_errors,
+    is_policy_name,
     load_policy,
+    packaged_policy_names,
     parse_override,
+    policy_file,
     read_policy_data,
 )
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
@@ -82,7 +85,10 @@ __all__ = [
     "TrackingPolicy",
     "apply_overrides",
     "describe_errors",
+    "is_policy_name",
     "load_policy",
+    "packaged_policy_names",
     "parse_override",
+    "policy_file",
     "read_policy_data",
 ]

@@ -67,6 +67,15 @@ class Policy(Section):
         return self
 
     @model_validator(mode="after")
+    def _radii_the_method_uses(self) -> Policy:
+        """The resolved policy states the SAM radii that run: 0 for a group the method trains without SAM
+        (fedncf: both), whatever [sam] says, so ``policy.resolved.toml`` never shows a radius that is not used."""
+        rho_sh, rho_ns = self.rhos()
+        if (rho_sh, rho_ns) != (self.sam.rho_sh, self.sam.rho_ns):
+            self.sam = SamPolicy(rho_sh=rho_sh, rho_ns=rho_ns)
+        return self
+
+    @model_validator(mode="after")
     def _dp_observers_need_secure_sums(self) -> Policy:
         dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
         if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
@@ -82,7 +91,7 @@ class Policy(Section):
         return self
 
     def rhos(self) -> tuple[float, float]:
-        """(rho_sh, rho_ns) in effect for the method."""
+        """(rho_sh, rho_ns) in effect for the method (also after a ``model_copy`` that changed the method)."""
         rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
         rho_ns = self.sam.rho_ns if self.method in ("fedrecgel", "sam-private") else 0.0
         return rho_sh, rho_ns
