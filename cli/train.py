@@ -69,6 +69,9 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
             highlight=False,
             soft_wrap=True,
         )
+    small_cohort = trainer.policy.privacy.secure_aggregation.small_cohort_warning()
+    if small_cohort is not None:
+        err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)
     secagg = trainer.secure_aggregation_summary()
     if secagg is not None:
         out.print(

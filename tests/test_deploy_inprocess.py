@@ -210,7 +210,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     first = KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x), None)
     assert np.allclose(first, x.sum(0), atol=1e-9)
     # the same round without client 0: refused, so the two sums never give client 0's upload
-    with pytest.raises(RejectedPayload, match="already released"):
+    with pytest.raises(RejectedPayload, match="replay"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
     # the same round and contributors with other values (a resumed server, fresh noise): the first release again
     again = _aggregate(context, directory, tag, nodes, 1, x + 1.0)
@@ -219,7 +219,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     KeyHolderNode(tmp_path / "kh", setup).start(
         directory, tag, {n: nd.sealing_key() for n, nd in nodes.items()}, {n: nd.users for n, nd in nodes.items()}
     )
-    with pytest.raises(RejectedPayload, match="already released"):
+    with pytest.raises(RejectedPayload, match="replay"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
 
 
@@ -388,7 +388,9 @@ def _uploads(nodes, round_idx, x):
 def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
     # Someone between the nodes and the key holder (a curious server trying to isolate user 1) presents node 0's
     # proofs for users 0 and 1 with user 0's ciphertext alone, plus node 1's honest sum. The signatures check out,
-    # the tags do not: nothing is released. The honest sums decrypt to the exact total.
+    # the tags do not: nothing is released, and the round is used up. The honest sums decrypt to the exact total.
+    import shutil
+
     import numpy as np
 
     from fedrecgel_secure.deploy.he_node import KeyHolderNode
@@ -416,12 +418,16 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
     server = aggregator()
     assert server.receive_partial(forged) == [0, 1]  # the proofs are genuine
     server.receive_partial(honest[1])
-    with pytest.raises(RejectedPayload, match="not the sum of the uploads"):
+    shutil.copytree(tmp_path / "kh", tmp_path / "kh-unasked")  # the key holder as it was before the request
+    with pytest.raises(RejectedPayload, match="bad_ciphertext"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
     server = aggregator()
     for partial in honest:
         server.receive_partial(partial)
-    total = KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+    honest_total = server.finish().serialize()
+    with pytest.raises(RejectedPayload, match="replay"):  # the refused request used the round up
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(honest_total, None)
+    total = KeyHolderNode(tmp_path / "kh-unasked", setup).decrypt(honest_total, None)
     assert np.allclose(total, x.sum(0), atol=1e-9)
 
 
