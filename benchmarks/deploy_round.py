@@ -9,7 +9,10 @@ them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
 round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
 plus the once-per-server set-up (hello, key exchange). Ends with a Markdown
 table for docs/results/deploy-round.md, whose seconds per round leave out round 1 (it also
-carries the set-up). ``--report-only`` summarizes the runs already in ``--out``.
+carries the set-up), with the poll floor (stages per round x the SuperNode's 3 s
+pull sleep: what a round waits at worst on Flower's poll alone), and a table that
+splits each stage into pull wait, process start, imports, the node's work and
+push wait (:mod:`fedrecgel_secure.deploy.timing`). ``--report-only`` summarizes the runs already in ``--out``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+from fedrecgel_secure.deploy.timing import PARTS
 
+SUPERNODE_POLL = 3.0  # seconds: time.sleep(3) in flwr 1.42's supernode/start_client_internal.py
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 
@@ -66,6 +71,13 @@ def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -
         if s["stage"] not in SETUP:
             seconds[stage_kind(s["stage"])] += s["seconds"] / rounds
     dropped = sum(r.get("dropped", 0) for r in records)
+    # each stage split into its parts (deploy/timing.py), mean over the rounds' stages of a kind
+    parts: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in stages:
+        if s["stage"] not in SETUP:
+            for part, sec in s.get("parts", {}).items():
+                parts[stage_kind(s["stage"])][part].append(sec)
+    per_round_stages = sum(1 for s in stages if s["stage"] not in SETUP) / rounds
     return {
         "scheme": scheme,
         "per_round": per_round,
@@ -73,6 +85,9 @@ def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -
         "setup": setup,
         "total": total,
         "dropped": dropped,
+        "parts": {k: {p: sum(v) / len(v) for p, v in ps.items()} for k, ps in parts.items()},
+        # the SuperNode pulls between 3 s sleeps (flwr 1.42, no setting): a stage waits up to that for its node
+        "poll_floor": per_round_stages * SUPERNODE_POLL,
     }
 
 
@@ -99,20 +114,26 @@ def main() -> None:
             f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
             flush=True,
         )
+    print()
+    print("| scheme | stage | " + " | ".join(PARTS) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in PARTS) + " |")
+    for r in results:
+        for kind, ps in r["parts"].items():
+            print(f"| {r['scheme']} | {kind} | " + " | ".join(f"{ps.get(p, 0.0):.2f}" for p in PARTS) + " |")
     kinds = []
     for r in results:
         kinds += [k for k in r["stages"] if k not in kinds]
     print()
     # a round's seconds after the first (which also carries the once-per-server set-up); stages: mean of all rounds
-    print("| scheme | s / round | " + " | ".join(kinds) + " | set-up (once) |")
-    print("| --- | --- | " + " | ".join("---" for _ in kinds) + " | --- |")
+    print("| scheme | s / round | poll floor | " + " | ".join(kinds) + " | set-up (once) |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in kinds) + " | --- |")
     for r in results:
         steady = r["per_round"][1:] or r["per_round"]
         mean = sum(steady) / len(steady)
         cells = [
             f"{r['stages'][k]:.1f} ({100 * r['stages'][k] / mean:.0f}%)" if k in r["stages"] else "" for k in kinds
         ]
-        print(f"| {r['scheme']} | {mean:.1f} | " + " | ".join(cells) + f" | {r['setup']:.1f} |")
+        print(f"| {r['scheme']} | {mean:.1f} | {r['poll_floor']:.0f} | " + " | ".join(cells) + f" | {r['setup']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -34,13 +34,16 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     atomic_write_bytes(path, buffer.getvalue(), mode=CHECKPOINT_MODE)
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, purpose: str = "resume from") -> dict:
+    """The checkpoint's payload; bad input (exit 2) if there is none, or it is not one of ours."""
     path = Path(path)
     if not path.is_file():
-        raise BadInputError(f"{path}: no checkpoint to resume from")
+        raise BadInputError(f"{path}: no checkpoint to {purpose} (the run has not saved one)")
     import torch
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a torn or foreign file: say which
-        raise BadInputError(f"{path}: not a readable checkpoint ({e})") from None
+    except Exception as e:  # a torn or foreign file: say so; torch's own text asks users to file an issue with torch
+        first = str(e).strip().split(". ")[0].splitlines()[0][:120] if str(e).strip() else ""
+        said = f": {first}" if any(c.isalpha() for c in first) else ""
+        raise BadInputError(f"{path}: not a readable checkpoint (damaged, or not written by fedrecgel{said})") from None

@@ -11,6 +11,9 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 ``curves.png``             the run's curves (``fedrecgel train``)
 ``audit.json``             the privacy audit (``fedrecgel audit``, audited studies)
 ``study_error.json``       why a study's last attempt at this run failed
+``tracking.json``          the run's MLflow run id and store, so a resumed run continues them (``[tracking]``)
+``tensorboard/``           TensorBoard event files (``[tracking] tensorboard = true``)
+``mlruns/``                the local MLflow file store (``[tracking] mlflow = true``, a run outside a study)
 ``crash-*.log``            the traceback of an internal error of the command (0600)
 ``.run.lock``              held by the process training this run (``train``, a study's worker)
 =========================  =====================================================
@@ -18,7 +21,8 @@ One run of :class:`~fedrecgel_secure.federation.trainer.Trainer` writes
 Every file is replaced atomically (:func:`atomic_write_bytes`): a reader sees
 the previous content or the new one, never a torn file, whatever kills the
 writer. The one exception is ``metrics.jsonl``, appended a line per evaluation;
-the trainer rewrites it atomically from its checkpoint when a run resumes.
+it is rewritten atomically from the checkpoint when a run resumes
+(:class:`fedrecgel_secure.tracking.RunLog`, which also feeds the trackers).
 
 This module imports neither torch nor any other heavy package, so the commands
 that only read run directories (``fedrecgel study report``) start fast.

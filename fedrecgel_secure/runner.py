@@ -57,7 +57,7 @@ def load_run(run_dir: Path) -> tuple[Policy, Trainer]:
         raise BadInputError(f"{run_dir}: not a run directory (no {RESOLVED})")
     policy = load_policy(run_dir / RESOLVED)
     trainer = Trainer(policy, load_split(policy.data))
-    trainer.load_state_dict(load_checkpoint(run_dir / CHECKPOINT), str(run_dir / CHECKPOINT))
+    trainer.load_state_dict(load_checkpoint(run_dir / CHECKPOINT, "evaluate"), str(run_dir / CHECKPOINT))
     return policy, trainer
 
 

@@ -58,6 +58,7 @@ def filmtrust_split():
 MASKING = """[privacy.secure_aggregation]
 scheme = "masking"
 min_clients = 2
+allow_small_cohort = true  # the tiny test worlds; the schema's floor is 10
 """
 BFV = MASKING.replace("masking", "bfv")
 

@@ -191,9 +191,14 @@ def test_train_says_how_the_secure_sum_was_simulated(tiny_run, tmp_path, simulat
         f"privacy.secure_aggregation.simulation={simulation}",
         "--set",
         "privacy.secure_aggregation.workers=2",
+        "--set",
+        "privacy.secure_aggregation.min_clients=2",
+        "--set",
+        "privacy.secure_aggregation.allow_small_cohort=true",
     )
     assert result.returncode == 0, result.stderr
     assert f"secure aggregation: {says}" in result.stdout
+    assert "min_clients = 2 (allow_small_cohort)" in result.stderr  # the start line warns of the small cohort
     assert ("no per-round protocol cost" in result.stdout) == (simulation == "arithmetic")
     summary = json.loads((tmp_path / "summary.json").read_text())["secure_aggregation"]
     assert summary == {"scheme": "bfv", "simulation": simulation, "workers": None if simulation == "arithmetic" else 2}

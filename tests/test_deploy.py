@@ -81,6 +81,11 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
         assert (out / "nodes" / "keyholder" / "keyholder.key").stat().st_mode & 0o777 == 0o600
         assert len(list(out.rglob("keyholder.key"))) == 1
     assert not dep.procs.procs
+    # across real processes each stage is split by the nodes' timestamps; Flower's 3 s node poll is in pull_wait
+    from fedrecgel_secure.deploy.timing import PARTS
+
+    last = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()][-1]["parts"]
+    assert set(last) == set(PARTS) and all(v >= -0.05 for v in last.values()) and last["work"] > 0
 
 
 def _took_part_in_key_sharing(secagg_dir: Path) -> bool:

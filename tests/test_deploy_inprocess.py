@@ -210,7 +210,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     first = KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x), None)
     assert np.allclose(first, x.sum(0), atol=1e-9)
     # the same round without client 0: refused, so the two sums never give client 0's upload
-    with pytest.raises(RejectedPayload, match="already released"):
+    with pytest.raises(RejectedPayload, match="replay"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
     # the same round and contributors with other values (a resumed server, fresh noise): the first release again
     again = _aggregate(context, directory, tag, nodes, 1, x + 1.0)
@@ -219,7 +219,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     KeyHolderNode(tmp_path / "kh", setup).start(
         directory, tag, {n: nd.sealing_key() for n, nd in nodes.items()}, {n: nd.users for n, nd in nodes.items()}
     )
-    with pytest.raises(RejectedPayload, match="already released"):
+    with pytest.raises(RejectedPayload, match="replay"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
 
 
@@ -389,7 +389,9 @@ def _uploads(nodes, round_idx, x):
 def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
     # Someone between the nodes and the key holder (a curious server trying to isolate user 1) presents node 0's
     # proofs for users 0 and 1 with user 0's ciphertext alone, plus node 1's honest sum. The signatures check out,
-    # the tags do not: nothing is released. The honest sums decrypt to the exact total.
+    # the tags do not: nothing is released, and the round is used up. The honest sums decrypt to the exact total.
+    import shutil
+
     import numpy as np
 
     from fedrecgel_secure.deploy.he_node import KeyHolderNode
@@ -417,12 +419,16 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
     server = aggregator()
     assert server.receive_partial(forged) == [0, 1]  # the proofs are genuine
     server.receive_partial(honest[1])
-    with pytest.raises(RejectedPayload, match="not the sum of the uploads"):
+    shutil.copytree(tmp_path / "kh", tmp_path / "kh-unasked")  # the key holder as it was before the request
+    with pytest.raises(RejectedPayload, match="bad_ciphertext"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
     server = aggregator()
     for partial in honest:
         server.receive_partial(partial)
-    total = KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+    honest_total = server.finish().serialize()
+    with pytest.raises(RejectedPayload, match="replay"):  # the refused request used the round up
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(honest_total, None)
+    total = KeyHolderNode(tmp_path / "kh-unasked", setup).decrypt(honest_total, None)
     assert np.allclose(total, x.sum(0), atol=1e-9)
 
 
@@ -471,6 +477,12 @@ def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
     unmask = lines[stages.index("secagg-unmask")]
     assert unmask["answered"] == unmask["sent"] - 1 and unmask["seconds"] >= 1.0  # node 2 waited out the timeout
     assert all(line["seconds"] >= 0 for line in lines)
+    # each answered stage split into its parts by the nodes' timestamps (deploy/timing.py)
+    from fedrecgel_secure.deploy.timing import PARTS
+
+    train = lines[stages.index("round-1")]["parts"]
+    assert set(train) == set(PARTS) and train["work"] > 0 and train["imports"] >= 0
+    assert all(set(line["parts"]) == set(PARTS) for line in lines if line["answered"])
 
 
 @pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI

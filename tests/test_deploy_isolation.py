@@ -97,7 +97,8 @@ def _stranger(tmp_path: Path, address: str) -> tuple[Path, dict, Path]:
 
 
 def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deployment(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment, _bin, resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.processes import flower_bin
 
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
@@ -106,7 +107,7 @@ def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deploym
         app, env, markers = _stranger(tmp_path, f"{dep.HOST}:{dep.port}")
         _wait_until(lambda: len(dep.supernodes()) == 2, 90, "the SuperNodes never registered")
         result = subprocess.run(
-            [_bin("flwr"), "run", str(app), "theirs", "--stream"],
+            [flower_bin("flwr"), "run", str(app), "theirs", "--stream"],
             capture_output=True,
             text=True,
             env=env,

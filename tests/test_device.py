@@ -18,7 +18,14 @@ from fedrecgel_secure.federation.uploads import RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
-MASKING = {"secure_aggregation": {"scheme": "masking", "simulation": "arithmetic", "min_clients": 2}}
+MASKING = {
+    "secure_aggregation": {
+        "scheme": "masking",
+        "simulation": "arithmetic",
+        "min_clients": 2,
+        "allow_small_cohort": True,
+    }
+}
 CENTRAL_DP = {"dp": {"enabled": True, "noise": "seeded", "noise_multiplier": 1.0, "clip_norm": 1.0}}
 
 

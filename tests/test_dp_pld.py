@@ -142,6 +142,7 @@ def masked_policy(rounds: int = 6, dropout: float = 0.0, **dp) -> Policy:
                     "scheme": "masking",
                     "simulation": "arithmetic",
                     "min_clients": 5,
+                    "allow_small_cohort": True,
                     "dropout": dropout,
                     "masking": {"threshold": 0.5},
                 },
@@ -285,6 +286,7 @@ def test_the_cli_reports_each_observer_s_epsilon(tmp_path):
         "privacy.secure_aggregation.scheme=masking",
         "privacy.secure_aggregation.simulation=arithmetic",
         "privacy.secure_aggregation.min_clients=5",
+        "privacy.secure_aggregation.allow_small_cohort=true",
     ]
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "fedrecgel_secure.cli.main", "train", "--out", str(out)]

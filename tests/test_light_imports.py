@@ -28,6 +28,8 @@ def imported_packages(*args: str) -> set[str]:
 LIGHT_MODULES = [
     "fedrecgel_secure.policy",
     "fedrecgel_secure.rundir",
+    "fedrecgel_secure.run_index",
+    "fedrecgel_secure.tracking",
     "fedrecgel_secure.study.report",
     "fedrecgel_secure.cli.main",
 ]
@@ -42,6 +44,8 @@ def test_importing_the_policy_run_directory_and_study_report_modules_loads_no_tr
 
 def commands(tmp_path) -> list[list[str]]:
     ratings = write_ratings(tmp_path / "ratings.txt")
+    study = tmp_path / "study.toml"
+    study.write_text('name = "s"\nbase = "default"\nseeds = [1]\n[grid]\n"sam.rho_sh" = [0.0, 0.02]\n')
     return [
         ["--help"],
         ["policy", "validate", str(POLICY_DIR / "default.toml")],
@@ -51,6 +55,9 @@ def commands(tmp_path) -> list[list[str]]:
         ["data", "info", str(ratings)],
         ["data", "split", str(ratings), "--protocol", "authors", "--out", str(tmp_path / "split")],
         ["deploy", "plan", str(POLICY_DIR / "default.toml")],
+        ["policy", "show", "dp-eps8"],
+        ["runs", str(tmp_path)],
+        ["study", "validate", str(study)],
     ]
 
 

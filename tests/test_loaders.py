@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import http.server
 import sys
 import threading
@@ -265,7 +266,8 @@ def test_unknown_format_lists_the_known_ones(tmp_path):
 
 
 def test_registry_entries_are_consistent():
-    assert set(DATASETS) == {"filmtrust", "lastfm-2k", "amazon-video", "qb-article", "ml-100k"}
+    movielens = {"ml-100k", "ml-1m", "ml-20m", "ml-25m"}
+    assert set(DATASETS) == {"filmtrust", "lastfm-2k", "amazon-video", "qb-article", *movielens}
     assert [n for n, info in DATASETS.items() if info.bundled] == ["filmtrust"]
     for name, info in DATASETS.items():
         assert info.name == name
@@ -310,7 +312,7 @@ def test_find_recbole_ml100k_without_recbole(monkeypatch):
     assert find_recbole_ml100k() is None
 
 
-@pytest.mark.parametrize("name", ["lastfm-2k", "amazon-video"])
+@pytest.mark.parametrize("name", ["lastfm-2k", "amazon-video", "ml-1m", "ml-20m", "ml-25m"])
 def test_downloadable_datasets_that_are_not_bundled_point_at_fetch(name):
     with pytest.raises(BadInputError, match="not bundled") as e:
         resolve_dataset(name)
@@ -391,6 +393,7 @@ def server(tmp_path, monkeypatch):
     make_zip(root / "filmtrust.zip", {"ratings.txt": "1 1 2\n2 1 3\n", "trust.txt": "1 2 1\n"})
     make_zip(root / "ml-100k.zip", {"ml-100k/u.data": "1\t2\t3\t4\n", "ml-100k/u.item": ""})
     make_zip(root / "nested.zip", {"hetrec/user_artists.dat": "userID\tartistID\tweight\n2\t51\t1\n"})
+    make_zip(root / "ml-1m.zip", {"ml-1m/ratings.dat": "1::1193::5::978300760\n", "ml-1m/movies.dat": ""})
     make_zip(root / "slip.zip", {"user_artists.dat": "", "../evil.txt": "gotcha"})
     (root / "ratings.csv").write_text("A1,B1,5.0,1202256000\n")
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
@@ -401,8 +404,9 @@ def server(tmp_path, monkeypatch):
     httpd.server_close()
 
 
-def point(monkeypatch, name: str, url: str) -> None:
-    monkeypatch.setitem(DATASETS, name, dataclasses.replace(DATASETS[name], url=url))
+def point(monkeypatch, name: str, url: str, sha256: str | None = None) -> None:
+    """Serve dataset ``name`` from ``url``, checked against ``sha256`` (the registry's digest is the real file's)."""
+    monkeypatch.setitem(DATASETS, name, dataclasses.replace(DATASETS[name], url=url, sha256=sha256))
 
 
 def test_fetch_extracts_a_zip_and_returns_the_data_file(server, monkeypatch, tmp_path):
@@ -471,3 +475,27 @@ def test_fetch_without_url_explains_where_to_get_it(tmp_path):
         fetch_dataset("qb-article", tmp_path)
     assert "tenrec_dataset.html" in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fetch_checks_the_published_sha256(server, monkeypatch, tmp_path):
+    served = hashlib.sha256((tmp_path / "served" / "ml-1m.zip").read_bytes()).hexdigest()
+    point(monkeypatch, "ml-1m", f"{server}/ml-1m.zip", sha256=served)
+    path = fetch_dataset("ml-1m", tmp_path / "data")
+    assert path == tmp_path / "data" / "ml-1m" / "ratings.dat"
+    assert read_interactions(path, "ml-1m").items.tolist() == [1193]
+
+
+def test_fetch_refuses_a_download_with_another_sha256_and_keeps_nothing(server, monkeypatch, tmp_path):
+    point(monkeypatch, "ml-1m", f"{server}/ml-1m.zip", sha256=DATASETS["ml-1m"].sha256)
+    to_dir = tmp_path / "data"
+    with pytest.raises(BadInputError, match="is not the published file: its SHA-256 is [0-9a-f]{64}, expected a6898a"):
+        fetch_dataset("ml-1m", to_dir)
+    assert list(to_dir.iterdir()) == []
+
+
+def test_movielens_archives_are_registered_with_grouplens_urls_and_digests():
+    for name, member in [("ml-1m", "ratings.dat"), ("ml-20m", "ratings.csv"), ("ml-25m", "ratings.csv")]:
+        info = DATASETS[name]
+        assert info.url == f"https://files.grouplens.org/datasets/movielens/{name}.zip"
+        assert info.filename == f"{name}/{member}"
+        assert len(info.sha256) == 64 and int(info.sha256, 16) >= 0

@@ -24,6 +24,7 @@ def test_every_shipped_policy_validates():
         "lastfm-2k.toml",
         "amazon-video.toml",
         "qb-article.toml",
+        "movielens-1m.toml",
     } <= names
     for path in SHIPPED:
         load_policy(path)
@@ -244,3 +245,30 @@ def test_how_the_secure_sum_is_simulated_does_not_change_the_digest():
     )
     assert tampered.digest() != base.digest()
     assert other.privacy.secure_aggregation.worker_count() == 3
+
+
+def test_a_secure_sum_needs_ten_clients_unless_a_small_cohort_is_acknowledged():
+    masking = "privacy.secure_aggregation.scheme=masking"
+    settings = load_policy(None, [masking]).privacy.secure_aggregation
+    assert settings.min_clients == 10 and settings.small_cohort_warning() is None
+    with pytest.raises(BadInputError, match=r"privacy\.secure_aggregation\.min_clients = 2 is below 10"):
+        load_policy(None, [masking, "privacy.secure_aggregation.min_clients=2"])
+    small = load_policy(
+        None,
+        [masking, "privacy.secure_aggregation.min_clients=2", "privacy.secure_aggregation.allow_small_cohort=true"],
+    ).privacy.secure_aggregation
+    assert "1 colluding or invented clients expose the last one" in small.small_cohort_warning()
+    # plaintext sums promise nothing about cohorts; the shipped secure policies sit well above the floor
+    assert load_policy(None, ["privacy.secure_aggregation.min_clients=2"]).privacy.secure_aggregation.min_clients == 2
+    for name in ("masking", "bfv", "secagg-dp"):
+        assert load_policy(POLICY_DIR / f"{name}.toml", []).privacy.secure_aggregation.min_clients == 50
+
+
+def test_the_resolved_policy_states_the_radii_the_method_uses():
+    """fedncf trains without SAM: its resolved policy says rho = 0, not the [sam] defaults it ignores."""
+    fedncf = load_policy(POLICY_DIR / "fedncf.toml")
+    assert (fedncf.sam.rho_sh, fedncf.sam.rho_ns) == fedncf.rhos() == (0.0, 0.0)
+    assert "rho_sh = 0.0" in fedncf.to_toml() and "rho_ns = 0.0" in fedncf.to_toml()
+    shared = load_policy(None, ["method=sam-shared", "sam.rho_sh=0.3", "sam.rho_ns=0.4"])
+    assert (shared.sam.rho_sh, shared.sam.rho_ns) == (0.3, 0.0)
+    assert Policy.model_validate_json(shared.model_dump_json()).digest() == shared.digest()

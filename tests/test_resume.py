@@ -123,6 +123,7 @@ def test_dp_accounting_resumes_exactly(tmp_path):
                     "scheme": "masking",
                     "simulation": "arithmetic",
                     "min_clients": 5,
+                    "allow_small_cohort": True,
                     "dropout": 0.3,
                     "masking": {"threshold": 0.5},
                 },

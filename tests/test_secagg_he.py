@@ -317,7 +317,7 @@ class TestKeyHolder:
         with pytest.raises(RejectedPayload) as err:
             holder.decrypt(self._aggregate(world, 0, [0, 1]).serialize())
         assert err.value.reason == "too_few_contributors"
-        assert holder.last_decrypted_round == -1  # a refusal does not use up the round
+        assert holder.last_decrypted_round == 0  # a refusal uses the round up (no second probe in it)
 
     def test_refuses_forged_or_repeated_proofs(self, world):
         holder = _holder(world)
@@ -329,7 +329,7 @@ class TestKeyHolder:
             holder.decrypt(bytes(forged))
         repeated = blob[:head] + blob[head : head + 100] * 3 + blob[head + 300 :]
         with pytest.raises(RejectedPayload, match="duplicate_client"):
-            holder.decrypt(bytes(repeated))
+            _holder(world).decrypt(bytes(repeated))
 
     def test_decrypts_at_most_one_aggregate_per_round(self, world):
         # Two overlapping subsets of one round would reveal a single upload by difference.

@@ -20,6 +20,7 @@ from fedrecgel_secure.audit.views import RoundViews, available, server_view
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.rundir import AUDIT, atomic_write_json
+from fedrecgel_secure.tracking import log_file
 
 
 def _best(attacks: dict) -> str:
@@ -202,6 +203,7 @@ def audit_run(run_dir: Path, rounds: int = 3) -> dict:
         ):
             result[key] = estimate[key]
     atomic_write_json(Path(run_dir) / AUDIT, _json_safe(result))
+    log_file(run_dir, AUDIT)  # to the run's experiment trackers, if it has any
     return result
 
 

@@ -2,14 +2,16 @@
 
 Nothing is half-written: the download lands in a temporary file in the target
 folder and is renamed into place only once complete, and a zip is checked in
-full before any member is extracted.
+full before any member is extracted. Where the registry knows the download's
+SHA-256 (:attr:`~fedrecgel_secure.data.datasets.DatasetInfo.sha256`), other bytes
+are refused before anything is kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
-import shutil
 import tempfile
 import urllib.error
 import urllib.parse
@@ -17,7 +19,7 @@ import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from fedrecgel_secure.data.loaders import DATASETS
+from fedrecgel_secure.data.datasets import DATASETS
 from fedrecgel_secure.errors import BadInputError
 
 
@@ -42,7 +44,7 @@ def fetch_dataset(name: str, to_dir: Path, *, timeout: float = 30.0) -> Path:
     try:
         try:
             with os.fdopen(fd, "wb") as out, urllib.request.urlopen(info.url, timeout=timeout) as response:
-                shutil.copyfileobj(response, out)
+                digest = _copy_hashing(response, out)
         # HTTPError and TimeoutError are among these; a truncated body is an HTTPException.
         except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
             raise BadInputError(
@@ -50,6 +52,11 @@ def fetch_dataset(name: str, to_dir: Path, *, timeout: float = 30.0) -> Path:
                 f"internet access. Download it by hand, and pass the path of its {info.filename} "
                 f"to `fedrecgel train --set data.path=...`."
             ) from None
+        if info.sha256 is not None and digest != info.sha256:
+            raise BadInputError(
+                f"the download of {name} from {info.url} is not the published file: its SHA-256 is {digest}, "
+                f"expected {info.sha256}; nothing was kept. Try again, or download it by hand and check it."
+            )
         if not zipfile.is_zipfile(tmp):
             target = to_dir / info.filename
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +88,15 @@ def fetch_dataset(name: str, to_dir: Path, *, timeout: float = 30.0) -> Path:
             f"(members: {', '.join(members[:10])}{', ...' if len(members) > 10 else ''})"
         )
     return to_dir / matches[0]
+
+
+def _copy_hashing(source, out) -> str:
+    """Copy ``source`` to ``out`` and return the SHA-256 hex digest of what was copied."""
+    digest = hashlib.sha256()
+    while block := source.read(1 << 20):
+        digest.update(block)
+        out.write(block)
+    return digest.hexdigest()
 
 
 def _check_members(archive: Path, members: list[str], to_dir: Path) -> None:

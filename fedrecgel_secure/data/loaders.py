@@ -20,6 +20,10 @@ amazon          comma      ``user,item,rating,timestamp``, header optional
 tenrec          comma      header with ``user_id,item_id``, optional ``timestamp``
 lastfm-ts       spaces     ``user item weight timestamp``, header optional (the
                            authors' LastFM-2K file; tabs or spaces)
+ml-1m           ``::``     ``UserID::MovieID::Rating::Timestamp``, no header
+                           (MovieLens-1M/10M ratings.dat; :mod:`.movielens`)
+ml-20m          comma      header ``userId,movieId,rating,timestamp`` (MovieLens-
+                           20M/25M ratings.csv; :mod:`.movielens`)
 ==============  =========  ======================================================
 
 A ``rating`` (or ``weight``) column, when a format has one, is kept as the
@@ -39,7 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.data import movielens
+from fedrecgel_secure.data.datasets import DATASETS, DatasetInfo
 from fedrecgel_secure.errors import BadInputError
+
+__all__ = ["DATASETS", "FORMATS", "DatasetInfo", "RawInteractions", "read_interactions", "resolve_dataset"]
 
 
 @dataclass(frozen=True)
@@ -92,12 +100,16 @@ _LAYOUTS: dict[str, _Layout] = {
         expect="4 fields 'user item weight timestamp'",
     ),
 }
-FORMATS: tuple[str, ...] = tuple(_LAYOUTS)
+# MovieLens-1M and -20M/25M files are read from their bytes, vectorised (:mod:`.movielens`).
+FORMATS: tuple[str, ...] = (*_LAYOUTS, *movielens.FORMATS)
 
 
 def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
     """Read every interaction of ``path`` in format ``fmt`` (one of :data:`FORMATS`)."""
     src = str(path)
+    if fmt in movielens.FORMATS:
+        users, items, stamps = movielens.parse_ratings(_read_bytes(Path(path)), src, fmt)
+        return RawInteractions(users=users, items=items, timestamps=stamps, source=src)
     if fmt not in _LAYOUTS:
         raise BadInputError(f"{src}: unknown format {fmt!r}; known formats: {', '.join(FORMATS)}")
     layout = _LAYOUTS[fmt]
@@ -146,6 +158,17 @@ def read_interactions(path: str | Path, fmt: str) -> RawInteractions:
 
 
 def _read_text(path: Path) -> str:
+    data = _read_bytes(path)
+    try:
+        # utf-8-sig: a byte-order mark from a spreadsheet export would otherwise
+        # become part of the first header name.
+        return data.decode("utf-8-sig").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise BadInputError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
+
+
+def _read_bytes(path: Path) -> bytes:
     if path.is_dir():
         raise BadInputError(f"{path}: is a directory, expected a file")
     try:
@@ -154,13 +177,7 @@ def _read_text(path: Path) -> str:
         raise BadInputError(f"{path}: no such file") from None
     except OSError as e:
         raise BadInputError(f"{path}: cannot read the file ({e.strerror or e})") from None
-    try:
-        # utf-8-sig: a byte-order mark from a spreadsheet export would otherwise
-        # become part of the first header name.
-        return data.decode("utf-8-sig").replace("\r\n", "\n")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise BadInputError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
+    return data
 
 
 def _rows(src: str, text: str, sep: str | None) -> Iterator[tuple[int, list[str]]]:
@@ -194,16 +211,32 @@ def _is_data_row(fields: list[str], layout: _Layout) -> bool:
     return True
 
 
+def _has_number(fields: list[str]) -> bool:
+    """A header names its columns: a number in the first line means the file has no header."""
+    for field in fields:
+        try:
+            float(field)
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def _column(src: str, header_line: int, names: list[str], keys: list[str], wanted: tuple[str, ...], fmt: str) -> int:
     for name in wanted:
         if name.lower() in keys:
             return keys.index(name.lower())
     hint = ""
-    if fmt == "csv":
+    if fmt == "csv" and "userid" in keys and "movieid" in keys:
+        hint = "; a MovieLens ratings.csv needs format 'ml-20m' (`--format ml-20m` or `--set data.format=ml-20m`)"
+    elif fmt == "csv" and _has_number(names):
+        # The first line is data: format 'csv' wants a header. Only a 4-field file fits a headerless format.
         hint = (
-            "; a headerless 'user,item,rating,timestamp' file needs format 'amazon'"
-            " (`--format amazon` or `--set data.format=amazon`)"
+            "; the first line looks like data, not a header: add a header line naming the columns"
+            f" (e.g. {','.join(['user', 'item', 'rating', 'timestamp'][: len(names)])})"
         )
+        if len(names) == 4:
+            hint += " or read it as the headerless format 'amazon' (data.format = 'amazon', or --format amazon)"
     raise BadInputError(
         f"{src}:{header_line}: the header has no '{wanted[0]}' column (found: {', '.join(names)}){hint}"
     )
@@ -256,99 +289,12 @@ def find_recbole_ml100k() -> Path | None:
     return None
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    """A dataset of the paper: where its file comes from and how to read and cite it."""
-
-    name: str
-    fmt: str  # default format for its file
-    description: str
-    citation: str
-    url: str | None  # public download URL, None if none exists
-    filename: str  # the file inside the download to read
-    bundled: bool
-    authors_fmt: str | None = None  # the format data.protocol = "authors" reads, when it differs from fmt
-
-
-_TENREC_APPLICATION = "https://static.qblv.qq.com/qblv/h5/algo-frontend/tenrec_dataset.html"
-
-DATASETS: dict[str, DatasetInfo] = {
-    info.name: info
-    for info in [
-        DatasetInfo(
-            name="filmtrust",
-            fmt="filmtrust",
-            description="FilmTrust movie ratings: 35,497 ratings of 2,071 films by 1,508 users (bundled).",
-            citation=(
-                'G. Guo, J. Zhang, N. Yorke-Smith, "A Novel Bayesian Similarity Measure for '
-                'Recommender Systems", IJCAI 2013.'
-            ),
-            url="https://guoguibing.github.io/librec/datasets/filmtrust.zip",
-            filename="ratings.txt",
-            bundled=True,
-        ),
-        DatasetInfo(
-            name="lastfm-2k",
-            fmt="lastfm-hetrec",
-            description="Last.fm artist listening of 1,892 users over 17,632 artists (HetRec 2011).",
-            citation=(
-                'I. Cantador, P. Brusilovsky, T. Kuflik, "2nd Workshop on Information Heterogeneity '
-                'and Fusion in Recommender Systems (HetRec 2011)", RecSys 2011.'
-            ),
-            url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
-            filename="user_artists.dat",
-            bundled=False,
-            # The authors read a 4-column file with timestamps (user, item, weight, timestamp).
-            authors_fmt="lastfm-ts",
-        ),
-        DatasetInfo(
-            name="amazon-video",
-            fmt="amazon",
-            description=(
-                "Amazon Instant Video ratings (ratings-only CSV); the paper keeps 8,072 users, "
-                "11,830 items, 63,836 interactions."
-            ),
-            citation=(
-                'R. He, J. McAuley, "Ups and Downs: Modeling the Visual Evolution of Fashion Trends '
-                'with One-Class Collaborative Filtering", WWW 2016; J. McAuley, C. Targett, Q. Shi, '
-                'A. van den Hengel, "Image-based Recommendations on Styles and Substitutes", SIGIR 2015.'
-            ),
-            url="http://snap.stanford.edu/data/amazon/productGraph/categoryFiles/ratings_Amazon_Instant_Video.csv",
-            filename="ratings_Amazon_Instant_Video.csv",
-            bundled=False,
-        ),
-        DatasetInfo(
-            name="qb-article",
-            fmt="tenrec",
-            description=(
-                "QQ Browser article clicks from Tenrec; the paper keeps 24,508 users, 7,352 items, "
-                "348,704 interactions. There is no public download: Tenrec is released on "
-                f"application at {_TENREC_APPLICATION}."
-            ),
-            citation=(
-                'G. Yuan et al., "Tenrec: A Large-scale Multipurpose Benchmark Dataset for '
-                'Recommender Systems", NeurIPS 2022 Datasets and Benchmarks.'
-            ),
-            url=None,
-            filename="QB-article.csv",
-            bundled=False,
-        ),
-        DatasetInfo(
-            name="ml-100k",
-            fmt="ml-100k",
-            description=(
-                "MovieLens-100K: 100,000 ratings of 1,682 movies by 943 users; read from an "
-                "installed recbole (pip install --no-deps recbole==1.2.1) or from a u.data."
-            ),
-            citation='F. M. Harper, J. A. Konstan, "The MovieLens Datasets: History and Context", ACM TiiS 2015.',
-            url="https://files.grouplens.org/datasets/movielens/ml-100k.zip",
-            filename="ml-100k/u.data",
-            bundled=False,
-        ),
-    ]
+_GUESS_BY_NAME = {
+    "u.data": "ml-100k",
+    "user_artists.dat": "lastfm-hetrec",
+    "ratings.txt": "filmtrust",
+    "ratings.dat": "ml-1m",
 }
-
-_GUESS_BY_NAME = {"u.data": "ml-100k", "user_artists.dat": "lastfm-hetrec", "ratings.txt": "filmtrust"}
 _GUESS_BY_SUFFIX = {".inter": "recbole-inter", ".txt": "filmtrust", ".csv": "csv"}
 
 
@@ -358,7 +304,7 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
     A registered name wins over a file of the same name. ``fmt``, when given,
     always wins over the dataset's or the file name's format.
     """
-    if fmt is not None and fmt not in _LAYOUTS:
+    if fmt is not None and fmt not in FORMATS:
         raise BadInputError(f"{name_or_path}: unknown format {fmt!r}; known formats: {', '.join(FORMATS)}")
     info = DATASETS.get(name_or_path)
     if info is not None and info.bundled:
@@ -369,7 +315,8 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
             raise BadInputError(
                 "ml-100k: MovieLens-100K is not bundled (its terms of use do not allow redistribution). "
                 "Install the copy shipped with RecBole (`pip install --no-deps recbole==1.2.1`), "
-                "or pass the path of its u.data (`--set data.path=.../u.data`); "
+                "or give the path of its u.data (`fedrecgel data info PATH/u.data`; in a policy, data.path, which"
+                " `train --set data.path=PATH/u.data` sets); "
                 "`fedrecgel data fetch ml-100k --to DIR` downloads it."
             )
         return inter, fmt or "recbole-inter"
@@ -392,7 +339,9 @@ def resolve_dataset(name_or_path: str, fmt: str | None = None) -> tuple[Path, st
 
 def _obtain_hint(info: DatasetInfo) -> str:
     """How a user gets a non-bundled dataset's file, for error messages."""
-    where = f"Pass the path of its {Path(info.filename).name} (`--set data.path=...`)"
+    name = Path(info.filename).name
+    where = f"Give the path of its {name} (the data commands take it in place of the name; a policy as data.path"
+    where += f", which `train --set data.path=PATH/{name}` sets)"
     if info.url is None:
         return f"{where}. {info.description}"
     return f"{where}; `fedrecgel data fetch {info.name} --to DIR` downloads it from {info.url}"

@@ -43,6 +43,11 @@ def resolve_source(data) -> tuple[Path, str]:
     """The file and format a data policy points at."""
     protocol = getattr(data, "protocol", "clean")
     if data.path is not None:
+        info = DATASETS.get(data.dataset)
+        if info is None or info.bundled:
+            # data.path replaces a bundled dataset (the default's FilmTrust): the file is another dataset, so its
+            # format comes from its own name, as for data.dataset = PATH, never from the dataset it replaces.
+            return resolve_dataset(data.path, data.format)
         return resolve_dataset(data.path, data.format or dataset_format(data.dataset, protocol))
     return resolve_dataset(data.dataset, data.format or dataset_format(data.dataset, protocol))
 
@@ -74,7 +79,8 @@ def load_split(data, *, use_cache: bool = True) -> Split:
         protocol=data.protocol,
         version=PREP_VERSION,
     )
-    digest = hashlib.sha256(path.read_bytes())
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256")  # streamed: a 500 MB file is not held twice
     digest.update(json.dumps(params, sort_keys=True).encode())
     cache = Path(data.cache_dir) if data.cache_dir else default_cache_dir()
     cached = cache / f"{path.stem}-{digest.hexdigest()[:20]}.npz"

@@ -123,10 +123,18 @@ class Split:
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.lexsort((cols, rows))
+    """CSR of (row, col) pairs, columns sorted within each row, repeats kept.
+
+    One in-place sort of ``row * width + col`` keys gives the same order as a
+    lexsort by (row, col) (equal keys are equal pairs), several times faster at
+    20 million pairs.
+    """
+    width = int(cols.max()) + 1 if cols.size else 1
+    keys = rows.astype(np.int64) * width + cols
+    keys.sort()
     indptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=indptr[1:])
-    return indptr, cols[order].astype(np.int64)
+    return indptr, keys % width
 
 
 def _csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,16 +167,22 @@ def sample_negatives(rng: np.random.Generator, seen: SeenIndex, users: np.ndarra
     Rejection sampling, vectorised over rows: draw uniformly, then redraw only the
     entries that are seen items or repeat an earlier entry of their row. The
     loop is over redraw rounds (a handful on sparse data), never over rows.
+    Each round rechecks only the rows that were just redrawn: a row with no
+    bad entry is final, so the masks, and the draws, are those of checking all.
     """
     out = rng.integers(0, seen.n_items, size=(users.size, k), dtype=np.int64)
+    active = np.arange(users.size)
     while True:
-        bad = seen.contains(users, out)
+        sub = out[active]
+        bad = seen.contains(users[active], sub)
         for j in range(1, k):
-            bad[:, j] |= (out[:, :j] == out[:, j : j + 1]).any(axis=1)
+            bad[:, j] |= (sub[:, :j] == sub[:, j : j + 1]).any(axis=1)
         n_bad = int(bad.sum())
         if n_bad == 0:
             return out
-        out[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
+        sub[bad] = rng.integers(0, seen.n_items, size=n_bad, dtype=np.int64)
+        out[active] = sub
+        active = active[bad.any(axis=1)]
 
 
 def filter_and_reindex(

@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.timing import process_started
+
+LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
+STARTED = process_started() or LOADED
 
 app = ClientApp()
+
+
+def _timed(handler=None, *, engine: bool = True):
+    """The handler's reply carries when this process started, loaded this app, had the node engine's modules
+    imported and was done (a ``timing`` record beside the payload), so the server can split a stage's seconds
+    (:mod:`fedrecgel_secure.deploy.timing`). Times only: nothing about the users. ``engine``: the handler uses the
+    node engine (torch, the model, the protocols), imported first so that their import time is its own part."""
+    if handler is None:
+        return functools.partial(_timed, engine=engine)
+
+    @functools.wraps(handler)
+    def timed(msg: Message, context: Context) -> Message:
+        if engine:
+            import torch  # noqa: F401
+
+            import fedrecgel_secure.deploy.node
+            import fedrecgel_secure.privacy.secagg  # noqa: F401
+
+        imported = time.time()
+        reply = handler(msg, context)
+        marks = {"started": STARTED, "loaded": LOADED, "imported": imported, "done": time.time()}
+        reply.content["timing"] = ConfigRecord(marks)
+        return reply
+
+    return timed
 
 
 def _not_the_key_holder(context: Context) -> None:
@@ -36,6 +67,7 @@ def _commits(req: dict) -> dict[int, list[int]]:
 
 
 @app.query("hello")
+@_timed(engine=False)
 def hello(msg: Message, context: Context) -> Message:
     """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
     from fedrecgel_secure.deploy.node import private_umask
@@ -51,6 +83,7 @@ def hello(msg: Message, context: Context) -> Message:
 
 
 @app.train()
+@_timed
 def train(msg: Message, context: Context) -> Message:
     import numpy as np
 
@@ -104,6 +137,7 @@ def _he_node(context: Context, policy, users: list[int], dim: int):
 
 
 @app.query("secagg")
+@_timed
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
     masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
@@ -143,6 +177,7 @@ def secagg(msg: Message, context: Context) -> Message:
 
 
 @app.query("keyholder")
+@_timed
 def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
     import numpy as np
@@ -195,6 +230,7 @@ def keyholder(msg: Message, context: Context) -> Message:
 
 
 @app.query("evaluate")
+@_timed
 def evaluate(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])

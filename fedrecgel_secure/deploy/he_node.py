@@ -213,7 +213,8 @@ class KeyHolderNode:
     def decrypt(self, aggregate: bytes, noise_for: NoiseFor | None = None) -> np.ndarray:
         """The checked aggregate's sum, plus the central noise ``noise_for`` draws here.
 
-        Each round is released once. The round is the aggregate's own, which
+        Each round gets one request: accepted or refused, it uses the round up
+        (:meth:`KeyHolder.decrypt`). The round is the aggregate's own, which
         its contributors' signatures and tags bind (no field of the request's
         payload). A request for the last released round
         that names the same contributors (a resumed server repeating the round
@@ -226,6 +227,7 @@ class KeyHolderNode:
         noised clipped count its clip norm follows from. Nothing the server
         says about rounds or counts sizes the noise.
         """
+        from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
         from fedrecgel_secure.privacy.secagg.he_wire import parse_aggregate
 
         facts = json.loads(read_private_file(self.dir / "session.json"))
@@ -240,7 +242,13 @@ class KeyHolderNode:
         counts = facts.get("counts", {})
         earlier = [counts[r] for r in sorted(counts, key=int) if int(r) < round_idx]
         noise = None if noise_for is None else noise_for(round_idx, earlier)
-        total = np.asarray(holder.decrypt(aggregate, noise), dtype=np.float64)
+        try:
+            total = np.asarray(holder.decrypt(aggregate, noise), dtype=np.float64)
+        except RejectedPayload:  # a refused request for a new round uses it up too (KeyHolder.decrypt): record that
+            if holder.last_decrypted_round != facts["last_released"]:
+                facts.update(last_released=holder.last_decrypted_round, contributors=None)
+                write_private_file(self.dir / "session.json", json.dumps(facts).encode())
+            raise
         write_private_file(released, total.tobytes())
         counts[str(round_idx)] = float(total[-1])
         facts.update(last_released=holder.last_decrypted_round, contributors=contributors, counts=counts)

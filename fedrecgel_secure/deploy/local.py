@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +35,14 @@ from pathlib import Path
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
-from fedrecgel_secure.deploy.processes import Processes, free_ports, stop_on_signals, wait_for_port
+from fedrecgel_secure.deploy.processes import (
+    Processes,
+    flower_bin,
+    flower_path,
+    free_ports,
+    stop_on_signals,
+    wait_for_port,
+)
 from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
@@ -74,11 +80,6 @@ out = ""
 resume = false
 catalogue = ""
 """
-
-
-def _bin(name: str) -> str:
-    here = Path(sys.executable).parent / name
-    return str(here) if here.exists() else (shutil.which(name) or name)
 
 
 def write_app(app_dir: Path) -> None:
@@ -151,7 +152,12 @@ class Deployment:
         self.control_token = self.flwr_home / CONTROL_TOKEN_FILE
         self.superexec_secret = self.flwr_home / SUPEREXEC_SECRET_FILE
         self.node_ports: dict[int | str, int] = {}  # each SuperNode's Runtime API port
-        self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home), "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.flwr_home),
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll,
+            "PATH": flower_path(os.environ.get("PATH")),  # however fedrecgel was started (processes.flower_path)
+        }
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
@@ -233,7 +239,7 @@ class Deployment:
         with ``parent``, and its app processes (flwr-serverapp, flwr-clientapp) are its children."""
         sec = ["--root-certificates", str(self.tls.ca_cert)] if tls and self.tls is not None else ["--insecure"]
         return [
-            _bin("flower-superexec"),
+            flower_bin("flower-superexec"),
             *sec,
             "--runtime-api-address",
             f"{self.HOST}:{port}",
@@ -248,7 +254,7 @@ class Deployment:
         state_dir = state_dir_for(self.policy, self.out, shard)
         sec = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
         return [
-            _bin("flower-supernode"),
+            flower_bin("flower-supernode"),
             *sec,
             "--superlink",
             f"{self.HOST}:{self.port}",
@@ -273,7 +279,7 @@ class Deployment:
         """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
         with open(self.procs.log_dir / f"register-{name}.log", "ab") as log:
             result = subprocess.run(
-                [_bin("flwr"), "supernode", "register", str(public_key), "local", "--name", name],
+                [flower_bin("flwr"), "supernode", "register", str(public_key), "local", "--name", name],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -291,7 +297,7 @@ class Deployment:
         import json
 
         result = subprocess.run(
-            [_bin("flwr"), "supernode", "list", "local", "--format", "json"],
+            [flower_bin("flwr"), "supernode", "list", "local", "--format", "json"],
             capture_output=True,
             text=True,
             env=self.env,
@@ -348,9 +354,8 @@ class Deployment:
             f' catalogue="{self.shards / MANIFEST}"'
         )
         self.procs.stop("flwr-run")
-        return self.procs.start(
-            "flwr-run", [_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg], self.env
-        )
+        argv = [flower_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg]
+        return self.procs.start("flwr-run", argv, self.env)
 
     def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
         """Until the run's summary appears (bounded: each stage of a round at the stage timeout, plus start-up)."""
@@ -446,7 +451,11 @@ def _superexec(host: str, port: int, sec: str) -> list[str]:
 
 
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
-    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42)."""
+    """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42).
+
+    Refuses (:class:`~fedrecgel_secure.errors.BadInputError`) exactly what ``deploy local`` refuses: both call
+    :func:`~fedrecgel_secure.deploy.check_deployable`, so no plan is printed for a run no deployment would start."""
+    check_deployable(policy)
     d = policy.deployment
     s = d.superlink
     tls = d.tls

@@ -17,14 +17,47 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def flower_scripts() -> Path | None:
+    """The folder of this interpreter's console scripts, where pip put flwr's (``flower-superlink``,
+    ``flower-supernode``, ``flower-superexec``, ``flwr-clientapp``, ``flwr-serverapp``, ``flwr``): the venv's or
+    pipx's ``bin``, found from the running interpreter, so no activated venv or ``PATH`` entry is needed.
+    None if flwr's scripts are not there (a system install with scripts elsewhere: then ``PATH`` decides)."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        if (folder / "flower-superexec").exists():
+            return folder
+    return None
+
+
+def flower_bin(name: str) -> str:
+    """Flower's executable ``name`` next to this interpreter, else the one on ``PATH``."""
+    folder = flower_scripts()
+    if folder is not None and (folder / name).exists():
+        return str(folder / name)
+    return shutil.which(name) or name
+
+
+def flower_path(path: str | None) -> str:
+    """``path`` (a ``PATH`` value) with :func:`flower_scripts` first: Flower's own processes spawn the next ones
+    by bare name (the SuperExec runs ``flwr-clientapp`` and ``flwr-serverapp``, flwr 1.42's
+    ``subprocess_executor``), so they must find this interpreter's copies, not another install's or none."""
+    folder = flower_scripts()
+    parts = [p for p in (path or "").split(os.pathsep) if p]
+    if folder is None:
+        return os.pathsep.join(parts)
+    return os.pathsep.join([str(folder), *[p for p in parts if Path(p) != folder]])
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -12,6 +12,20 @@ stage on, and the protocol's dropout recovery runs, or the round is skipped
 The server holds the :class:`MaskingAggregator` and its :class:`ServerIdentity`;
 it never sees a user's secret or unmasked input. The identity directory is
 built from the public keys the nodes report (:func:`reported_keys`).
+
+Which stages may share a message. Already merged: the round's first step
+(advertise) rides on the train message, bound to the model it carries
+(:func:`train_binding`). Not merged, because each later step depends on what the
+server can only know after the previous one: ``share`` needs every user's
+advertised keys (the cohort); ``masked`` masks against exactly the users whose
+encrypted shares arrived (a user masking against the whole cohort would leave
+masks of users that shared nothing, which no survivor holds shares to remove);
+``confirm`` signs the set of users whose masked inputs arrived, known only after
+``masked``; and ``unmask`` must come after that signed list is agreed, or a
+server could call a user dropped after receiving its masked input and collect
+both its self-mask shares and its key shares, recovering its input (the
+consistency check of Bonawitz et al. 2017 against an active server). So a masked
+round is 5 node stages (train with advertise, share, masked, confirm, unmask) plus evaluation.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.timing import mean_parts, reply_parts
 from fedrecgel_secure.deploy.wire import pack, pack_json, unpack, unpack_json
 from fedrecgel_secure.policy import DeploymentPolicy
 
@@ -87,6 +88,7 @@ class FlowerStages:
             )
             for s in shards
         ]
+        sent, parts = time.time(), []  # parts: each reply's seconds by part (deploy.timing)
         ids = list(self.grid.push_messages(messages))
         shard_of = {mid: s for mid, s in zip(ids, shards) if mid}
         if len(shard_of) < len(shards):
@@ -102,6 +104,7 @@ class FlowerStages:
                 if mid not in outstanding:
                     continue
                 outstanding.discard(mid)
+                parts.append(reply_parts(sent, reply))
                 if reply.has_error():
                     self.log(f"{message_type} {group}: node {shard_of[mid]} failed: {reply.error.reason}")
                     continue
@@ -120,6 +123,7 @@ class FlowerStages:
                 "seconds": round(time.monotonic() - started, 3),
                 "sent": len(shards),
                 "answered": len(replies),
+                "parts": mean_parts(parts),
             }
             with open(self.journal, "a") as f:
                 f.write(json.dumps(line) + "\n")

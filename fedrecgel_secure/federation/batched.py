@@ -6,7 +6,9 @@ of clients. A client's shared parameters are only what its loss can touch:
 its rows of the item table (one per distinct item in its local set) and the
 small dense tower. So each client's SAM perturbation, with its own gradient
 norm, lives on those rows alone; no per-client copy of the full item table is
-ever made. Clients are bucketed by local-set size so that padding stays small.
+ever made. On the CPU clients are bucketed by local-set size so that padding
+stays small; on an accelerator, where each bucket's passes cost launches rather
+than padded work, into as few buckets as a padded-example budget allows.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate, Round
 from fedrecgel_secure.federation.uploads import RowUploads
 from fedrecgel_secure.model import NeuMF, head, item_side
 
-BUCKET_GROWTH = 1.3  # a bucket's largest local set is at most this times its smallest
+BUCKET_GROWTH = 1.3  # on the CPU, a bucket's largest local set is at most this times its smallest
+# On an accelerator a bucket costs kernel launches, not padded work: one bucket holds as many clients as fit in
+# this many padded examples (its client count times its largest local set), whatever their sizes. At the default
+# model width that is a few GiB of activations, far below an H100/H200's memory.
+DEVICE_BUCKET_EXAMPLES = 2**21
 
 
 def adam_rows(theta, grad_, exp_avg, exp_avg_sq, steps, lr, betas=(0.9, 0.999), eps=1e-8):
@@ -58,7 +64,32 @@ class _Bucket:
     n_rows: int  # rows per client after padding
 
 
-def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype, device) -> list[_Bucket]:
+def _groups(sizes: np.ndarray, max_clients: int, max_examples: int | None) -> list[np.ndarray]:
+    """The round's clients (positions), grouped into buckets, each in ascending order of size.
+
+    ``max_examples=None`` (the CPU, the reference path): at most ``max_clients`` per bucket, sizes within
+    ``BUCKET_GROWTH``. Otherwise (an accelerator): as many as fit ``max_examples`` padded examples. Grouping
+    changes only which clients share a pass, never a client's own arithmetic, so the two agree up to summation
+    order (tests/test_bucketing.py).
+    """
+    order = np.argsort(sizes, kind="stable")
+    groups, start = [], 0
+    for i in range(1, order.size + 1):
+        if i == order.size:
+            close = True
+        elif max_examples is None:
+            close = i - start >= max_clients or sizes[order[i]] > BUCKET_GROWTH * max(1, sizes[order[start]])
+        else:
+            close = (i - start + 1) * max(1, sizes[order[i]]) > max_examples
+        if close:
+            groups.append(order[start:i])
+            start = i
+    return groups
+
+
+def _buckets(
+    local: LocalSets, n_items: int, chunk: int, max_clients: int, max_examples: int | None, dtype, device
+) -> list[_Bucket]:
     """The round's clients in buckets; index arithmetic on the host (numpy), tensors moved once to ``device``."""
     sizes = local.sizes
     owner = local.owner()
@@ -72,14 +103,8 @@ def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype
     example_pos = np.arange(local.items.size) - local.offsets[owner]
     weights = local.chunk_weights(chunk)
 
-    order = np.argsort(sizes, kind="stable")
-    groups, start = [], 0
-    for i in range(1, order.size + 1):
-        if i == order.size or i - start >= max_clients or sizes[order[i]] > BUCKET_GROWTH * max(1, sizes[order[start]]):
-            groups.append(order[start:i])
-            start = i
     out = []
-    for members in groups:
+    for members in _groups(sizes, max_clients, max_examples):
         slot = np.full(sizes.size, -1)
         slot[members] = np.arange(members.size)
         ex = slot[owner] >= 0
@@ -107,14 +132,17 @@ def _buckets(local: LocalSets, n_items: int, chunk: int, max_clients: int, dtype
 
 
 class BatchedEngine:
-    """Trains a round's clients in buckets of at most ``clients_per_batch`` (bounds memory)."""
+    """Trains a round's clients in buckets: on the CPU of at most ``clients_per_batch`` (bounds memory), on an
+    accelerator of at most ``bucket_examples`` padded examples (default ``DEVICE_BUCKET_EXAMPLES``).
+    ``bucket_examples`` given on the CPU buckets the CPU as an accelerator would (the tests' comparison)."""
 
     evaluate = staticmethod(evaluate)
     evaluation_sums = staticmethod(evaluation_sums)  # a deployment's node: its users' sums
 
-    def __init__(self, cfg: ClientConfig, clients_per_batch: int = 256):
+    def __init__(self, cfg: ClientConfig, clients_per_batch: int = 256, bucket_examples: int | None = None):
         self.cfg = cfg
         self.clients_per_batch = clients_per_batch
+        self.bucket_examples = bucket_examples
 
     def _bucket_step(self, theta, rows, tower, idx, labels, weights):
         """Every client's update of one bucket, with one leading client index everywhere.
@@ -174,7 +202,11 @@ class BatchedEngine:
         rest = torch.empty(n, sum(p.numel() for p in tower.values()), dtype=dtype, device=device)
         rows_out, owner_out, item_out = [], [], []
         bce_total = []
-        for b in _buckets(local, table.shape[0], self.cfg.chunk_size, self.clients_per_batch, dtype, device):
+        max_examples = self.bucket_examples
+        if max_examples is None and device.type != "cpu":
+            max_examples = DEVICE_BUCKET_EXAMPLES
+        per_bucket = (self.clients_per_batch, max_examples)
+        for b in _buckets(local, table.shape[0], self.cfg.chunk_size, *per_bucket, dtype, device):
             members = b.members_t
             rows = torch.zeros(b.members.size, b.n_rows, table.shape[1], dtype=dtype, device=device)
             rows[b.row_slot, b.row_pos] = table[b.row_item]

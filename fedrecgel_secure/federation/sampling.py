@@ -116,32 +116,54 @@ def build_local_sets_per_client(
 ) -> LocalSets:
     """:func:`build_local_sets` one client at a time, each from :func:`client_rng`, concatenated in ``clients``
     order. ``clients`` are rows of ``split``; ``streams`` their user indices, which name their streams, when
-    ``split`` holds some users only (a node's shard); by default the rows themselves."""
+    ``split`` holds some users only (a node's shard); by default the rows themselves.
+
+    The result equals that loop exactly (tests/test_sampling_fast.py keeps it as the oracle), but only the
+    draws are made client by client: each client's stream makes the same calls in the same order (its first
+    negatives, its redraws, its shuffle keys), while the checks, the redraw masks and the shuffle run once over
+    the whole round. A client's rows are one contiguous block, so a round-wide boolean mask visits a client's
+    entries in the very order its own mask would.
+    """
     streams = clients if streams is None else streams
-    parts = [
-        build_local_sets(
-            client_rng(seed, round_idx, int(u)),
-            split,
-            seen,
-            np.asarray([c], dtype=clients.dtype),
-            n_negatives,
-            blocks=blocks,
+    k = n_negatives
+    starts = split.train_indptr[clients]
+    lens = split.train_indptr[clients + 1] - starts
+    first = np.repeat(np.cumsum(lens) - lens, lens)
+    pos_items = split.train_items[np.arange(lens.sum()) - first + np.repeat(starts, lens)]
+    pos_users = np.repeat(clients, lens)
+    pos_owner = np.repeat(np.arange(clients.size), lens)
+    rngs = [client_rng(seed, round_idx, int(u)) for u in streams]
+    # sample_negatives, each client from its own stream
+    parts = [rng.integers(0, seen.n_items, size=(int(n), k), dtype=np.int64) for rng, n in zip(rngs, lens)]
+    negatives = np.concatenate(parts) if parts else np.zeros((0, k), dtype=np.int64)
+    active = np.arange(pos_users.size)  # rows to (re)check: as in sample_negatives, the redrawn ones only
+    while True:
+        sub = negatives[active]
+        bad = seen.contains(pos_users[active], sub)
+        for j in range(1, k):
+            bad[:, j] |= (sub[:, :j] == sub[:, j : j + 1]).any(axis=1)
+        per_client = np.bincount(pos_owner[active], weights=bad.sum(axis=1), minlength=clients.size)
+        redraw = np.flatnonzero(per_client)
+        if redraw.size == 0:
+            break
+        sub[bad] = np.concatenate(
+            [rngs[c].integers(0, seen.n_items, size=int(per_client[c]), dtype=np.int64) for c in redraw]
         )
-        for c, u in zip(clients, streams)
-    ]
-    if not parts:
-        return LocalSets(
-            clients=clients,
-            offsets=np.zeros(1, dtype=np.int64),
-            items=np.zeros(0, dtype=np.int64),
-            labels=np.zeros(0, dtype=np.float32),
-        )
-    sizes = np.asarray([p.items.size for p in parts], dtype=np.int64)
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        negatives[active] = sub
+        active = active[bad.any(axis=1)]
+
+    items = np.concatenate([pos_items[:, None], negatives], axis=1).reshape(-1)
+    labels = np.zeros((pos_items.size, 1 + k), dtype=np.float32)
+    labels[:, 0] = 1.0
+    labels = labels.reshape(-1)
+    sizes = lens * (1 + k)
+    offsets = np.zeros(clients.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    return LocalSets(
-        clients=clients,
-        offsets=offsets,
-        items=np.concatenate([p.items for p in parts]),
-        labels=np.concatenate([p.labels for p in parts]),
-    )
+    keys = [rng.random(int(n if blocks else size)) for rng, n, size in zip(rngs, lens, sizes)]
+    keys = np.concatenate(keys) if keys else np.zeros(0)
+    if blocks:
+        pos_order = np.lexsort((keys, pos_owner))
+        order = (pos_order[:, None] * (1 + k) + np.arange(1 + k)).reshape(-1)
+    else:
+        order = np.lexsort((keys, np.repeat(np.arange(clients.size), sizes)))
+    return LocalSets(clients=clients, offsets=offsets, items=items[order], labels=labels[order])

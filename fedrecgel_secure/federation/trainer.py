@@ -34,15 +34,14 @@ from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.settings import encoding
 from fedrecgel_secure.rundir import (
     CHECKPOINT,
-    METRICS,
     RESOLVED,
     DataShape,
     PrivacySpent,
     RunSummary,
     SecureAggregationRun,
-    atomic_write_bytes,
     write_summary,
 )
+from fedrecgel_secure.tracking import RunLog
 
 CHECKPOINT_FORMAT = 2
 GUARANTEE = {
@@ -271,10 +270,7 @@ class Trainer:
         """
         rounds = self.policy.federation.rounds
         last = rounds if stop_after is None else min(rounds, self.round + stop_after)
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(out_dir / RESOLVED, self.policy.to_toml().encode())
-            self._rewrite_metrics(out_dir)
+        log = RunLog(out_dir, self.policy, self.history)  # metrics.jsonl and the trackers hold the history
         while self.round < last:
             self.stopped = self.aggregation.budget_exhausted(self.round + 1)
             if self.stopped:
@@ -288,31 +284,24 @@ class Trainer:
             if record is not None:
                 record["elapsed_s"] = round(self.elapsed, 3)
                 self.history.append(record)
-                if out_dir is not None:
-                    with open(out_dir / METRICS, "a") as f:
-                        f.write(json.dumps(record) + "\n")
+                log.append(record)
             self.interrupted = None if stop is None else stop.requested
             every = self.policy.checkpoint.every
             if out_dir is not None and (self.round % every == 0 or self.round in (last, rounds) or self.interrupted):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
+                log.checkpointed()
             if on_round is not None:
                 on_round(RoundEvent(self.round, rounds, loss, record, info))
             if self.interrupted:
                 break
         if self.stopped and out_dir is not None:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
+            log.checkpointed()
         summary = self.summary()
         if out_dir is not None:
             write_summary(out_dir, summary)
+            log.close(summary.finished)
         return summary.model_dump()
-
-    def _rewrite_metrics(self, out_dir: Path) -> None:
-        """metrics.jsonl holds exactly the evaluations of the state we continue from.
-
-        After a kill, lines written after the last checkpoint describe rounds that
-        will be trained again; they are dropped so no round appears twice.
-        """
-        atomic_write_bytes(out_dir / METRICS, "".join(json.dumps(r) + "\n" for r in self.history).encode())
 
     # -- results ------------------------------------------------------------
     def summary(self) -> RunSummary:

@@ -12,6 +12,7 @@ One module per section of the file; every public name is re-exported here, so
 * :mod:`.dp`: ``[privacy.dp]``; :mod:`.secagg`: ``[privacy.secure_aggregation]``;
   :mod:`.privacy`: ``[privacy]`` and ``[privacy.audit]``;
 * :mod:`.deployment`: ``[deployment]``;
+* :mod:`.tracking`: ``[tracking]``;
 * :mod:`.root`: the whole :class:`Policy` and its digest;
 * :mod:`.files`: reading a policy file with ``--set`` overrides.
 
@@ -40,8 +41,11 @@ from fedrecgel_secure.policy.files import (
     POLICY_DIR,
     apply_overrides,
     describe_errors,
+    is_policy_name,
     load_policy,
+    packaged_policy_names,
     parse_override,
+    policy_file,
     read_policy_data,
 )
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
@@ -49,6 +53,7 @@ from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.root import Method, Policy
 from fedrecgel_secure.policy.secagg import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
 from fedrecgel_secure.policy.section import Section
+from fedrecgel_secure.policy.tracking import TrackingPolicy
 
 __all__ = [
     "DEPLOY",
@@ -77,9 +82,13 @@ __all__ = [
     "SecureAggregationPolicy",
     "SuperLinkPolicy",
     "TlsPolicy",
+    "TrackingPolicy",
     "apply_overrides",
     "describe_errors",
+    "is_policy_name",
     "load_policy",
+    "packaged_policy_names",
     "parse_override",
+    "policy_file",
     "read_policy_data",
 ]

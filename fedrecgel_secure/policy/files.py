@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy.root import Policy
@@ -17,14 +19,52 @@ _HERE = Path(__file__).resolve().parent.parent  # fedrecgel_secure/
 POLICY_DIR = _HERE / "policies" if (_HERE / "policies").is_dir() else _HERE.parent / "policies"
 
 
-def describe_errors(errors: ValidationError, where: str) -> str:
-    """A policy's validation errors as one message: ``where``, then one line per dotted field path."""
+def is_policy_name(text: str) -> bool:
+    """A bare name (no folder, no ``.toml``) names a packaged policy: ``dp-eps8``."""
+    return "/" not in text and "\\" not in text and not text.endswith(".toml")
+
+
+def packaged_policy_names() -> list[str]:
+    return sorted(p.stem for p in POLICY_DIR.glob("*.toml"))
+
+
+def policy_file(name_or_path: str | Path) -> Path:
+    """The file a policy argument means: an existing file, else the packaged policy of a bare name (``dp-eps8``).
+
+    One rule for every command that takes a policy (``train``, ``policy show``, ``deploy``, a study's ``base``).
+    """
+    path = Path(name_or_path).expanduser()
+    packaged = POLICY_DIR / f"{name_or_path}.toml"
+    return packaged if not path.is_file() and is_policy_name(str(name_or_path)) and packaged.is_file() else path
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys a policy section at ``loc`` (a field path, the unknown key last) accepts; none if not a section."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        kinds = (field.annotation, *typing.get_args(field.annotation)) if field is not None else ()
+        model = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def did_you_mean(key: str, known: list[str]) -> str:
+    """`` (did you mean 'rounds'?)`` for a close known key, else nothing."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def describe_errors(errors: ValidationError, where: str, model: type[BaseModel] = Policy) -> str:
+    """A policy's validation errors as one message: ``where``, then one line per dotted field path.
+
+    An unknown key names the closest key that section accepts (``model``: the model validated)."""
     lines = [f"{where}: invalid policy"]
     for e in errors.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = "unknown key" + did_you_mean(str(e["loc"][-1]), _known_keys(model, e["loc"]))
         elif "input" in e and e["type"] != "missing":
             msg += f" (got {e['input']!r})"
         lines.append(f"  {loc}: {msg}")
@@ -64,7 +104,9 @@ def read_policy_data(path: str | Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise BadInputError(f"{path}: no such policy file") from None
+        raise BadInputError(
+            f"{path}: no such policy file, nor a packaged policy's name ({', '.join(packaged_policy_names())})"
+        ) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise BadInputError(f"{path}: cannot read the policy file ({e})") from None
     try:
@@ -75,7 +117,7 @@ def read_policy_data(path: str | Path) -> dict:
 
 def load_policy(path: str | Path | None = None, overrides: list[str] = ()) -> Policy:
     """Read, override and validate a policy; ``None`` means policies/default.toml."""
-    path = Path(path) if path is not None else POLICY_DIR / "default.toml"
+    path = policy_file(path) if path is not None else POLICY_DIR / "default.toml"
     data = apply_overrides(read_policy_data(path), list(overrides))
     try:
         return Policy.model_validate(data)

@@ -16,6 +16,7 @@ from fedrecgel_secure.policy.federation import CheckpointPolicy, EvaluationPolic
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
 from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.section import Section
+from fedrecgel_secure.policy.tracking import TrackingPolicy
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
@@ -44,6 +45,9 @@ class Policy(Section):
         DeploymentPolicy(),
         description="Separate processes on Flower: SuperLink, nodes, sharding, timeouts (fedrecgel deploy).",
     )
+    tracking: TrackingPolicy = Field(
+        TrackingPolicy(), description="Experiment trackers the run's records also go to: TensorBoard, MLflow."
+    )
 
     @model_validator(mode="after")
     def _tower_fits(self) -> Policy:
@@ -63,6 +67,15 @@ class Policy(Section):
         return self
 
     @model_validator(mode="after")
+    def _radii_the_method_uses(self) -> Policy:
+        """The resolved policy states the SAM radii that run: 0 for a group the method trains without SAM
+        (fedncf: both), whatever [sam] says, so ``policy.resolved.toml`` never shows a radius that is not used."""
+        rho_sh, rho_ns = self.rhos()
+        if (rho_sh, rho_ns) != (self.sam.rho_sh, self.sam.rho_ns):
+            self.sam = SamPolicy(rho_sh=rho_sh, rho_ns=rho_ns)
+        return self
+
+    @model_validator(mode="after")
     def _dp_observers_need_secure_sums(self) -> Policy:
         dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
         if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
@@ -78,7 +91,7 @@ class Policy(Section):
         return self
 
     def rhos(self) -> tuple[float, float]:
-        """(rho_sh, rho_ns) in effect for the method."""
+        """(rho_sh, rho_ns) in effect for the method (also after a ``model_copy`` that changed the method)."""
         rho_sh = self.sam.rho_sh if self.method in ("fedrecgel", "sam-shared") else 0.0
         rho_ns = self.sam.rho_ns if self.method in ("fedrecgel", "sam-private") else 0.0
         return rho_sh, rho_ns
@@ -90,11 +103,12 @@ class Policy(Section):
         """SHA-256 of the resolved policy's canonical JSON, less what does not change the computation; a checkpoint
         only resumes under the same digest.
 
-        Left out: ``[deployment]``, ``simulation`` and ``workers`` (how the exact sum is computed), and settings
-        still at the value that predates them (``[privacy.audit]`` without canaries, ``tampered = 0``), so runs
-        started before they existed keep their digest."""
-        # [deployment] says where the roles run, not what is computed: a run may move machines and still resume
-        dump = self.model_dump(mode="json", exclude={"deployment"})
+        Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
+        computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
+        ``tampered = 0``), so runs started before they existed keep their digest."""
+        # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
+        # run may move machines or trackers and still resume
+        dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
         if (
             self.privacy.audit == AuditPolicy()
         ):  # no canaries: the digest of runs started before [privacy.audit] existed

@@ -52,13 +52,29 @@ class MaskingPolicy(Section):
     )
 
 
+# A sum hides each member only among the others in it. With one colluder (a client, or a user the server invents in
+# the directory it builds) the server learns the sum of min_clients - 1 honest uploads; at 10 that is 9 of them, so
+# isolating one user takes 9 colluders in the same round rather than 1 (at the old default, 2, it took one).
+SAFE_MIN_CLIENTS = 10
+
+
 class SecureAggregationPolicy(Section):
     scheme: Literal["none", "bfv", "masking"] = Field(
         "none",
         description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption;"
         " masking: pairwise masks.",
     )
-    min_clients: int = Field(2, ge=1, description="The server learns a sum only of at least this many valid uploads.")
+    min_clients: int = Field(
+        SAFE_MIN_CLIENTS,
+        ge=1,
+        description=f"The server learns a sum only of at least this many valid uploads; below {SAFE_MIN_CLIENTS}"
+        " only with allow_small_cohort = true.",
+    )
+    allow_small_cohort: bool = Field(
+        False,
+        description=f"Accept min_clients below {SAFE_MIN_CLIENTS}: one colluding client (or one user the server"
+        " invents) in so small a sum leaves few enough others to single them out. For tests and demos only.",
+    )
     cover: Literal["shared", "item_embeddings"] = Field(
         "shared", description="What goes through the protocol: the whole shared vector, or the item table alone."
     )
@@ -106,6 +122,26 @@ class SecureAggregationPolicy(Section):
                 ' Eurocrypt 2021); use scheme = "bfv" (exact, same fixed-point grid) or "masking"'
             )
         return data
+
+    @model_validator(mode="after")
+    def _cohort_floor(self) -> SecureAggregationPolicy:
+        if self.scheme != "none" and self.min_clients < SAFE_MIN_CLIENTS and not self.allow_small_cohort:
+            raise BadInputError(
+                f"privacy.secure_aggregation.min_clients = {self.min_clients} is below {SAFE_MIN_CLIENTS}: one"
+                " colluding or invented client would leave a sum of too few others; set"
+                " privacy.secure_aggregation.allow_small_cohort = true to accept that (tests, demos)"
+            )
+        return self
+
+    def small_cohort_warning(self) -> str | None:
+        """What the start line says when the policy accepted a cohort below the safe floor, or None."""
+        if self.scheme == "none" or self.min_clients >= SAFE_MIN_CLIENTS:
+            return None
+        return (
+            f"privacy.secure_aggregation.min_clients = {self.min_clients} (allow_small_cohort): the server may learn"
+            f" the sum of {self.min_clients} uploads, so {self.min_clients - 1} colluding or invented clients"
+            " expose the last one"
+        )
 
     def worker_count(self) -> int:
         """The worker processes protocol mode uses (``workers``, with auto resolved to this machine's cores)."""

@@ -30,7 +30,7 @@ Only :mod:`.run` trains, and it imports torch only in the processes that do;
 the others read run directories through :mod:`fedrecgel_secure.rundir`.
 """
 
-from fedrecgel_secure.study.plan import PlannedRun, StudyPlan, expand_grid, plan_study
+from fedrecgel_secure.study.plan import PlannedRun, StudyPlan, expand_grid, plan_study, validate_study
 from fedrecgel_secure.study.report import ReportFiles, rebuild_report
 from fedrecgel_secure.study.results import collect_results
 from fedrecgel_secure.study.run import RunOutcome, StudyOutcome, run_study
@@ -51,4 +51,5 @@ __all__ = [
     "rebuild_report",
     "run_study",
     "setting_overrides",
+    "validate_study",
 ]

@@ -16,7 +16,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.policy import POLICY_DIR, Policy, apply_overrides, describe_errors, load_policy, read_policy_data
+from fedrecgel_secure.policy import (
+    POLICY_DIR,
+    Policy,
+    apply_overrides,
+    describe_errors,
+    is_policy_name,
+    load_policy,
+    packaged_policy_names,
+    read_policy_data,
+)
 from fedrecgel_secure.rundir import RESOLVED, atomic_write_json, read_json
 from fedrecgel_secure.study.spec import (
     EPSILON_KEY,
@@ -106,14 +115,10 @@ def expand_grid(grid: dict[str, list[Any]], seeds: list[int]) -> list[tuple[dict
 
 def _base_path(spec: StudySpec, spec_path: Path) -> Path:
     """A bare name (no folder, no .toml) is a packaged policy; anything else a file relative to the study."""
-    if "/" not in spec.base and not spec.base.endswith(".toml"):
+    if is_policy_name(spec.base):
         return POLICY_DIR / f"{spec.base}.toml"
     path = Path(spec.base).expanduser()
     return path if path.is_absolute() else spec_path.resolve().parent / path
-
-
-def _packaged_policies() -> str:
-    return ", ".join(sorted(p.stem for p in POLICY_DIR.glob("*.toml")))
 
 
 def _validated(base: dict, overrides: list[str], where: str) -> Policy:
@@ -127,8 +132,9 @@ def _validated(base: dict, overrides: list[str], where: str) -> Policy:
         raise BadInputError(f"{where}: {e}") from None
 
 
-def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
-    """Every run of a study, each policy validated up front so a typo fails before any training."""
+def plan_study(spec_path: str | Path, out_dir: str | Path, *, check_dirs: bool = True) -> StudyPlan:
+    """Every run of a study, each policy validated up front so a typo fails before any training; with
+    ``check_dirs``, run directories already in ``out_dir`` must have been trained under the same policies."""
     spec_path, out_dir = Path(spec_path), Path(out_dir).resolve()
     spec = load_study(spec_path)
     base_path = _base_path(spec, spec_path)
@@ -139,7 +145,7 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
                 (
                     "base",
                     f"no such policy file {str(base_path)!r} (a path is relative to the study"
-                    f" file's folder; a bare name is a packaged policy: {_packaged_policies()})",
+                    f" file's folder; a bare name is a packaged policy: {', '.join(packaged_policy_names())})",
                 )
             ],
         )
@@ -170,6 +176,20 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
         runs.append(
             PlannedRun(setting, seed, name, out_dir / "runs" / name / f"seed={seed}", overrides, policy.digest())
         )
+    plan = StudyPlan(spec, spec_path.resolve(), base_path.resolve(), out_dir, runs)
+    if check_dirs:
+        _refuse_stale(plan, spec_path)
+    return plan
+
+
+def validate_study(spec_path: str | Path) -> StudyPlan:
+    """Every run of a study validated as ``plan_study`` does, without a study directory (``study validate``)."""
+    return plan_study(spec_path, Path(spec_path).resolve().parent / "(study directory)", check_dirs=False)
+
+
+def _refuse_stale(plan: StudyPlan, spec_path: Path) -> None:
+    """A run directory trained under another policy than the study now describes is refused, never mixed in."""
+    out_dir, runs = plan.out_dir, plan.runs
     stale = [r for r in runs if (r.dir / RESOLVED).is_file() and load_policy(r.dir / RESOLVED).digest() != r.digest]
     if stale:
         raise BadInputError(
@@ -178,4 +198,3 @@ def plan_study(spec_path: str | Path, out_dir: str | Path) -> StudyPlan:
             f"another policy than the study now describes (did its base or overrides change?), e.g. {stale[0].dir}; "
             "choose another --out or delete those run directories"
         )
-    return StudyPlan(spec, spec_path.resolve(), base_path.resolve(), out_dir, runs)

@@ -19,6 +19,7 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.rundir import AUDIT, CURVES, METRICS, SUMMARY, atomic_write_bytes, read_metrics, read_summary
 from fedrecgel_secure.study.results import RunRecord, groups
 from fedrecgel_secure.study.spec import EPSILON_KEY
+from fedrecgel_secure.tracking import log_file
 
 PLOT_EPSILON = "hr_ndcg_vs_epsilon.png"
 PLOT_ROUNDS = "hr_over_rounds.png"
@@ -33,10 +34,10 @@ TITLES = {
 PLOTS_DIGEST = ".plots.sha256"  # what the study's figures were drawn from
 
 
-def figure(width: float, height: float, ncols: int = 1):
+def figure(width: float, height: float, ncols: int = 1, layout: str | None = "constrained"):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout=layout)
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
@@ -57,7 +58,10 @@ def plot_run(run_dir: str | Path) -> Path | None:
     if not records:
         return None
     private = any("epsilon" in r for r in records)
-    fig, axes = figure(5 * (2 + private), 3.8, ncols=2 + private)
+    # Fixed margins, not a layout engine: constrained layout draws the figure twice, and this figure is drawn at
+    # the end of every `fedrecgel train` (benchmarks/cli_startup.py); its labels are short and known.
+    fig, axes = figure(5 * (2 + private), 3.8, ncols=2 + private, layout=None)
+    fig.subplots_adjust(left=0.22 / (2 + private), right=0.99, bottom=0.14, top=0.88, wspace=0.3)
     rounds = [r["round"] for r in records]
 
     def series(ax, key, label, **style):
@@ -94,6 +98,7 @@ def plot_run(run_dir: str | Path) -> Path | None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write_bytes(run_dir / CURVES, buffer.getvalue())  # a crash never leaves half a PNG
+    log_file(run_dir, CURVES)  # to the run's experiment trackers, if it has any
     return run_dir / CURVES
 
 

@@ -16,9 +16,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedrecgel_secure import tracking
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy import load_policy
 from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, atomic_write_json, hold_run_dir, read_summary
-from fedrecgel_secure.study.plan import PlannedRun, StudyPlan, plan_study, write_plan
+from fedrecgel_secure.study.plan import PLAN, PlannedRun, StudyPlan, plan_study, write_plan
 from fedrecgel_secure.study.report import ReportFiles, rebuild_report
 
 
@@ -147,6 +149,10 @@ def run_study(
         else:
             outcomes[i] = RunOutcome(run, "skipped")
     total = len(plan.runs)
+    if plan.runs:  # the study's own overrides may turn tracking on: its first run's policy has them
+        tracking.start_study(
+            plan.out_dir, load_policy(plan.base_path, plan.runs[0].overrides), [(r.dir, r.name) for r in plan.runs]
+        )
     if progress is not None:
         progress(len(outcomes), total, None)
 
@@ -182,4 +188,6 @@ def run_study(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     files = rebuild_report(plan.out_dir)
-    return StudyOutcome(plan, [outcomes[i] for i in range(total)], files)
+    result = StudyOutcome(plan, [outcomes[i] for i in range(total)], files)
+    tracking.finish_study(plan.out_dir, [plan.out_dir / PLAN, files.report, files.results, *files.plots], result.failed)
+    return result

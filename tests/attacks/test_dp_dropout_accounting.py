@@ -52,6 +52,7 @@ def masked_dp_policy(rounds: int, **dp) -> Policy:
                 "secure_aggregation": {
                     "scheme": "masking",
                     "min_clients": 5,
+                    "allow_small_cohort": True,
                     "dropout": 0.3,
                     "masking": {"threshold": 0.5},
                 },

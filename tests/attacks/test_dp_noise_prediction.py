@@ -45,7 +45,10 @@ def policy(mode: str, noise: str | None, scheme: str = "none") -> Policy:
             "seed": 42,
             "model": {"dtype": "float64"},
             "federation": {"fraction": 0.25},
-            "privacy": {"dp": dp, "secure_aggregation": {"scheme": scheme, "min_clients": 2}},
+            "privacy": {
+                "dp": dp,
+                "secure_aggregation": {"scheme": scheme, "min_clients": 2, "allow_small_cohort": True},
+            },
         }
     )
 

@@ -80,7 +80,13 @@ def pld_epsilon(history: History, delta: float) -> float:
     The same computation as ``fresh_accountant().compose(history_event(history)).get_epsilon(delta)``,
     with each distinct step's PLD built once per process.
     """
-    counts = step_counts(history)
+    return _counts_epsilon(tuple(step_counts(history)), float(delta))
+
+
+@functools.lru_cache(maxsize=64)
+def _counts_epsilon(counts: tuple[tuple[tuple[float, float], int], ...], delta: float) -> float:
+    # Cached on the canonical form: a round asks for the same history up to three times (the budget check
+    # before it, the check before release, the report after it), and only the last one is new.
     if any(z == 0 for (z, _), _ in counts):
         return math.inf
     pld = privacy_loss_distribution.identity(value_discretization_interval=VALUE_DISCRETIZATION)

@@ -17,20 +17,34 @@ The secret (``privacy.dp.noise``):
   sample and subtract the noise, so such a run gives **no** privacy guarantee
   against them. Runs in this mode say so in every output.
 
-Gaussian draws are the inverse normal CDF (``torch.special.ndtri``) of 53-bit
-uniforms :math:`(k + \tfrac12)\,2^{-53}`, :math:`k` uniform in :math:`[0, 2^{53})`,
-so they reach :math:`\pm 8.3\sigma`. Floating-point attacks on samplers
-(Mironov, CCS 2012) read the low-order bits of a released noisy value; every
-value DP releases here is first rounded to the fixed-point grid
-(:mod:`fedrecgel_secure.privacy.secagg.fixedpoint`, :math:`2^{-36}` by default),
-far coarser than the sampler's resolution and far finer than the noise.
+Gaussian draws are :math:`\pm\,\sigma\,\Phi^{-1}(p)` (``torch.special.ndtri``) with a
+random sign and a one-sided uniform :math:`p \in (0, \tfrac12)` that keeps full
+floating-point precision down to :math:`2^{-117}`: the top bit of a 64-bit word
+is the sign, the other 63 its fixed-point :math:`p`, and where those leave
+fewer than 53 significant bits (:math:`p < 2^{-12}`) a second word adds 52
+more. A plain 53-bit uniform in (0, 1) leaves consecutive outputs two or more
+grid steps apart beyond about 4.8σ, and an observer who knows the other
+clients' sum can then tell from an exact release whether the target took part
+(``tests/attacks/test_dp_tail_support.py``). Here, up to :func:`gapless_bound`
+(about 10σ at the shipped settings), consecutive outputs are less than one grid
+step apart, so every grid point is reachable; what lies beyond is the
+truncation, whose probability :func:`tail_delta` gives, the δ each release adds.
+
+Floating-point attacks on samplers (Mironov, CCS 2012) read the low-order bits
+of a released noisy value; every value DP releases here is first rounded to the
+fixed-point grid (:mod:`fedrecgel_secure.privacy.secagg.fixedpoint`,
+:math:`2^{-36}` by default), far coarser than the sampler's resolution and far
+finer than the noise. Rounding to the grid is post-processing of the Gaussian,
+and a sensitivity that moves the sum by whole grid steps commutes with it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -45,6 +59,11 @@ SECRET_BYTES = 32
 _INFO = b"fedrecgel/dp-randomness/v1/"
 _ZERO_NONCE = bytes(16)  # every key draws one stream only, so a fixed nonce is never reused under a key
 _MANTISSA = (1 << 53) - 1
+_LOW63 = (1 << 63) - 1
+_SIGN_BIT = -(1 << 63)  # the top bit of an int64
+_REFINE_BELOW = 1 << 52  # a 63-bit fixed-point p with fewer significant bits than a double gets a second word
+_TAIL_BITS = 52  # bits the second word adds: p = k 2^-64 + (j + 1/2) 2^-116, exact in a double
+FINEST_P_STEP = 2.0**-116  # the smallest gap between two values of p the sampler can draw
 
 
 class DPRandomness:
@@ -68,8 +87,8 @@ class DPRandomness:
         """Research mode: the secret is a public function of the policy's seed."""
         return cls(hashlib.sha256(_INFO + b"seeded/" + str(int(seed)).encode()).digest(), "seeded")
 
-    def _keystream(self, purpose: str, round_idx: int, party: int, n: int) -> np.ndarray:
-        info = _INFO + purpose.encode() + struct.pack(">qq", round_idx, party)
+    def _keystream(self, purpose: str, round_idx: int, party: int, n: int, stream: bytes = b"") -> np.ndarray:
+        info = _INFO + purpose.encode() + struct.pack(">qq", round_idx, party) + stream
         key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret)
         out = np.empty(n, dtype=np.uint64)
         Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor().update_into(bytes(8 * n), out.view(np.uint8))
@@ -83,10 +102,15 @@ class DPRandomness:
         return (top.to(torch.float64) + 0.5) * 2.0**-53
 
     def normal(self, purpose: str, round_idx: int, party: int, n: int, std: float) -> torch.Tensor:
-        """``n`` independent N(0, std²) draws, float64."""
+        """``n`` independent N(0, std²) draws, float64, with full-precision tails (see the module docstring)."""
         if not (np.isfinite(std) and std >= 0):
             raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
-        return torch.special.ndtri(self.uniform(purpose, round_idx, party, n)).mul_(std)
+        words = torch.from_numpy(self._keystream(purpose, round_idx, party, n).view(np.int64))
+
+        def tail_words(count: int) -> torch.Tensor:  # the second words, from a stream of their own
+            return torch.from_numpy(self._keystream(purpose, round_idx, party, count, b"/tail").view(np.int64))
+
+        return gaussian_from_words(words, tail_words).mul_(std)
 
     def state_dict(self) -> dict[str, str]:
         """What a checkpoint keeps: the secret (which is why checkpoints are 0600) and the source."""
@@ -95,3 +119,50 @@ class DPRandomness:
     @classmethod
     def from_state_dict(cls, state: dict[str, str]) -> DPRandomness:
         return cls(bytes.fromhex(state["secret"]), state["source"])
+
+
+def gaussian_from_words(words: torch.Tensor, tail_words: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    r"""Standard normal draws from uniform 64-bit ``words`` (int64), deterministic and monotone in the code.
+
+    Word :math:`w`: sign = its top bit, :math:`k` = its low 63 bits, :math:`p = (k + \tfrac12)\,2^{-64}`.
+    Where :math:`k < 2^{52}`, one more word (``tail_words(count)`` gives them, in order) refines it to
+    :math:`p = k\,2^{-64} + (j + \tfrac12)\,2^{-116}` with :math:`j` its top 52 bits, so :math:`p` is
+    uniform on a grid of step :math:`2^{-116}` there and keeps a double's relative precision elsewhere.
+    """
+    k = torch.bitwise_and(words, _LOW63)
+    refine = torch.nonzero(k < _REFINE_BELOW).squeeze(1)
+    extra = tail_words(refine.numel())
+    if extra.shape != refine.shape:
+        raise ValueError(f"{extra.numel()} tail words for {refine.numel()} tail draws")
+    p = k.to(torch.float64).add_(0.5).mul_(2.0**-64)
+    j = torch.bitwise_right_shift(extra, 64 - _TAIL_BITS).bitwise_and_((1 << _TAIL_BITS) - 1)
+    p[refine] = k[refine].to(torch.float64).mul_(2.0**-64).add_(j.to(torch.float64).add_(0.5).mul_(2.0**-116))
+    x = torch.special.ndtri(p)  # <= 0, so its sign bit is set; the word's top bit flips it
+    x.view(torch.int64).bitwise_xor_(torch.bitwise_and(words, _SIGN_BIT))
+    return x
+
+
+def gapless_bound(std: float, grid_step: float) -> float:
+    r"""How many stds out the sampler's outputs stay less than one grid step apart (0 if nowhere).
+
+    Consecutive draws differ by :math:`\Delta x = \sigma\,\Delta p / \varphi(t)` at :math:`t = x/\sigma`.
+    With :math:`\Delta p \le \max(2^{-116}, 2^{-52} p)` and :math:`p/\varphi(t) \le 1.26`, the body is
+    gapless when :math:`1.26\,\sigma\,2^{-52} < g` and the tail while
+    :math:`\varphi(t) > \sigma\, 2^{-116}/g`. Every grid point within the bound is reachable.
+    """
+    if not (std > 0 and grid_step > 0):
+        raise ValueError(f"std and grid step must be > 0, got {std!r} and {grid_step!r}")
+    if 1.26 * std * 2.0**-52 >= grid_step:
+        return 0.0
+    density = std * FINEST_P_STEP / grid_step  # the smallest phi(t) at which the tail is still gapless
+    return math.sqrt(-2.0 * math.log(density * math.sqrt(2 * math.pi)))
+
+
+def tail_delta(std: float, grid_step: float, coordinates: int) -> float:
+    r"""The δ one release of ``coordinates`` noised values adds: the chance any draw leaves :func:`gapless_bound`.
+
+    Beyond the bound a grid point may be unreachable, which a support test could read; the
+    accountant adds this δ per release (:math:`2\,\bar\Phi(B)` per coordinate, union bound).
+    """
+    bound = gapless_bound(std, grid_step)
+    return min(1.0, coordinates * math.erfc(bound / math.sqrt(2)))

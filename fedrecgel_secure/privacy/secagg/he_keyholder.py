@@ -58,6 +58,7 @@ from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 _KEY_FILE_MAGIC = b"FRHEKEY1"
+REFUSED = "the key holder refused this aggregate; the round is used up"  # all a refusal says, besides its reason
 
 
 class KeyHolder:
@@ -140,20 +141,27 @@ class KeyHolder:
 
         ``noise``: the central DP noise (length ``dim``); with ``noise_std`` > 0 and
         none given, the key holder draws N(0, noise_std²) itself.
+
+        One request per round: any request for a round after the last one, accepted or
+        refused, uses that round up, so a server cannot probe the key holder with variants
+        of a round's ciphertexts (the raw material of reaction attacks on BFV) and keep the
+        round. A refusal carries its reason class only (:class:`RejectedPayload` with a
+        fixed detail); which ciphertext or check failed stays in the key holder's own log.
         """
         try:
             return self._decrypt(bytes(aggregate), noise)
         except RejectedPayload as exc:
             log.warning("key holder refused an aggregate: %s", exc)
-            raise
+            raise RejectedPayload(exc.reason, REFUSED) from None
 
     def _decrypt(self, data: bytes, noise: np.ndarray | None) -> np.ndarray:
         round_idx, dim, proofs, offset, count = parse_aggregate(data)
         if round_idx <= self.last_decrypted_round:
             raise RejectedPayload(
                 Reason.REPLAY,
-                f"round {round_idx}: an aggregate of round {self.last_decrypted_round} was already released",
+                f"round {round_idx}: round {self.last_decrypted_round} already had its one request",
             )
+        self.last_decrypted_round = round_idx  # this request uses the round up, whatever its outcome
         if dim != self.dim or count != n_chunks(self.dim, self.params):
             raise RejectedPayload(
                 Reason.WRONG_SHAPE,
@@ -185,16 +193,17 @@ class KeyHolder:
         total = centre_lift(rows[:, :-1].reshape(-1)[: self.dim], t)
         if noise is not None:
             total = total + self.encoding.encode_noise(noise).astype(np.int64)
-        self.last_decrypted_round = round_idx
         return self.encoding.decode(total)
 
     def _check_tags(self, rows: np.ndarray, round_idx: int, clients: list[int]) -> None:
         """Refuse unless every ciphertext's tag slot is <α, data> plus the pads of exactly the named clients."""
         t = self.params.plain_modulus
+        wrong = 0  # every ciphertext is checked, so neither the refusal nor its timing says which one failed
         for c, dot in enumerate(he_tags.inner(self._alpha, rows[:, :-1], t)):
             pads = sum(he_tags.pad(self._tags.pad_key(i), self.session_tag, round_idx, c, t) for i in clients)
-            if (dot + pads) % t != int(rows[c, -1]):
-                raise RejectedPayload(
-                    Reason.BAD_CIPHERTEXT,
-                    f"round {round_idx}: ciphertext {c} of the aggregate is not the sum of the uploads its proofs name",
-                )
+            wrong += (dot + pads) % t != int(rows[c, -1])
+        if wrong:
+            raise RejectedPayload(
+                Reason.BAD_CIPHERTEXT,
+                f"round {round_idx}: a ciphertext of the aggregate is not the sum of the uploads its proofs name",
+            )

@@ -1,0 +1,63 @@
+"""What every command group shares: the consoles, bad input as exit 2, the common options, the metrics table."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedrecgel_secure.cli.crash import note_run_dir
+from fedrecgel_secure.errors import BadInputError
+
+out = Console()
+err = Console(stderr=True)
+
+PolicyArg = Annotated[
+    Path | None,
+    typer.Argument(help="Policy file (TOML) or a packaged policy's name (dp-eps8, ...). Default: default."),
+]
+SetOption = Annotated[list[str], typer.Option("--set", help="Override a policy field: section.key=value (repeatable).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+RunDirArg = Annotated[Path, typer.Argument(help="A run directory written by `fedrecgel train`.")]
+
+
+def user_errors(command):
+    """Bad input becomes a one-paragraph message and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        note_run_dir(kwargs.get("out_dir") or kwargs.get("run_dir") or kwargs.get("study_dir"))
+        try:
+            return command(*args, **kwargs)
+        except BadInputError as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
+    """Metrics as rows, one column per record (best, final, ...), so it fits a terminal."""
+    table = Table(title=title)
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    table.add_row("round", *[str(r["round"]) if r else "-" for r in columns.values()])
+    for key in [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]:
+        table.add_row(key.upper(), *[f"{r[key]:.4f}" if r else "-" for r in columns.values()])
+    return table
+
+
+def report_written(out_dir: Path) -> None:
+    """Plot a finished run's curves, then say which files its directory holds."""
+    from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY
+    from fedrecgel_secure.study.plots import plot_run
+
+    curves = plot_run(out_dir)
+    out.print(
+        f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else "")
+    )

@@ -1,0 +1,104 @@
+"""`fedrecgel deploy local|plan|identity`: the roles as separate processes on Flower."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedrecgel_secure.cli.common import PolicyArg, SetOption, err, metrics_table, out, report_written, user_errors
+
+app = typer.Typer(
+    no_args_is_help=True, help="Run the roles as separate processes on Flower (needs the `flower` extra)."
+)
+
+
+@app.command("local")
+@user_errors
+def deploy_local_cmd(
+    policy: PolicyArg = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, help="Client SuperNodes (overrides deployment.nodes).")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Deployment and run directory.")] = Path("runs/deployed"),
+    set_: SetOption = [],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the server checkpoint and the nodes' state in --out.")
+    ] = False,
+):
+    """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
+    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.processes import Terminated, stop_on_signals
+    from fedrecgel_secure.rundir import METRICS, read_summary
+
+    policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
+    rounds = policy_.federation.rounds
+    dep = Deployment(policy_, out_dir, say=out.print)
+    columns = [
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("HR@10 {task.fields[hr]}"),
+        TimeElapsedColumn(),
+    ]
+    try:
+        with stop_on_signals():  # SIGTERM and SIGHUP end the deployment as Ctrl-C does: every process stopped
+            try:
+                with Progress(*columns, console=out, transient=False) as progress:
+                    task = progress.add_task("deploy", total=rounds, hr="-")
+
+                    def on_progress(_lines):
+                        lines = (out_dir / METRICS).read_text().splitlines()
+                        if lines:
+                            last = json.loads(lines[-1])
+                            progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
+
+                    out.print(dep.describe())
+                    dep.start()
+                    dep.wait(dep.launch(resume), rounds, on_progress)
+            finally:
+                dep.stop()
+    except (KeyboardInterrupt, Terminated) as e:  # the processes are stopped by now
+        why, code = (str(e), e.exit_code) if isinstance(e, Terminated) else ("interrupted", 130)
+        err.print(f"{why}: every process stopped; `fedrecgel deploy local --out {out_dir} --resume` continues")
+        raise typer.Exit(code) from None
+    summary = read_summary(out_dir)
+    out.print(
+        metrics_table(
+            f"{summary.method} deployed on {policy_.deployment.nodes} nodes: {summary.wall_time_s:.1f} s",
+            {
+                f"best ({summary.select_by})": summary.best,
+                "final": summary.final,
+            },
+        )
+    )
+    report_written(out_dir)
+
+
+@app.command("plan")
+@user_errors
+def deploy_plan_cmd(
+    policy: Annotated[Path, typer.Argument(help="Policy file (TOML) with a [deployment] section.")],
+    set_: SetOption = [],
+):
+    """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, \
+the run."""
+    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.policy import load_policy
+
+    typer.echo(plan(load_policy(policy, set_), policy.name))
+
+
+@app.command("identity")
+@user_errors
+def deploy_identity_cmd(
+    state_dir: Annotated[Path, typer.Argument(help="The node's state directory (its --node-config state-dir).")],
+):
+    """Print a node's identity public key (64 hex digits), making the key (0600) if it has none: run it on the \
+node's own machine and give the key to the server in [deployment] node_keys, so no other node can take its shard."""
+    from fedrecgel_secure.deploy.node_pins import identity_key
+
+    typer.echo(identity_key(state_dir))

@@ -1,0 +1,42 @@
+"""`fedrecgel policy validate|show|schema`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedrecgel_secure.cli.common import PolicyArg, SetOption, out, user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
+
+
+@app.command("validate")
+@user_errors
+def policy_validate(
+    file: Annotated[Path, typer.Argument(help="Policy file (TOML) or a packaged policy's name.")],
+):
+    """Check a policy file; print every error with its dotted field path."""
+    from fedrecgel_secure.policy import load_policy
+
+    load_policy(file)
+    out.print(f"{file}: valid")
+
+
+@app.command("show")
+@user_errors
+def policy_show(file: PolicyArg = None, set_: SetOption = []):
+    """Print the resolved policy, every default filled in, as TOML."""
+    from fedrecgel_secure.policy import load_policy
+
+    print(load_policy(file, set_).to_toml(), end="")
+
+
+@app.command("schema")
+def policy_schema():
+    """Print the JSON Schema of policy files."""
+    from fedrecgel_secure.policy import Policy
+
+    print(json.dumps(Policy.model_json_schema(), indent=2))

@@ -1,0 +1,146 @@
+"""`fedrecgel train` and `fedrecgel evaluate`: a run directory written, and its model scored again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedrecgel_secure.cli.common import (
+    JsonOption,
+    PolicyArg,
+    RunDirArg,
+    SetOption,
+    err,
+    metrics_table,
+    out,
+    report_written,
+    user_errors,
+)
+
+
+def default_out_dir(policy: Path | None) -> Path:
+    """``runs/<policy name>``: each policy trains into its own directory unless ``--out`` says otherwise."""
+    return Path("runs") / (Path(policy).stem if policy is not None else "default")
+
+
+@user_errors
+def train(
+    policy: PolicyArg = None,
+    set_: SetOption = [],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory. Default: runs/<policy name>.", show_default=False)
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+    ] = False,
+    seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
+):
+    """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
+    from fedrecgel_secure.cli.crash import note_run_dir
+    from fedrecgel_secure.rundir import hold_run_dir
+    from fedrecgel_secure.runner import check_out_dir
+
+    out_dir = out_dir if out_dir is not None else default_out_dir(policy)
+    note_run_dir(out_dir)
+    check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
+    with hold_run_dir(out_dir):
+        _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume)
+
+
+def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
+    from fedrecgel_secure.cli.progress import RoundProgress
+    from fedrecgel_secure.interrupt import StopBetweenRounds
+    from fedrecgel_secure.rundir import read_summary
+    from fedrecgel_secure.runner import open_run
+
+    trainer = open_run(out_dir, policy, overrides, resume=resume)
+    rounds = trainer.policy.federation.rounds
+    if trainer.round:
+        out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
+    dp = trainer.policy.privacy.dp
+    if dp.enabled and dp.noise == "seeded":
+        err.print(
+            "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
+            " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
+            " against them (research mode, for reproducible studies)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    small_cohort = trainer.policy.privacy.secure_aggregation.small_cohort_warning()
+    if small_cohort is not None:
+        err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)
+    secagg = trainer.secure_aggregation_summary()
+    if secagg is not None:
+        out.print(
+            f"secure aggregation: {secagg.describe()}"
+            + (
+                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it"
+                if secagg.simulation == "arithmetic"
+                else ""
+            ),
+            highlight=False,
+        )
+    with RoundProgress(out, rounds, trainer.round, secagg) as progress:
+        try:
+            with StopBetweenRounds() as stop:
+                trainer.run(out_dir, progress.on_round, stop=stop)
+        finally:
+            trainer.close()
+    if trainer.interrupted:
+        err.print(
+            f"[bold yellow]interrupted[/] after round {trainer.round}/{rounds}: its checkpoint is saved;"
+            f" continue with `fedrecgel train --out {out_dir} --resume`",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130)
+    summary = read_summary(out_dir)
+    out.print(
+        metrics_table(
+            f"{summary.method} on {trainer.policy.data.dataset}: {summary.wall_time_s:.1f} s",
+            {
+                f"best ({summary.select_by})": summary.best,
+                "final": summary.final,
+                "validation-selected": summary.validation_selected,
+            },
+        )
+    )
+    if summary.stopped_early:
+        out.print(f"[bold yellow]stopped after round {summary.rounds_done}:[/] {summary.stopped_early}")
+    if summary.privacy:
+        p = summary.privacy
+        out.print(
+            f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
+            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f" {p.epsilon_rdp:.3f}); against the server: "
+            + (
+                "no bound (it sees the clipped uploads)"
+                if p.epsilon_server is None
+                else f"ε {p.epsilon_server:.3g}"
+                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling)"
+            )
+        )
+        if p.noise == "seeded":
+            out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
+    report_written(out_dir)
+
+
+@user_errors
+def evaluate(run_dir: RunDirArg, as_json: JsonOption = False):
+    """Recompute the metrics of the model saved in a run directory."""
+    from fedrecgel_secure.runner import evaluate_run
+
+    metrics = evaluate_run(run_dir)
+    if as_json:
+        print(json.dumps(metrics))
+        return
+    rows = {"test": metrics}
+    if "val_hr@10" in metrics:
+        rows["validation"] = {
+            "round": metrics["round"],
+            **{k[4:]: v for k, v in metrics.items() if k.startswith("val_")},
+        }
+    out.print(metrics_table(f"{run_dir}", rows))

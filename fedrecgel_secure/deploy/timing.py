@@ -1,0 +1,58 @@
+"""Where a stage's seconds go: timestamps a node writes into its reply, which the server diffs.
+
+One message's life, on one machine's wall clock (``time.time()``; across machines the
+parts that span two clocks carry their skew):
+
+- ``pull_wait``: the server pushed it -> the ``flwr-clientapp`` process started. The
+  SuperNode pulls only between sleeps of 3 s (``time.sleep(3)`` in flwr 1.42's
+  ``supernode/start_client_internal.py``, no flag or variable sets it), then its
+  SuperExec polls for the task (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 0.1 s here).
+- ``process_start``: the process started -> this project's ClientApp module loaded
+  (the interpreter, flwr's own imports, pulling the task and the app).
+- ``imports``: -> the node engine's modules (torch, the model, the protocols) imported.
+- ``work``: -> the node's own work done (reading the shard and its state, training, protecting).
+- ``push_wait``: the reply made -> the server pulled it: the SuperNode's 0.5 s wait for
+  the reply, its push, and the ServerApp's own pull interval (``deployment.heartbeat``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+PARTS = ("pull_wait", "process_start", "imports", "work", "push_wait")
+
+
+def process_started() -> float | None:
+    """This process's start, wall clock (Linux ``/proc``; None elsewhere), to the kernel's clock tick."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command name
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, AttributeError, IndexError):
+        return None
+
+
+def parts(sent: float, node: dict, received: float) -> dict[str, float] | None:
+    """``sent``/``received``: the server's push and pull; ``node``: the reply's ``started``, ``loaded``,
+    ``imported``, ``done``. Seconds per part (:data:`PARTS`), or None if the node sent no timestamps."""
+    try:
+        marks = [sent, node["started"], node["loaded"], node["imported"], node["done"], received]
+    except (KeyError, TypeError):
+        return None
+    return {p: round(b - a, 3) for p, a, b in zip(PARTS, marks, marks[1:])}
+
+
+def reply_parts(sent: float, reply) -> dict[str, float] | None:
+    """:func:`parts` of a Flower reply pulled now (its ``timing`` record, if the node sent one)."""
+    received = time.time()
+    if reply.has_error() or "timing" not in reply.content:
+        return None
+    return parts(sent, dict(reply.content["timing"]), received)
+
+
+def mean_parts(per_reply: list[dict[str, float] | None]) -> dict[str, float]:
+    """Each part's mean seconds over the replies that carried timestamps ({} if none did)."""
+    timed = [p for p in per_reply if p is not None]
+    return {k: round(sum(p[k] for p in timed) / len(timed), 3) for k in PARTS} if timed else {}

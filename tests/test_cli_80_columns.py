@@ -1,0 +1,64 @@
+"""At 80 columns (a terminal or a pipe) nothing that matters is cut: the progress line of `fedrecgel train` keeps
+its round number whatever the fields say, and `data list` prints every source URL whole."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from fedrecgel_secure.cli.progress import RoundProgress, round_fields
+from fedrecgel_secure.federation.aggregation import RoundInfo
+from fedrecgel_secure.federation.summers import SecAggCost
+from fedrecgel_secure.federation.trainer import RoundEvent
+
+
+def dp_secagg_event(r: int) -> RoundEvent:
+    cost = SecAggCost(client_seconds=1.234, upload_bytes=12_345_678, aggregate_seconds=0.4, finalize_seconds=0.056)
+    info = RoundInfo(sampled=12, contributors=12, cost=cost, clipped_values=3, epsilon=1.2345, delta=1e-5)
+    info.epsilon_rdp, info.epsilon_server = 1.4567, 20.25
+    return RoundEvent(r, 10, 0.6931, {"round": r, "hr@10": 0.4, "ndcg@10": 0.2}, info)
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+def test_at_80_columns_the_round_number_and_every_field_stay(terminal):
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, force_terminal=terminal, color_system=None)
+    with RoundProgress(console, rounds=10, done=0) as progress:
+        for r in (1, 2, 3):
+            progress.on_round(dp_secagg_event(r))
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue())  # a terminal's cursor codes
+    assert all(len(line.rstrip()) <= 80 for line in plain.splitlines())
+    last_frame = plain[plain.rindex("round ") :]
+    assert last_frame.startswith("round  3/10"), last_frame
+    text = " ".join(last_frame.split())
+    for field in round_fields(dp_secagg_event(3), {"hr@10": 0.4, "ndcg@10": 0.2}, None):
+        for word in field.replace("[yellow]", "").replace("[/]", "").split():
+            assert word in text, (word, text)
+
+
+def test_the_line_keeps_the_latest_evaluation_between_evaluated_rounds():
+    buffer = io.StringIO()
+    with RoundProgress(Console(file=buffer, width=200, force_terminal=False), rounds=4, done=0) as progress:
+        progress.on_round(dp_secagg_event(1))
+        progress.on_round(RoundEvent(2, 4, 0.5, None, RoundInfo()))
+    assert "HR@10 0.4000" in buffer.getvalue().splitlines()[-1]
+
+
+def test_data_list_piped_at_80_columns_prints_every_url_whole():
+    from fedrecgel_secure.data.loaders import DATASETS
+
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", "data", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    urls = [info.url for info in DATASETS.values() if info.url]
+    assert urls and all(url in result.stdout.split() for url in urls), result.stdout
