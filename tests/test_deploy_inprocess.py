@@ -330,7 +330,7 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
 
 
 def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_key(tmp_path):
-    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.deploy.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     policy = load_policy(
