@@ -167,7 +167,7 @@ def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
     from fedrecgel_secure.deploy.he_node import HENode, HESetup, KeyHolderNode
     from fedrecgel_secure.privacy.secagg import FixedPoint
-    from fedrecgel_secure.privacy.secagg.he import BFVParams
+    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
     setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)

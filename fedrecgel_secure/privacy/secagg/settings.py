@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .fixedpoint import FixedPoint
-from .he import BFVParams
+from .he_params import BFVParams
 from .masking import MaskingParams
 
 if TYPE_CHECKING:
