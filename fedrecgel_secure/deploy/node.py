@@ -32,7 +32,7 @@ import numpy as np
 from fedrecgel_secure.policy import Policy
 
 if TYPE_CHECKING:
-    from fedrecgel_secure.federation.aggregation import DPMechanism
+    from fedrecgel_secure.federation.dp_aggregation import DPMechanism
 
 IDENTITY = "identity.pem"
 log = logging.getLogger("fedrecgel_secure.deploy")

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.data.split import SeenIndex, Split
-from fedrecgel_secure.federation.aggregation import AggregationRule, DPFedAvg, DPMechanism, MeanAggregation
+from fedrecgel_secure.federation.aggregation import AggregationRule, MeanAggregation
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg, DPMechanism
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.summers import Summer

@@ -20,9 +20,10 @@ from fedrecgel_secure import __version__
 from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import Catalogue, Split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.aggregation import DPFedAvg, RoundInfo
+from fedrecgel_secure.federation.aggregation import RoundInfo
 from fedrecgel_secure.federation.build import init_model, local_sets, make_aggregation, make_engine, negatives_index
 from fedrecgel_secure.federation.device import resolve_device
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import make_summer
