@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared 2-core machine
     cols = [f"{w} {k}" for w in ("best", "final") for k in KEYS]
-    print(f"FilmTrust, {args.rounds} rounds, seeds {args.seeds}, torch {torch.__version__}", flush=True)
+    print(f"FilmTrust, {args.rounds} rounds, seeds {args.seeds}, torch {torch.__version__}\n", flush=True)
     print("| protocol | seed | best round | " + " | ".join(c.upper() for c in cols) + " | s |")
     print("| --- " * (4 + len(cols)) + "|", flush=True)
     rows = []

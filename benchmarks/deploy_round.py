@@ -8,7 +8,7 @@ node. Per scheme it prints the wall seconds per round as the ServerApp measured
 them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
 round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
 plus the once-per-server set-up (hello, key exchange). Ends with a Markdown
-table for the README, whose seconds per round leave out round 1 (it also
+table for docs/results/deploy-round.md, whose seconds per round leave out round 1 (it also
 carries the set-up), with the poll floor (stages per round x the SuperNode's 3 s
 pull sleep: what a round waits at worst on Flower's poll alone), and a table that
 splits each stage into pull wait, process start, imports, the node's work and

@@ -2,7 +2,8 @@
 
     python benchmarks/memory.py [--rounds 2] [--json]
 
-24,508 users, 7,352 items, about 345k interactions (docs/design.md, "The data"), the
+24,508 users, 7,352 items, 348,704 interactions drawn (docs/design.md, "The data"; fewer remain after
+filtering, and the benchmark prints how many), the
 qb-article policy's SAM radii, 10% of clients per round, evaluation of every user.
 """
 

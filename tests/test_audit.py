@@ -236,6 +236,7 @@ def test_switching_the_noise_off_behind_the_accountant_is_flagged(uniform_split)
         assert "RED FLAG" in est["warning"]
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_audit_cli_on_a_run_directory_with_canaries(tmp_path):
     import subprocess
     import sys

@@ -6,6 +6,7 @@ import stat
 import subprocess
 import sys
 
+import pytest
 from conftest import write_ratings
 
 from fedrecgel_secure.checkpoint import load_checkpoint
@@ -27,6 +28,7 @@ main()
 """
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_an_internal_error_in_a_dp_run_prints_no_secret_and_logs_the_traceback_privately(tmp_path):
     data = write_ratings(tmp_path / "ratings.txt", n_users=30, n_items=100)
     out = tmp_path / "run"

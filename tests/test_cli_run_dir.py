@@ -75,6 +75,7 @@ def test_bad_input_exits_2_with_one_line_naming_what_is_wrong(tiny_run, tmp_path
     assert not (tmp_path / "never-made").exists()
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_a_second_train_into_a_running_directory_is_refused(tmp_path):
     out = tmp_path / "run"
     first = subprocess.Popen(
@@ -92,6 +93,7 @@ def test_a_second_train_into_a_running_directory_is_refused(tmp_path):
     assert rounds == sorted(set(rounds))  # no round written twice
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_ctrl_c_keeps_every_finished_round_and_resume_continues_exactly(tmp_path):
     sets = ["--set", "federation.rounds=20", "--set", "checkpoint.every=10"]
     out = tmp_path / "run"
@@ -114,6 +116,7 @@ def test_ctrl_c_keeps_every_finished_round_and_resume_continues_exactly(tmp_path
     assert metrics(out) == metrics(reference)
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_a_run_is_extended_from_the_command_line_to_the_metrics_of_a_longer_run(tmp_path):
     data = write_ratings(tmp_path / "ratings.txt")
     common = ["--set", f"data.dataset={data}"]

@@ -257,6 +257,7 @@ def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_pa
     assert all("partial" in rep for rep in train)  # one encrypted sum of its users' uploads per node
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
     # The server dies after the key holder released round 2 and before its checkpoint of round 2: the resumed
     # server repeats round 2 with the same contributors and gets the same release, so the run is unchanged.
@@ -484,6 +485,7 @@ def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
     assert all(set(line["parts"]) == set(PARTS) for line in lines if line["answered"])
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch):
     # The server dies after round 2's sum was released and before its checkpoint of round 2. The users refuse a
     # second attempt of round 2 (they confirmed it), so the resumed server takes round 2's sum from its run

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -51,3 +52,17 @@ def test_a_built_wheel_holds_every_module_and_policy_file(tmp_path):
     assert expected - names == set()
     assert "fedrecgel_secure/audit/run.py" in names
     assert any(n.startswith("fedrecgel_secure/data/bundled/filmtrust/") for n in names)
+
+
+def test_the_package_list_names_every_folder_that_holds_an_init_module():
+    # quick and specific: a new subpackage left out of pyproject.toml is named here, before any wheel is built
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        ".".join((INSTALLED_AS[top].replace("/", "."), *init.parent.relative_to(ROOT / top).parts))
+        for top in INSTALLED_AS
+        for init in (ROOT / top).rglob("__init__.py")
+    }
+    assert setuptools["package-dir"] == {name.replace("/", "."): top for top, name in INSTALLED_AS.items()}
+    data_only = set(setuptools["package-data"]) - folders  # folders of package data (policies/) have no __init__.py
+    assert folders - set(setuptools["packages"]) == set(), "add these to [tool.setuptools] packages"
+    assert set(setuptools["packages"]) - folders - data_only == set(), "no such folder"

@@ -35,6 +35,7 @@ def assert_same_run(out):
         assert {k: v for k, v in p.record().items() if not k.startswith("secagg_")} == a.record()
 
 
+@pytest.mark.slow  # FilmTrust rounds with every role's real cryptography, the oracle of arithmetic mode; CI runs it
 def test_masking_arithmetic_equals_the_protocol_with_dropouts_refused_uploads_and_a_skipped_round(filmtrust_split):
     # 122 clients, SecAgg+ graph (k = 14, t = 8): whether a neighbourhood keeps t survivors depends on the
     # round seed, so the arithmetic mode must rebuild the protocol's graph to skip the same rounds
@@ -56,6 +57,7 @@ def test_masking_arithmetic_equals_the_protocol_with_dropouts_refused_uploads_an
     assert_same_run(out)
 
 
+@pytest.mark.slow  # FilmTrust rounds with every role's real cryptography, the oracle of arithmetic mode; CI runs it
 @pytest.mark.parametrize("scheme", ["bfv", "masking"])
 def test_arithmetic_equals_the_protocol_under_seeded_distributed_dp(filmtrust_split, scheme):
     # about 25 clients per round keep BFV fast; with 10% silent, a round's noise falls short of the plan and

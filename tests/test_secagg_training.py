@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from fedrecgel_secure.federation.trainer import Trainer
@@ -21,6 +22,7 @@ def shared(trainer):
     return torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach()
 
 
+@pytest.mark.slow  # three FilmTrust rounds with every role's real cryptography; CI runs it
 def test_masking_gives_the_plaintext_model_after_three_filmtrust_rounds(filmtrust_split):
     # float64, so that the comparison sees the protocol and not float32 summation order
     plain, _ = trained(filmtrust_split, ["model.dtype=float64"])
@@ -51,6 +53,7 @@ def test_values_the_fixed_point_range_clips_are_counted_in_the_round_record(film
     assert record["clipped_values"] > 0
 
 
+@pytest.mark.slow  # three FilmTrust rounds with every role's real cryptography; CI runs it
 def test_bfv_gives_exactly_the_masking_model_after_three_filmtrust_rounds(filmtrust_split):
     # small rounds (about 25 clients) keep BFV encryption fast; float64 as above
     small = ["model.dtype=float64", "federation.fraction=0.02", "privacy.secure_aggregation.min_clients=10"]
@@ -82,6 +85,7 @@ def test_a_round_with_too_few_uploads_is_skipped_and_changes_nothing(filmtrust_s
     assert trainer.round == 1
 
 
+@pytest.mark.slow  # three FilmTrust rounds with every role's real cryptography; CI runs it
 def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
     overrides = [
         "model.dtype=float64",

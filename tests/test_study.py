@@ -241,6 +241,7 @@ def test_study_report_redraws_plots_only_when_their_inputs_changed(resumed_study
     assert all((out / name).stat().st_mtime_ns != drawn[name] for name in PLOTS)
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_parallel_jobs_give_the_same_metrics(resumed_study, tmp_path):
     out = tmp_path / "parallel"
     result = fedrecgel("study", resumed_study["spec"], "--out", out, "--jobs", "2")
@@ -378,6 +379,7 @@ def test_grid_expansion_order_slugs_and_the_epsilon_translation(tmp_path, data_f
     assert math.isinf(off.setting[EPSILON_KEY])
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, data_file):
     """audit = true over a scheme × ε grid, end to end through the command: real masking and BFV rounds, audit.json
     per run."""

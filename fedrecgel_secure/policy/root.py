@@ -100,7 +100,12 @@ class Policy(Section):
         return tomli_w.dumps(self.model_dump(mode="json", exclude_none=True))
 
     def digest(self) -> str:
-        """SHA-256 of the resolved policy; a checkpoint only resumes under the same digest."""
+        """SHA-256 of the resolved policy's canonical JSON, less what does not change the computation; a checkpoint
+        only resumes under the same digest.
+
+        Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
+        computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
+        ``tampered = 0``), so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
         dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})

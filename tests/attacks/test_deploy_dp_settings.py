@@ -228,6 +228,7 @@ def test_the_key_holder_adds_its_central_noise_from_its_own_policy(tmp_path, mon
     assert len(stds) == 1 and 0.9 * Z * C < stds[0] < 1.1 * Z * C
 
 
+@pytest.mark.slow  # end to end: left out of the contributors' fast path (-m 'not slow'), run in CI
 @pytest.mark.parametrize("forge", ["a forged round and 1000 counts", "forged counts for the real rounds"])
 def test_under_adaptive_clipping_the_key_holder_sizes_its_noise_from_its_own_record(tmp_path, monkeypatch, forge):
     # Central DP + adaptive clipping under BFV. The server tells the key holder that nobody was clipped, over and
