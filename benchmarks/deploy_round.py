@@ -25,7 +25,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+from fedrecgel_secure.deploy.layout import resolve_policy
+from fedrecgel_secure.deploy.local import Deployment
 from fedrecgel_secure.deploy.timing import PARTS
 
 SUPERNODE_POLL = 3.0  # seconds: time.sleep(3) in flwr 1.42's supernode/start_client_internal.py

@@ -61,7 +61,8 @@ class InProcessGrid:
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
         from fedrecgel_secure.deploy import clientapp
-        from fedrecgel_secure.deploy.local import KEY_HOLDER, node_config
+        from fedrecgel_secure.deploy.layout import node_config
+        from fedrecgel_secure.deploy.node import KEY_HOLDER
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity

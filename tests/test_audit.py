@@ -13,7 +13,7 @@ from fedrecgel_secure.audit.estimate import estimate_epsilon, gaussian_mechanism
 from fedrecgel_secure.audit.metrics import auc, popularity_prior, precision_at_k
 from fedrecgel_secure.audit.run import audit_rounds, canary_estimate
 from fedrecgel_secure.data.prepare import load_split
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
 

@@ -52,7 +52,8 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
 
     extra = {
         "masking-seeded-distributed-dp": MASKING + SEEDED_CENTRAL_DP.replace('"central"', '"distributed"'),
@@ -104,7 +105,8 @@ def test_a_supernode_killed_during_masking_is_recovered_or_skipped_within_the_st
     # Node 1 dies (SIGKILL, no goodbye) right after its users shared their keys: the others have masked with
     # them, so the round completes only through the protocol's recovery (their masks are rebuilt from shares),
     # or is skipped if too few remain; either way within the stage timeouts, never a hang.
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
 
     out = tmp_path / "deployed"
     policy = _policy(tmp_path, rounds=1, nodes=4, timeout=TIMEOUT, extra=MASKING)
@@ -137,7 +139,8 @@ def test_a_supernode_killed_during_masking_is_recovered_or_skipped_within_the_st
 
 
 def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
 
     policy_file = _policy(tmp_path, rounds=3)
     sim = tmp_path / "sim"

@@ -167,7 +167,7 @@ def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
     from fedrecgel_secure.deploy.he_node import HENode, HESetup, KeyHolderNode
     from fedrecgel_secure.privacy.secagg import FixedPoint
-    from fedrecgel_secure.privacy.secagg.he import BFVParams
+    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
     setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)
@@ -331,7 +331,7 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
 
 
 def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_key(tmp_path):
-    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.deploy.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     policy = load_policy(

@@ -97,7 +97,8 @@ def _stranger(tmp_path: Path, address: str) -> tuple[Path, dict, Path]:
 
 
 def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deployment(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
     from fedrecgel_secure.deploy.processes import flower_bin
 
     out = tmp_path / "deployed"
@@ -169,7 +170,8 @@ open(out, "w").write(json.dumps(got))
 
 
 def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
     from fedrecgel_secure.deploy.processes import wait_for_port
 
     out = tmp_path / "deployed"

@@ -102,7 +102,7 @@ def test_the_control_api_admits_the_token_the_deployments_flwr_cli_sends_and_nob
 
 
 def test_the_plan_starts_the_superlink_with_its_control_token_and_gives_it_to_the_operator():
-    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.deploy.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     text = plan(load_policy(None))

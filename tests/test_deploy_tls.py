@@ -27,7 +27,8 @@ def _mode(path: Path) -> int:
 
 
 def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_refuses_the_others(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
     from fedrecgel_secure.deploy.processes import free_ports
     from fedrecgel_secure.deploy.tls import NODE_KEY, make_node_key
 
@@ -80,7 +81,8 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
 
     With the operator's own certificate files this time (the first test covers the generated ones).
     """
-    from fedrecgel_secure.deploy.local import Deployment, resolve_policy
+    from fedrecgel_secure.deploy.layout import resolve_policy
+    from fedrecgel_secure.deploy.local import Deployment
     from fedrecgel_secure.deploy.tls import make_throwaway_tls
 
     own = make_throwaway_tls(tmp_path / "own-certs", ["127.0.0.1"])
@@ -122,7 +124,7 @@ def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_
     from cryptography.hazmat.primitives.asymmetric import ec
     from flwr.cli.supernode.register import try_load_public_key
 
-    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.deploy.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     if not (shutil.which("openssl") and shutil.which("ssh-keygen")):

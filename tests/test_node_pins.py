@@ -91,7 +91,7 @@ def test_binding_takes_the_pinned_key_refuses_the_rest_and_never_picks_between_u
 
 
 def test_the_plan_has_each_node_print_its_identity_key_and_the_operator_pin_it():
-    from fedrecgel_secure.deploy.local import plan
+    from fedrecgel_secure.deploy.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     bfv = 'privacy.secure_aggregation.scheme="bfv"'

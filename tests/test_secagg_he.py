@@ -21,7 +21,7 @@ from fedrecgel_secure.privacy.secagg import (
     RejectedPayload,
     RoundSkipped,
 )
-from fedrecgel_secure.privacy.secagg.he import batching_prime, is_prime
+from fedrecgel_secure.privacy.secagg.he_params import batching_prime, is_prime
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 5000

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.summers import grid_sum
 from fedrecgel_secure.privacy.dp import mechanism
 

@@ -208,7 +208,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
             # aggregate's signed round; the request has no say
             from fedrecgel_secure.deploy.node import key_holder_population
-            from fedrecgel_secure.federation.trainer import make_dp_mechanism
+            from fedrecgel_secure.federation.build import make_dp_mechanism
 
             population = key_holder_population(policy, context.node_config.get("catalogue"))
             mechanism = make_dp_mechanism(policy, population)

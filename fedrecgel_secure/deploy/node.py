@@ -32,7 +32,7 @@ import numpy as np
 from fedrecgel_secure.policy import Policy
 
 if TYPE_CHECKING:
-    from fedrecgel_secure.federation.aggregation import DPMechanism
+    from fedrecgel_secure.federation.dp_aggregation import DPMechanism
 
 IDENTITY = "identity.pem"
 log = logging.getLogger("fedrecgel_secure.deploy")
@@ -75,7 +75,7 @@ class Node:
 
     def __post_init__(self):
         from fedrecgel_secure.data.shards import load_shard
-        from fedrecgel_secure.federation.trainer import negatives_index
+        from fedrecgel_secure.federation.build import negatives_index
 
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -90,8 +90,8 @@ class Node:
     def _init(self, n_items: int):
         import torch
 
+        from fedrecgel_secure.federation.build import init_model
         from fedrecgel_secure.federation.state import ClientStates
-        from fedrecgel_secure.federation.trainer import init_model
 
         model, init = init_model(self.policy, n_items)
         theta = model.init_private(self.population, init)[torch.from_numpy(self.users)].clone()
@@ -180,7 +180,7 @@ class Node:
         import torch
 
         from fedrecgel_secure.deploy.replies import TrainReply
-        from fedrecgel_secure.federation.trainer import local_sets, make_engine
+        from fedrecgel_secure.federation.build import local_sets, make_engine
 
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
@@ -257,7 +257,7 @@ class Node:
         """
         if not self.policy.privacy.dp.enabled:
             return None
-        from fedrecgel_secure.federation.trainer import make_dp_mechanism
+        from fedrecgel_secure.federation.build import make_dp_mechanism
 
         mechanism = make_dp_mechanism(self.policy, self.population)
         dp = mechanism.dp
@@ -311,7 +311,7 @@ class Node:
         """Its users' HR and NDCG, summed (:class:`EvaluationReply`), as the engine's evaluation computes them:
         no user's score or rank leaves the node."""
         from fedrecgel_secure.deploy.replies import EvaluationReply
-        from fedrecgel_secure.federation.trainer import make_engine
+        from fedrecgel_secure.federation.build import make_engine
 
         states = self.state(round_idx, commits, keep_from)
         self.load_shared(shared)

@@ -22,7 +22,7 @@ from torch.nn.utils import parameters_to_vector
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads

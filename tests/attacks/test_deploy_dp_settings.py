@@ -266,7 +266,7 @@ def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_pat
     # no node refused, and the noise was 0.144 for a planned 0.5. Each user now checks the stated sample against
     # the cohort it signed in, at the masked stage, and refuses when it is larger: the round is skipped.
     from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.federation.trainer import make_dp_mechanism
+    from fedrecgel_secure.federation.build import make_dp_mechanism
     from fedrecgel_secure.policy import load_policy
 
     sample = RemoteTrainer.client_updates

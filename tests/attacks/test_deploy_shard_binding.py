@@ -48,7 +48,7 @@ class Federation(InProcessGrid):
         forge=None,
     ):
         from fedrecgel_secure.data.shards import shard_name
-        from fedrecgel_secure.deploy.local import node_config
+        from fedrecgel_secure.deploy.layout import node_config
 
         kh = out / "nodes" / "keyholder" if key_holder else None
         super().__init__(policy_file, [out / "nodes" / str(s) for s in range(3)], None, kh)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from fedrecgel_secure.federation.aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.policy import DPSettings, SecureAggregationPolicy

@@ -6,7 +6,7 @@ norm optionally tuned by Andrew, Thakkar, McMahan and Ramaswamy,
 "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021.
 
 Neighbouring datasets differ by adding or removing one client with all of its
-data (client-level DP). One round, as :class:`~fedrecgel_secure.federation.aggregation.DPFedAvg` runs it:
+data (client-level DP). One round, as :class:`~fedrecgel_secure.federation.dp_aggregation.DPFedAvg` runs it:
 
 1. sample clients independently with probability :math:`q` (Poisson), the
    expected number being :math:`m = qN`;

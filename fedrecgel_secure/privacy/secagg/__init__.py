@@ -31,8 +31,9 @@ Example::
 
 from .errors import KeyFileError, ProtocolViolation, Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from .he import BFVParams, EncryptedAggregate, HEAggregator, HEClient
+from .he import EncryptedAggregate, HEAggregator, HEClient
 from .he_keyholder import KeyHolder
+from .he_params import BFVParams
 from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, ServerIdentity
 from .masking import MaskingParams, neighbour_graph
 from .masking_aggregator import MaskedSum, MaskingAggregator

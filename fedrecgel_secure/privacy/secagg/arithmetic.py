@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .errors import RoundSkipped
-from .he import BFVParams
+from .he_params import BFVParams
 from .masking import MaskingParams, neighbour_graph
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
-from .he import BFVParams, HEClient
+from .he import HEClient
+from .he_params import BFVParams
 from .identity import ClientIdentity, IdentityDirectory
 from .masking import MaskingParams
 from .masking_client import MaskingClient

@@ -87,7 +87,6 @@ from fedrecgel_secure.errors import BadInputError
 from . import he_tags
 from .errors import Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from .he_params import MAX_MODULUS_BITS_128, BFVParams, batching_prime, is_prime  # noqa: F401  re-exported
 from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
     _AGG_HEAD,
     _U32,

@@ -42,7 +42,6 @@ from .errors import Reason, RejectedPayload
 from .fixedpoint import FixedPoint
 from .he import (
     HE_UPLOAD,
-    BFVParams,
     _params_of,
     centre_lift,
     load_context,
@@ -52,6 +51,7 @@ from .he import (
     parse_aggregate,
     read_chunks,
 )
+from .he_params import BFVParams
 from .identity import IdentityDirectory, check_session_tag
 from .keys import read_private_file, write_private_file, write_public_file
 from .vectors import check_dim, check_vector

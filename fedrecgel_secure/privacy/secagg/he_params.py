@@ -1,4 +1,10 @@
-"""BFV parameters at 128-bit security, and the batching prime of the plain modulus (see :mod:`.he` for the scheme)."""
+"""BFV parameters at 128-bit security: the checked settings of ``[privacy.secure_aggregation.bfv]``.
+
+Concern: choosing and checking the parameters only (ring degree, coefficient modulus within the
+HomomorphicEncryption.org bound, a batching-friendly plain modulus found by a deterministic primality test) and
+making the key holder's fresh secret context from them. Encrypting, summing and decrypting are :mod:`.he` and
+:mod:`.he_keyholder`'s.
+"""
 
 from __future__ import annotations
 

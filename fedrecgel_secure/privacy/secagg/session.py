@@ -36,8 +36,9 @@ from .arithmetic import admit_or_skip
 from .clients import ClientSetup, LocalClients, Reply
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from .he import BFVParams, HEAggregator, HEClient
+from .he import HEAggregator, HEClient
 from .he_keyholder import KeyHolder
+from .he_params import BFVParams
 from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
 from .masking import MaskingParams
 from .masking_aggregator import MaskingAggregator

@@ -1,0 +1,264 @@
+"""Client-level DP aggregation: :class:`DPFedAvg` (McMahan et al. 2018) and its accountant-free core.
+
+Concern: the DP rule only. :class:`DPMechanism` is the clipping and noise each party computes once the clip
+norm C is known (a deployment's node runs its clients' part, the BFV key holder the central noise);
+:class:`DPFedAvg` adds Poisson sampling, the fixed denominator m = qN, the Opacus accountant charged with the
+noise that actually reached the sum, and the enforced budget. The rule's shared surface (:class:`~.aggregation.
+AggregationRule`, :class:`~.aggregation.RoundInfo`) and the plain rule are :mod:`.aggregation`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedrecgel_secure.federation.aggregation import Aggregate, CanaryHook, RoundInfo, _with_canaries
+from fedrecgel_secure.federation.summers import Contributions, Summer
+from fedrecgel_secure.federation.uploads import GROUPS, Uploads
+from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp.adaptive import clipped_bits
+from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+
+
+@dataclass
+class _Spent:
+    """What a finished round leaves for :meth:`DPFedAvg.commit`."""
+
+    noise_multiplier: float  # what reached the released sum
+    clipped_count: float | None = None  # the noised centred count, under adaptive clipping
+    participants: int = 0
+    users: np.ndarray | None = None  # the clients whose uploads are in the released sum
+
+
+class DPMechanism:
+    """DP-FedAvg's clipping and noise, without the accountant: what each party computes once C is known.
+
+    :meth:`protect` is the clients' part (clip, clipped bit, noise share) and
+    :meth:`central_noise` the one noise of central mode. :class:`DPFedAvg` runs
+    both in the simulator; a deployment's node runs :meth:`protect` for its own
+    users, and the BFV key holder :meth:`central_noise`, each with the settings
+    of its own policy. Neither spends privacy, so neither builds an Opacus
+    accountant (seconds per call).
+    """
+
+    def __init__(self, resolved: ResolvedDP, grid: FixedPoint, randomness: DPRandomness):
+        self.dp, self.grid, self.randomness = resolved, grid, randomness
+
+    @property
+    def extra(self) -> int:
+        """Coordinates appended to every upload: the clipped bit under adaptive clipping."""
+        return 0 if self.dp.adaptive is None else 1
+
+    def clip(self, uploads: Uploads, dim: int, clip_norm: float) -> tuple[Uploads, torch.Tensor]:
+        """Clipped uploads and the unclipped norms (the clipped bit needs those).
+
+        The clip norm is C (``clip_norm``) minus the rounding slack of the
+        fixed-point grid (:meth:`FixedPoint.dp_clip`), so that the integers each
+        client hands over still have norm at most C on the grid.
+        """
+        clip_norm = self.grid.dp_clip(clip_norm, dim)
+        group_sq = uploads.group_sq_norms()
+        norms = group_sq.sum(1).sqrt()
+        if self.dp.group_fractions is None:
+            return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
+        budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
+        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype, device=group_sq.device)
+        return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
+
+    def protect(
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        uploads: Uploads,
+        dim: int,
+        dtype,
+        *,
+        participants: int,
+        clip_norm: float,
+    ) -> Contributions:
+        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
+
+        ``clip_norm`` is the round's C and ``participants`` the number of
+        clients sampled (it sizes the share z*C/sqrt(participants)). The
+        simulator runs this for every sampled client; a deployment's node runs
+        it for the ones it hosts.
+        """
+        clipped, norms = self.clip(uploads, dim, clip_norm)
+        bits = None if self.dp.adaptive is None else clipped_bits(norms, clip_norm)
+
+        def vector(pos: int) -> torch.Tensor:
+            v = clipped.vector(pos)
+            return v if bits is None else torch.cat([v, bits[pos : pos + 1].to(v.dtype)])
+
+        def total() -> torch.Tensor:
+            t = clipped.total()
+            return t if bits is None else torch.cat([t, bits.sum().reshape(1).to(t.dtype)])
+
+        noise = None
+        if self.dp.mode == "distributed":
+            share = self.dp.update_noise_std(clip_norm, participants)
+            count_share = None if bits is None else self.dp.count_noise_std(participants)
+
+            def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
+                cid = int(clients[pos])
+                update = self.randomness.normal("update-share", round_idx, cid, dim, share)
+                if count_share is None:
+                    return update
+                return torch.cat([update, self.randomness.normal("count-share", round_idx, cid, 1, count_share)])
+
+        return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
+
+    def central_noise(self, round_idx: int, dim: int, clip_norm: float) -> torch.Tensor:
+        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count)."""
+        std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
+        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std)
+        if self.dp.adaptive is None:
+            return noise
+        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, self.dp.clipped_count_stddev)])
+
+
+class DPFedAvg:
+    """DP-FedAvg on the shared uploads; the private user embeddings never leave a client.
+
+    A round: Poisson-sample clients with rate q; every client clips its upload to
+    L2 norm C over the whole shared vector (or per group, item table and tower,
+    with the budget split) and, under adaptive clipping, appends its centred
+    clipped bit as one more coordinate; Gaussian noise of std z*C goes onto the
+    sum, by the server (``central``) or as each client's share z*C/sqrt(|S|)
+    (``distributed``); the sum is divided by m = qN. The clipping and the noise
+    are :class:`DPMechanism`'s, which a deployment runs on the clients' nodes
+    (and, for central noise under BFV, on the key holder).
+
+    Accounting: one step per round at the noise multiplier that reached the sum,
+    z * sqrt(|contributors| / |S|) for distributed shares (a share leaves with a
+    client that drops out or is rejected), z otherwise; before anything is
+    released, a round whose reached noise would spend more than ``max_epsilon``
+    is refused. A round that secure aggregation skips is accounted at the planned
+    z (conservative: the skip itself depends on the sample); a round in which
+    nobody was sampled releases pure noise added by the server and is accounted too.
+    """
+
+    canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
+
+    def __init__(self, resolved: ResolvedDP, summer: Summer | None, grid: FixedPoint, randomness: DPRandomness):
+        self.dp, self.summer, self.grid, self.randomness = resolved, summer, grid, randomness
+        from fedrecgel_secure.privacy.dp.observers import PrivacyLedger
+
+        self.ledger = PrivacyLedger(resolved)
+        self.accountant = self.ledger.release
+        self.adaptive = resolved.make_adaptive_clipping()
+        self.clip_norm = resolved.clip_norm
+        self._spent: _Spent | None = None
+
+    @property
+    def extra(self) -> int:
+        """Coordinates appended to every upload: the clipped bit under adaptive clipping."""
+        return 0 if self.adaptive is None else 1
+
+    def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
+        return mechanism.poisson_sample(
+            self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate
+        )
+
+    def budget_exhausted(self, round: int) -> str | None:
+        """Why round ``round`` must not run, or None: it never overshoots max_epsilon."""
+        return self.ledger.refusal_before(round)
+
+    @property
+    def dp_mechanism(self) -> DPMechanism:
+        """The clipping and noise of this run, without its accountant, at this round's randomness."""
+        return DPMechanism(self.dp, self.grid, self.randomness)
+
+    def clip(self, uploads: Uploads, dim: int) -> tuple[Uploads, torch.Tensor]:
+        """The uploads clipped to this round's C, and their unclipped norms (:meth:`DPMechanism.clip`)."""
+        return self.dp_mechanism.clip(uploads, dim, self.clip_norm)
+
+    def protect(self, round_idx: int, clients: np.ndarray, uploads: Uploads, dim: int, dtype) -> Contributions:
+        """The sampled clients' part at this round's clip norm (:meth:`DPMechanism.protect`, for all of them)."""
+        return self.dp_mechanism.protect(
+            round_idx, clients, uploads, dim, dtype, participants=clients.size, clip_norm=self.clip_norm
+        )
+
+    def central_noise(self, round_idx: int, dim: int, *, nobody_sampled: bool = False) -> torch.Tensor | None:
+        """The server's noise: all of it in central mode, or in any mode when nobody was sampled to add a share."""
+        if self.dp.mode == "distributed" and not nobody_sampled:
+            return None
+        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm)
+
+    def aggregate(
+        self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
+    ) -> Aggregate:
+        z = self.dp.noise_multiplier
+        if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
+            noise = self.central_noise(round_idx, dim, nobody_sampled=True)
+            total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
+            self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]))
+            info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
+            gradient = mechanism.fixed_denominator_mean(
+                _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
+            )
+            if self.canaries is not None:
+                self.canaries.released(round_idx, gradient)
+            return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
+        if uploads.sealed:  # a deployment's nodes protected their own uploads (DPMechanism.protect, on each node)
+            contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
+        else:
+            contributions = self.protect(round_idx, clients, uploads, dim, dtype)
+        # the noise shares were sized for the sample (or its survivor threshold); a share lost with a client that
+        # did not answer (a deployment's dropout) is missing from the sum like one lost later, and accounted the same
+        participants = clients.size if sampled is None else sampled
+
+        def admit(contributors: list[int]) -> str | None:
+            return self.ledger.refusal(participants, contributors)
+
+        result = self.summer(round_idx, contributions, central_noise=self.central_noise(round_idx, dim), admit=admit)
+        info = RoundInfo.of(result, participants)
+        info.clip_norm = self.clip_norm
+        if result.total is None:
+            self._spent = _Spent(z)
+            info.noise_multiplier = z
+            return Aggregate(None, result.contributors, info)
+        reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
+        counted = None if self.adaptive is None else float(result.total[dim])
+        self._spent = _Spent(reached, counted, participants, clients[result.contributors])
+        info.noise_multiplier = reached
+        gradient = mechanism.fixed_denominator_mean(
+            _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
+        )
+        if self.canaries is not None:
+            self.canaries.released(round_idx, gradient)
+        return Aggregate(gradient, result.contributors, info)
+
+    def commit(self, info: RoundInfo) -> None:
+        """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
+        spent, self._spent = self._spent, None
+        users = np.zeros(0, dtype=np.int64) if spent.users is None else spent.users
+        self.ledger.commit(spent.noise_multiplier, spent.participants, users)
+        if self.adaptive is not None and spent.clipped_count is not None:
+            self.clip_norm = self.adaptive.update(spent.clipped_count)
+        spent_now = self.ledger.report()
+        info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
+        info.epsilon_server = spent_now["epsilon_server"]
+        info.delta, info.dp_noise = self.dp.delta, self.randomness.source
+
+    def state_dict(self) -> dict:
+        return {
+            **self.ledger.state_dict(),
+            "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
+            "clip_norm": self.clip_norm,
+            "randomness": self.randomness.state_dict(),
+            **({} if self.canaries is None else {"canaries": self.canaries.state_dict()}),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ledger.load_state_dict(state)
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(state["adaptive"])
+        self.clip_norm = state["clip_norm"]
+        self.randomness = DPRandomness.from_state_dict(state["randomness"])
+        if self.canaries is not None:
+            self.canaries.load_state_dict(state["canaries"])
