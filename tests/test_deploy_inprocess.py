@@ -349,10 +349,10 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     # Secure noise, central DP: the key holder draws the noise it adds after decryption from a CSPRNG secret of
     # its own, so the server, which knows the exact sum's release only, cannot subtract the noise.
     from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.federation import trainer as trainer_module
+    from fedrecgel_secure.federation import build as build_module
 
     made = []  # (what was drawn, the randomness secret it was drawn from)
-    make = trainer_module.make_dp_mechanism
+    make = build_module.make_dp_mechanism
 
     def recording(policy, n_users):
         mechanism = make(policy, n_users)
@@ -365,7 +365,7 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
         mechanism.randomness.normal = drawn
         return mechanism
 
-    monkeypatch.setattr(trainer_module, "make_dp_mechanism", recording)
+    monkeypatch.setattr(build_module, "make_dp_mechanism", recording)
     servers = []
     init = RemoteTrainer.__init__
     monkeypatch.setattr(RemoteTrainer, "__init__", lambda self, *a: init(self, *a) or servers.append(self))

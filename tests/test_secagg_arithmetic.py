@@ -61,7 +61,9 @@ def test_masking_arithmetic_equals_the_protocol_with_dropouts_refused_uploads_an
 @pytest.mark.parametrize("scheme", ["bfv", "masking"])
 def test_arithmetic_equals_the_protocol_under_seeded_distributed_dp(filmtrust_split, scheme):
     # about 25 clients per round keep BFV fast; with 10% silent, a round's noise falls short of the plan and
-    # the budget check refuses rounds 2 and 3 (not_admitted) after releasing round 1
+    # the budget check refuses rounds 2 and 3 (not_admitted) after releasing round 1. RDP, whose calibration
+    # leaves the slack for round 1 that this schedule needs (PLD's tighter z refuses round 1 already): the
+    # accountant is not what this test is about
     out = run_both(
         filmtrust_split,
         POLICY_DIR / "dp-distributed.toml",
@@ -69,6 +71,7 @@ def test_arithmetic_equals_the_protocol_under_seeded_distributed_dp(filmtrust_sp
             "federation.rounds=3",
             "federation.fraction=0.02",
             "privacy.dp.noise=seeded",
+            "privacy.dp.accountant=rdp",
             f"privacy.secure_aggregation.scheme={scheme}",
             "privacy.secure_aggregation.min_clients=10",
             "privacy.secure_aggregation.dropout=0.1",
