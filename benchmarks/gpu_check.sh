@@ -41,7 +41,7 @@ fi
 export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
 export FEDRECGEL_CACHE=/tmp/fedrecgel-cache
 export CUBLAS_WORKSPACE_CONFIG=:4096:8  # deterministic cuBLAS (the device module sets it too, if unset)
-$py -c 'import fedrecgel_secure.federation.trainer, pydantic, opacus; print("imports ok")' >> "$out/install.log" 2>&1
+$py -c 'import fedrecgel_secure.federation.trainer, fedrecgel_secure.privacy.dp.pld, pydantic, opacus, scipy; print("imports ok")' >> "$out/install.log" 2>&1
 
 gpu=$($py -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 
