@@ -54,6 +54,40 @@ def filmtrust_split():
     return load_split(DataPolicy())
 
 
+@pytest.fixture(scope="session")
+def masked_dp_split(tmp_path_factory):
+    """80 users over 60 items: cohorts of about 20 at fraction 0.25, enough for masking with dropouts."""
+    from fedrecgel_secure.data.prepare import load_split
+    from fedrecgel_secure.policy import DataPolicy
+
+    path = write_ratings(tmp_path_factory.mktemp("masked-dp") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12))
+    return load_split(DataPolicy(dataset=str(path), test_negatives=20))
+
+
+@pytest.fixture(scope="session")
+def masked_dp_policy():
+    """A factory of policies for distributed DP under masking on ``masked_dp_split``: z = 0.922 (dp-eps8's), C = 0.5,
+    delta = 1e-3, all pairs (cohorts stay below 33) with threshold 1/2, so 30% dropout keeps every secret
+    recoverable. ``simulation`` picks how the secure sum is computed; ``**dp`` overrides ``[privacy.dp]``."""
+    from fedrecgel_secure.policy import Policy
+
+    def make(rounds: int = 6, dropout: float = 0.0, simulation: str = "protocol", **dp) -> Policy:
+        settings = {"enabled": True, "mode": "distributed", "clip_norm": 0.5, "noise_multiplier": 0.922, "delta": 1e-3}
+        secagg = {"scheme": "masking", "simulation": simulation, "min_clients": 5, "allow_small_cohort": True}
+        return Policy.model_validate(
+            {
+                "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
+                "federation": {"rounds": rounds, "fraction": 0.25},
+                "privacy": {
+                    "dp": settings | dp,
+                    "secure_aggregation": secagg | {"dropout": dropout, "masking": {"threshold": 0.5}},
+                },
+            }
+        )
+
+    return make
+
+
 # the secure-aggregation sections of the deployment tests' policies
 MASKING = """[privacy.secure_aggregation]
 scheme = "masking"

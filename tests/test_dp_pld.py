@@ -10,10 +10,9 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 
-from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import Trainer
-from fedrecgel_secure.policy import POLICY_DIR, DataPolicy, Policy, load_policy
+from fedrecgel_secure.policy import POLICY_DIR, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 from fedrecgel_secure.privacy.dp.observers import ServerExposure
 from fedrecgel_secure.privacy.dp.pld import gaussian_epsilon, history_event, pld_epsilon
@@ -115,40 +114,9 @@ def test_the_server_s_epsilon_is_its_most_exposed_user_s_and_round_trips():
     assert restored.epsilon() == exposure.epsilon() and restored.rounds.tolist() == exposure.rounds.tolist()
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    from conftest import write_ratings
-
-    path = write_ratings(tmp_path_factory.mktemp("pld") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12))
-    return load_split(DataPolicy(dataset=str(path), test_negatives=20))
-
-
-def masked_policy(rounds: int = 6, dropout: float = 0.0, **dp) -> Policy:
-    return Policy.model_validate(
-        {
-            "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
-            "federation": {"rounds": rounds, "fraction": 0.25},
-            "privacy": {
-                "dp": {
-                    "enabled": True,
-                    "mode": "distributed",
-                    "noise": "seeded",
-                    "clip_norm": 0.5,
-                    "noise_multiplier": 0.922,
-                    "delta": 1e-3,
-                }
-                | dp,
-                "secure_aggregation": {
-                    "scheme": "masking",
-                    "simulation": "arithmetic",
-                    "min_clients": 5,
-                    "allow_small_cohort": True,
-                    "dropout": dropout,
-                    "masking": {"threshold": 0.5},
-                },
-            },
-        }
-    )
+# seeded and without cryptography: these tests check the accounting, which both simulations feed alike
+# (tests/test_secagg_arithmetic.py shows arithmetic mode releases the protocol's sums, dropouts and refusals)
+ACCOUNTING = {"simulation": "arithmetic", "noise": "seeded"}
 
 
 def _sample_log(trainer: Trainer, rounds: int) -> list[np.ndarray]:
@@ -167,10 +135,12 @@ def _sample_log(trainer: Trainer, rounds: int) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-def test_the_reported_server_epsilon_is_the_gaussian_composition_over_the_most_sampled_user(split):
-    trainer = Trainer(masked_policy(12), split)
+def test_the_reported_server_epsilon_is_the_gaussian_composition_over_the_most_sampled_user(
+    masked_dp_split, masked_dp_policy
+):
+    trainer = Trainer(masked_dp_policy(12, **ACCOUNTING), masked_dp_split)
     log = _sample_log(trainer, 12)
-    counts = np.zeros(split.n_users, dtype=np.int64)
+    counts = np.zeros(masked_dp_split.n_users, dtype=np.int64)
     for users, z in log:
         assert z == pytest.approx(0.922)  # no dropout: every share arrived
         counts[users] += 1
@@ -184,9 +154,13 @@ def test_the_reported_server_epsilon_is_the_gaussian_composition_over_the_most_s
 
 
 @pytest.mark.slow
-def test_max_epsilon_against_the_server_stops_before_the_most_exposed_user_passes_it(split, tmp_path):
+def test_max_epsilon_against_the_server_stops_before_the_most_exposed_user_passes_it(
+    masked_dp_split, masked_dp_policy, tmp_path
+):
     cap = gaussian_epsilon(0.922 / math.sqrt(3), 1e-3)  # three participations fit, a fourth does not
-    trainer = Trainer(masked_policy(30, max_epsilon=cap, max_epsilon_against="server"), split)
+    trainer = Trainer(
+        masked_dp_policy(30, max_epsilon=cap, max_epsilon_against="server", **ACCOUNTING), masked_dp_split
+    )
     summary = trainer.run(tmp_path)
     privacy = summary["privacy"]
     assert "against the server" in summary["stopped_early"] and summary["rounds_done"] < 30
@@ -194,10 +168,10 @@ def test_max_epsilon_against_the_server_stops_before_the_most_exposed_user_passe
     assert privacy["max_epsilon_against"] == "server"
 
 
-def test_central_noise_the_server_adds_gives_no_bound_against_it(split):
-    policy = masked_policy(1).model_copy(deep=True)
+def test_central_noise_the_server_adds_gives_no_bound_against_it(masked_dp_split, masked_dp_policy):
+    policy = masked_dp_policy(1, **ACCOUNTING).model_copy(deep=True)
     policy.privacy.dp.mode = "central"
-    trainer = Trainer(policy, split)
+    trainer = Trainer(policy, masked_dp_split)
     trainer.train_round()
     assert trainer.aggregation.ledger.report()["epsilon_server"] is None
 
@@ -211,8 +185,8 @@ def test_bounding_the_server_needs_a_secure_sum():
 # -- noise shares sized for the survivor threshold ----------------------------------------------------
 
 
-def test_threshold_shares_carry_the_planned_noise_with_any_t_survivors(split):
-    policy = masked_policy(shares="threshold")
+def test_threshold_shares_carry_the_planned_noise_with_any_t_survivors(masked_dp_policy):
+    policy = masked_dp_policy(shares="threshold", **ACCOUNTING)
     resolved = validate_against_population(policy.privacy.dp, 80, 6, 0.25, policy.privacy.secure_aggregation)
     sampled = 30
     t = resolved.noise_shares(sampled)
@@ -223,20 +197,20 @@ def test_threshold_shares_carry_the_planned_noise_with_any_t_survivors(split):
     assert resolved.reached_noise_multiplier(sampled, t) == pytest.approx(0.922)
     assert resolved.reached_noise_multiplier(sampled, sampled) == pytest.approx(0.922 * math.sqrt(30 / 21))
     sampled_mode = validate_against_population(
-        masked_policy().privacy.dp, 80, 6, 0.25, policy.privacy.secure_aggregation
+        masked_dp_policy(**ACCOUNTING).privacy.dp, 80, 6, 0.25, policy.privacy.secure_aggregation
     )
     assert sampled_mode.noise_shares(sampled) == sampled
     assert sampled_mode.reached_noise_multiplier(sampled, t) == pytest.approx(0.922 * math.sqrt(21 / 30))
 
 
 @pytest.mark.slow
-def test_threshold_shares_account_the_more_noise_that_reached_the_sum(split, tmp_path):
+def test_threshold_shares_account_the_more_noise_that_reached_the_sum(masked_dp_split, masked_dp_policy, tmp_path):
     """30% dropout: with shares sized for the sample each round falls short of z; sized for the threshold, the
     survivors carry more than z and the run is charged less."""
     runs = {}
     for shares in ("sampled", "threshold"):
         out = tmp_path / shares
-        trainer = Trainer(masked_policy(6, dropout=0.3, shares=shares), split)
+        trainer = Trainer(masked_dp_policy(6, dropout=0.3, shares=shares, **ACCOUNTING), masked_dp_split)
         summary = trainer.run(out)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         runs[shares] = (summary, records, trainer)

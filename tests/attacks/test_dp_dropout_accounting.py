@@ -16,55 +16,17 @@ import math
 
 import pytest
 
-from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
-from fedrecgel_secure.policy import DataPolicy, Policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory):
-    from conftest import write_ratings
-
-    path = write_ratings(
-        tmp_path_factory.mktemp("attack-dropout") / "ratings.txt", n_users=80, n_items=60, per_user=(5, 12)
-    )
-    return load_split(DataPolicy(dataset=str(path), test_negatives=20))
-
-
-def masked_dp_policy(rounds: int, **dp) -> Policy:
-    return Policy.model_validate(
-        {
-            "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [8]},
-            "federation": {"rounds": rounds, "fraction": 0.25},
-            "privacy": {
-                "dp": {
-                    "enabled": True,
-                    "mode": "distributed",
-                    "clip_norm": 0.5,
-                    "noise_multiplier": 0.922,
-                    "delta": 1e-3,
-                }
-                | dp,
-                # all pairs (cohorts stay below 33), threshold 1/2: 30% dropout keeps every secret recoverable
-                "secure_aggregation": {
-                    "scheme": "masking",
-                    "min_clients": 5,
-                    "allow_small_cohort": True,
-                    "dropout": 0.3,
-                    "masking": {"threshold": 0.5},
-                },
-            },
-        }
-    )
-
-
+@pytest.mark.slow  # 12 rounds with every role's real cryptography; CI runs it
 def test_reported_epsilon_under_thirty_percent_dropouts_is_the_epsilon_of_the_noise_that_reached_the_sum(
-    split, tmp_path
+    masked_dp_split, masked_dp_policy, tmp_path
 ):
-    trainer = Trainer(masked_dp_policy(12), split)
+    trainer = Trainer(masked_dp_policy(12, dropout=0.3), masked_dp_split)
     summary = trainer.run(tmp_path)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert summary["rounds_done"] == 12 and not any("skipped" in r for r in records)
@@ -94,11 +56,13 @@ def test_reported_epsilon_under_thirty_percent_dropouts_is_the_epsilon_of_the_no
     assert planned.epsilon() < 0.8 * independent
 
 
-def test_a_round_whose_surviving_noise_would_overshoot_max_epsilon_is_not_released(split, tmp_path):
+def test_a_round_whose_surviving_noise_would_overshoot_max_epsilon_is_not_released(
+    masked_dp_split, masked_dp_policy, tmp_path
+):
     one_round = PrivacyAccountant("pld", 0.25, 0.922, 1e-3)  # the accountant in force
     one_round.step()
     cap = one_round.epsilon()  # one round at the planned z fits exactly; one that lost 30% of its shares does not
-    trainer = Trainer(masked_dp_policy(3, max_epsilon=cap), split)
+    trainer = Trainer(masked_dp_policy(3, dropout=0.3, max_epsilon=cap), masked_dp_split)
     summary = trainer.run(tmp_path)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and "max_epsilon" in records[0]["skipped"]  # refused before anything was unmasked
