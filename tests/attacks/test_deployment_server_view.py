@@ -93,20 +93,34 @@ def _replies(pulled, prefix: str) -> list[dict]:
     return [rep for group, rep in pulled if group.startswith(prefix)]
 
 
-@pytest.mark.parametrize("privacy", ["plaintext", "masking"])
-def test_the_server_process_opens_no_interaction_data(tmp_path, privacy):
+def _watched_run(tmp_path: Path, extra: str, rounds: int) -> dict:
+    pulled, _ = _serve(tmp_path, extra, rounds, watch_opens=True)
+    return {"dir": tmp_path, "pulled": pulled, "opened": list(_WATCH["opened"])}
+
+
+# one deployed run per setting, each read by several tests (what they read is the run's, they change nothing)
+@pytest.fixture(scope="module")
+def plaintext_run(tmp_path_factory) -> dict:
+    return _watched_run(tmp_path_factory.mktemp("plaintext"), "", rounds=1)
+
+
+@pytest.fixture(scope="module")
+def masking_run(tmp_path_factory) -> dict:
+    return _watched_run(tmp_path_factory.mktemp("masking"), MASKING, rounds=2)
+
+
+@pytest.mark.parametrize("run", ["plaintext_run", "masking_run"])
+def test_the_server_process_opens_no_interaction_data(request, run):
     # Every file the server process opens while it runs (outside the nodes' handlers, which the in-process grid
     # runs in the same process) is checked against the interaction data: the ratings file, the prepared split's
     # cache, the shards. Before: run_server's load_split opened the cache (or the ratings file).
-    _serve(tmp_path, MASKING if privacy == "masking" else "", watch_opens=True)
-    assert _WATCH["opened"] == []
+    assert request.getfixturevalue(run)["opened"] == []
 
 
-def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(tmp_path):
+def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(plaintext_run):
     # The attack: any array in an evaluation reply with one row per hosted user and a column per candidate is
     # read as candidate scores, column 0 the held-out item; its rank is whether the user kept that item.
-    pulled, _ = _serve(tmp_path, "")
-    replies = _replies(pulled, "eval-")
+    replies = _replies(plaintext_run["pulled"], "eval-")
     assert replies
     recovered = {}
     for rep in replies:
@@ -122,13 +136,13 @@ def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(tmp_path)
     assert all(isinstance(v, float) for rep in replies for v in rep["sums"].values())
 
 
-def test_under_masking_the_train_replies_give_the_server_no_users_interaction_count(tmp_path):
+def test_under_masking_the_train_replies_give_the_server_no_users_interaction_count(masking_run):
     # The attack: a per-client example count is (1 + train_negatives) x the user's training interactions.
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.policy import load_policy
 
-    pulled, _ = _serve(tmp_path, MASKING, rounds=2)
-    policy = load_policy(tmp_path / "policy.toml")
+    pulled = masking_run["pulled"]
+    policy = load_policy(masking_run["dir"] / "policy.toml")
     truth = load_split(policy.data).train_counts()
     recovered = {}
     for rep in _replies(pulled, "round-"):
