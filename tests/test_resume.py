@@ -64,6 +64,7 @@ def test_resume_refuses_a_different_policy(straight_run, tmp_path):
         open_run(tmp_path, None, [*OVERRIDES, "sam.rho_sh=0.1"], resume=True)
 
 
+@pytest.mark.slow  # end to end: a CLI run killed and resumed in subprocesses; CI runs it
 def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
     # Checkpoint every 3 rounds and kill after round 4 or later: the run must go
     # back to its last checkpoint, drop the evaluations written after it, and

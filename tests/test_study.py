@@ -258,6 +258,7 @@ def test_a_study_whose_policy_changed_is_refused_before_training(resumed_study, 
         plan_study(changed, resumed_study["out"])
 
 
+@pytest.mark.slow  # end to end: a study in a subprocess; CI runs it
 def test_a_failing_run_is_recorded_and_the_others_finish(tmp_path, data_file):
     # delta = 0.5 passes the policy schema but not the population check (delta < 1/40) when training starts
     spec = write_study(

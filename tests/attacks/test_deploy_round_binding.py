@@ -168,6 +168,7 @@ def test_a_new_session_does_not_reopen_a_confirmed_round(tmp_path, monkeypatch):
     assert not list((run.out / "nodes").glob("*/secagg/inputs-1.npz"))
 
 
+@pytest.mark.slow  # two deployments, killed then resumed; CI runs it
 def test_a_resumed_server_rerunning_a_released_round_over_fewer_users_gets_the_same_sum_or_none(tmp_path, monkeypatch):
     # An honest server dies after round 2's release and before its checkpoint; it resumes while node 2 is down,
     # so round 2 runs again over the users of nodes 0 and 1 only. The difference of the two sums would be node 2's

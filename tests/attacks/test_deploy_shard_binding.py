@@ -235,6 +235,7 @@ def _digest(policy_file: Path) -> str:
     return load_policy(policy_file).digest()
 
 
+@pytest.mark.slow  # two BFV deployments, killed then resumed; CI runs it
 def test_under_bfv_a_node_claiming_to_be_the_pinned_key_holder_is_refused(tmp_path, capsys):
     # The key holder is pinned as "keyholder". A node with role="keyholder" of its own answers first while the
     # real key holder is late. Before: it became the key holder; the nodes would have encrypted under its key.
@@ -251,6 +252,7 @@ def test_under_bfv_a_node_claiming_to_be_the_pinned_key_holder_is_refused(tmp_pa
     assert f"refused node {ATTACKER} claiming 'keyholder'" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # the longest of these in-process deployments; CI runs it
 def test_under_node_authentication_a_registered_node_cannot_claim_another_shard_even_at_first_contact(tmp_path, capsys):
     # The attacker's SuperNode holds a registered key of its own (registered as node-3), nothing is pinned yet,
     # and node 1 is late. The SuperLink's registry says which key the operator registered for shard 1: the

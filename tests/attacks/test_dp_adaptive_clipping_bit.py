@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from scipy import stats
 
@@ -46,6 +47,7 @@ def rule():
     return DPFedAvg(resolved, summer, encoding(secagg), DPRandomness.from_seed(7))  # seeded: a deterministic test
 
 
+@pytest.mark.slow  # 160 real masking rounds: the accuracy bound needs that many trials; CI runs it
 def test_the_server_cannot_tell_whether_a_clients_upload_was_clipped():
     agg = rule()
     captured: list[bytes] = []
