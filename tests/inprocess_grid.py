@@ -1,8 +1,8 @@
 """A Flower Grid whose SuperNodes are this process, for fast end-to-end tests of the deployment's code.
 
-:class:`InProcessGrid` hands each pushed message to the project's real
-``ClientApp`` at once, with a fresh ``Context`` (as each new ``flwr-clientapp``
-process gets one), so the ServerApp's ``run_server``, ``FlowerStages``, the
+:class:`InProcessGrid` hands each pushed message to the handlers a node's resident
+engine runs (:data:`fedrecgel_secure.deploy.node_app.app`) at once, with a fresh
+``Context`` (as the engine makes one per message), so the ServerApp's ``run_server``, ``FlowerStages``, the
 record encoding and every node handler run unchanged; only the SuperLink and
 the processes are missing (``tests/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
@@ -60,14 +60,15 @@ class InProcessGrid:
         shards: Path | None = None,
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-        from fedrecgel_secure.deploy import clientapp
+        from fedrecgel_secure.deploy import node_app
         from fedrecgel_secure.deploy.layout import node_config
         from fedrecgel_secure.deploy.node import KEY_HOLDER
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        self.app = clientapp.app
+        self.app = node_app.app  # the handlers a node's resident engine runs (its Node objects kept, as there)
+        node_app._RESIDENT.clear()  # another test's nodes
         shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
         self.shards = shards
         self.catalogue = write_shards(load_policy(policy_file), shards)
