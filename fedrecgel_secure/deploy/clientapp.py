@@ -28,20 +28,26 @@ app = ClientApp()
 
 def relay(msg: Message, context: Context) -> Message:
     """The engine's reply to ``msg``, with this process's start in its ``timing`` record (deploy.timing)."""
-    from flwr.common.serde import message_from_proto, message_to_proto
-    from flwr.proto.message_pb2 import Message as ProtoMessage
+    from flwr.common.serde import message_to_proto
 
     now = time.time()
     # the message's own expiry (the server's clock: at most its TTL from now, whatever the skew)
     deadline = min(msg.metadata.created_at + msg.metadata.ttl, now + msg.metadata.ttl)
     state_dir = Path(str(context.node_config["state-dir"]))
-    kind, data = request(state_dir, message_to_proto(msg).SerializeToString(), deadline)
+    return reply_of(*request(state_dir, message_to_proto(msg).SerializeToString(), deadline))
+
+
+def reply_of(kind: bytes, data: bytes, started: float = STARTED, loaded: float = LOADED) -> Message:
+    """The engine's answer (:meth:`.engine.Engine.answer`) as the reply Message, its ``timing`` record completed
+    with this process's ``started`` and ``loaded``; the engine's error raised (Flower sends an error reply)."""
+    from flwr.app import ConfigRecord
+    from flwr.common.serde import message_from_proto
+    from flwr.proto.message_pb2 import Message as ProtoMessage
+
     if kind == ERROR:
         raise RuntimeError(f"the node engine failed: {data.decode(errors='replace')}")
     reply = message_from_proto(ProtoMessage.FromString(data))
-    marks = dict(reply.content["timing"])
-    marks.update(started=STARTED, loaded=LOADED)
-    reply.content["timing"] = type(reply.content["timing"])(marks)
+    reply.content["timing"] = ConfigRecord({**reply.content["timing"], "started": started, "loaded": loaded})
     return reply
 
 
