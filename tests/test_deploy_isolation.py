@@ -235,7 +235,8 @@ def _of_the_deployment(flwr_home: Path) -> list[int]:
     return found
 
 
-KINDS = {"deploy.superlink": 1, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}  # and Flower's SuperExecs
+# and Flower's SuperExecs; "deploy.engine": each node's resident engine
+KINDS = {"deploy.superlink": 1, "deploy.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
