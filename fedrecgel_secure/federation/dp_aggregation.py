@@ -36,6 +36,7 @@ class _Spent:
     clipped_count: float | None = None  # the noised centred count, under adaptive clipping
     participants: int = 0
     users: np.ndarray | None = None  # the clients whose uploads are in the released sum
+    tail_delta: float = 0.0  # the δ the sampler's truncation adds to the release
 
 
 class DPMechanism:
@@ -250,7 +251,8 @@ class DPFedAvg:
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
-            self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]))
+            tail = self.dp.release_tail_delta(self.clip_norm, dim, 1.0 / self.grid.scale, 0, 0)
+            self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
             self.last_released = round_idx
             gradient = mechanism.fixed_denominator_mean(
@@ -280,7 +282,10 @@ class DPFedAvg:
         self.last_released = round_idx
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
-        self._spent = _Spent(reached, counted, participants, clients[result.contributors])
+        tail = self.dp.release_tail_delta(
+            self.clip_norm, dim, 1.0 / self.grid.scale, participants, result.contributors.size
+        )
+        self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail)
         info.noise_multiplier = reached
         gradient = mechanism.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
@@ -293,13 +298,13 @@ class DPFedAvg:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
         spent, self._spent = self._spent, None
         users = np.zeros(0, dtype=np.int64) if spent.users is None else spent.users
-        self.ledger.commit(spent.noise_multiplier, spent.participants, users)
+        self.ledger.commit(spent.noise_multiplier, spent.participants, users, spent.tail_delta)
         if self.adaptive is not None and spent.clipped_count is not None:
             self.clip_norm = self.adaptive.update(spent.clipped_count)
         spent_now = self.ledger.report()
         info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
         info.epsilon_server = spent_now["epsilon_server"]
-        info.delta, info.dp_noise = self.dp.delta, self.randomness.source
+        info.delta, info.dp_noise = spent_now["delta"], self.randomness.source
 
     def state_dict(self) -> dict:
         return {
