@@ -229,6 +229,20 @@ def test_rdp_reproduces_the_measured_figure():
     assert accountant.epsilon() == pytest.approx(1.26, abs=0.01)
 
 
+def test_cached_rdp_equals_opacus_s_rdp_accountant_bit_for_bit():
+    """The per-round RDP cache (accounting.rdp_epsilon_of) against Opacus's own accountant, on a history of
+    different noise and sampling rates, the oracle it replaces."""
+    from opacus.accountants import RDPAccountant
+
+    from fedrecgel_secure.privacy.dp.accounting import rdp_epsilon_of
+
+    history = [(1.0, Q, 40), (1.3, Q, 1), (0.9, 2 * Q, 17), (1.0, Q, 42)]
+    for cut in range(1, len(history) + 1):
+        oracle = RDPAccountant()
+        oracle.history = list(history[:cut])
+        assert rdp_epsilon_of(history[:cut], DELTA) == oracle.get_epsilon(delta=DELTA)
+
+
 def test_prv_is_a_tighter_bound_and_gdp_an_optimistic_approximation():
     rdp, prv, gdp = (_stepped(kind, 100).epsilon() for kind in ("rdp", "prv", "gdp"))
     # PRV composes numerically and is the tighter upper bound (0.91 against 1.26 here);
