@@ -13,6 +13,12 @@ carries the set-up), with the poll floor (stages per round x the SuperNode's 3 s
 pull sleep: what a round waits at worst on Flower's poll alone), and a table that
 splits each stage into pull wait, process start, imports, the node's work and
 push wait (:mod:`fedrecgel_secure.deploy.timing`). ``--report-only`` summarizes the runs already in ``--out``.
+
+Each node's messages go to its resident engine (``deploy/engine.py``); with ``--per-message`` each scheme also
+runs the plain way, Flower starting a process per message that imports torch and rebuilds the node (the
+deployment before the engines), so the before/after ratio comes from one run on one machine state. Under the
+engines a stage's ``process_start`` is the relay's (flwr's own process, without torch), ``imports`` the relay's
+hand-over to the engine, ``work`` the engine's.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def stage_kind(stage: str) -> str:
     return stage.split("-", 1)[1]
 
 
-def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float) -> dict:
+def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float, resident: bool = True) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     overrides = [
         f"federation.rounds={rounds}",
@@ -50,14 +56,15 @@ def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float) -
         f"deployment.stage_timeout={stage_timeout}",
         f"privacy.secure_aggregation.scheme={'none' if scheme == 'plaintext' else scheme}",
     ]
-    dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out)
+    dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out, resident=resident)
     start = time.perf_counter()
     try:
         dep.start()
         dep.wait(dep.launch(False), rounds)
     finally:
         dep.stop()
-    return summarize(scheme, out, rounds, time.perf_counter() - start)
+    label = scheme if resident else f"{scheme} (per message)"
+    return summarize(label, out, rounds, time.perf_counter() - start)
 
 
 def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -> dict:
@@ -100,18 +107,27 @@ def main() -> None:
     ap.add_argument("--stage-timeout", type=float, default=600.0, help="Generous: a benchmark must not drop nodes.")
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
     ap.add_argument("--report-only", action="store_true", help="Summarize the runs already in --out.")
+    ap.add_argument(
+        "--per-message",
+        action="store_true",
+        help="Also run each scheme the plain way: no resident engines, Flower's own process per message runs the"
+        " node's handlers (the path before deploy/engine.py), for the before/after ratio in one run.",
+    )
     args = ap.parse_args()
     results = []
-    for scheme in args.schemes.split(","):
+    ways = (True, False) if args.per_message else (True,)  # resident engines; and Flower's process per message
+    runs = [(scheme, resident) for scheme in args.schemes.split(",") for resident in ways]
+    for scheme, resident in runs:
+        out = args.out / (scheme if resident else f"{scheme}-per-message")
         if args.report_only:
-            r = summarize(scheme, args.out / scheme, args.rounds)
+            r = summarize(scheme if resident else f"{scheme} (per message)", out, args.rounds)
         else:
-            r = run(scheme, args.nodes, args.rounds, args.out / scheme, args.stage_timeout)
+            r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident)
         results.append(r)
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
         wall = "" if r["total"] is None else f"; total wall {r['total']:.1f} s"
         print(
-            f"{scheme}: {args.nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
+            f"{r['scheme']}: {args.nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
             f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
             flush=True,
         )

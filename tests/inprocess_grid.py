@@ -1,8 +1,9 @@
 """A Flower Grid whose SuperNodes are this process, for fast end-to-end tests of the deployment's code.
 
-:class:`InProcessGrid` hands each pushed message to the project's real
-``ClientApp`` at once, with a fresh ``Context`` (as each new ``flwr-clientapp``
-process gets one), so the ServerApp's ``run_server``, ``FlowerStages``, the
+:class:`InProcessGrid` hands each pushed message, as bytes, to a resident engine
+object per node (:class:`fedrecgel_secure.deploy.engine.Engine`, the node's
+handlers with their Node kept between messages) and makes its answer the reply as
+the relay ClientApp does, so the ServerApp's ``run_server``, ``FlowerStages``, the
 record encoding and every node handler run unchanged; only the SuperLink and
 the processes are missing (``tests/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
@@ -19,12 +20,16 @@ while a node's handler runs (what a test of the server's own reads needs).
 from __future__ import annotations
 
 import itertools
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Error, Message
+from flwr.common.serde import message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
+
+from fedrecgel_secure.deploy.clientapp import reply_of
 
 FIRST_NODE_ID = 1000
 
@@ -60,14 +65,15 @@ class InProcessGrid:
         shards: Path | None = None,
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-        from fedrecgel_secure.deploy import clientapp
+        from fedrecgel_secure.deploy import node_app
+        from fedrecgel_secure.deploy.engine import Engine
         from fedrecgel_secure.deploy.layout import node_config
         from fedrecgel_secure.deploy.node import KEY_HOLDER
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        self.app = clientapp.app
+        node_app._RESIDENT.clear()  # another test's nodes
         shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
         self.shards = shards
         self.catalogue = write_shards(load_policy(policy_file), shards)
@@ -79,6 +85,7 @@ class InProcessGrid:
         if key_holder_dir is not None:  # BFV: the key holder is a node of its own
             holder = node_config(policy_file, KEY_HOLDER, key_holder_dir, shards / MANIFEST)
             self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(holder)
+        self.engines = {node: Engine(config) for node, config in self.configs.items()}
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
         self.replies: dict[str, Message] = {}
         self.groups: list[str] = []  # every message's group, in the order sent
@@ -97,10 +104,11 @@ class InProcessGrid:
             self.groups.append(group)
             if any(group.startswith(p) for p in self.down.get(node, ())):
                 continue
-            context = Context(run_id=1, node_id=node, node_config=self.configs[node], state=RecordDict(), run_config={})
             self.in_node = True
-            try:
-                self.replies[mid] = self.app(msg, context)
+            try:  # the engine's answer to the message's bytes, made a reply as the relay makes it
+                started = time.time()
+                answer = self.engines[node].answer(message_to_proto(msg).SerializeToString())
+                self.replies[mid] = reply_of(*answer, started=started, loaded=started)
             except Exception as exc:  # the SuperNode reports a failed ClientApp as an error reply
                 self.replies[mid] = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
             finally:

@@ -235,7 +235,8 @@ def _of_the_deployment(flwr_home: Path) -> list[int]:
     return found
 
 
-KINDS = {"deploy.superlink": 1, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}  # and Flower's SuperExecs
+# and Flower's SuperExecs; "deploy.engine": each node's resident engine
+KINDS = {"deploy.superlink": 1, "deploy.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -277,3 +278,56 @@ def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
     assert running == KINDS, started  # the signal came with the deployment up and its run going
     assert cli.returncode == 128 + sig, stderr
     assert signal.Signals(sig).name in stderr and "every process stopped" in stderr
+
+
+# Another account's program against a node's resident engine (deploy/engine.py): it dials the engine's Unix
+# socket, as the node's relay does, and writes what happened. Standard library only: it runs as that account.
+SOCKET_THIEF = """import json, os, socket, sys
+path = sys.argv[1]
+got = {"uid": os.getuid(), "reaches_the_nodes_folder": os.access(os.path.dirname(os.path.dirname(path)), os.X_OK)}
+try:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(path)
+        got["connected"] = True
+except OSError as e:
+    got["refused"] = type(e).__name__
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a program as another account (nobody)")
+def test_another_account_cannot_connect_to_a_nodes_engine(tmp_path):
+    import shutil
+    import tempfile
+
+    from test_deploy_engine import _Node
+
+    from fedrecgel_secure.deploy.channel import socket_path
+
+    # a base every account can walk through (pytest's own tmp root is 0700, which would keep the stranger out
+    # on its own): only the node's 0700 state directory and its 0600 socket stand in the way
+    base = Path(tempfile.mkdtemp(prefix="engine-", dir="/tmp"))
+    base.chmod(0o755)
+    node = _Node(base, "deployed")
+    for d in (base / "deployed", base / "deployed" / "nodes"):
+        d.chmod(0o755)
+    try:
+        node.start()
+        path = str(socket_path(node.state_dir))
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+        def dial(**account) -> dict:
+            argv = [python, "-I", "-c", SOCKET_THIEF, path]
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/", **account)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        stranger = dial(user=65534, group=65534, extra_groups=[])
+        owner = dial()  # the node's own account gets in (the relay's way)
+    finally:
+        node.procs.stop_all()
+        shutil.rmtree(base, ignore_errors=True)
+    assert stranger["uid"] == 65534 and stranger["reaches_the_nodes_folder"]
+    assert stranger.get("refused") == "PermissionError" and "connected" not in stranger
+    assert owner.get("connected")

@@ -3,8 +3,9 @@
 The algorithm is the simulator's: the server runs :class:`~fedrecgel_secure.federation.trainer.Trainer`'s
 round loop (:mod:`.remote` only replaces where the clients' local training and
 evaluation happen), and each node runs the same engine on its own users
-(:mod:`.node`). Flower is imported only by :mod:`.serverapp`, :mod:`.clientapp`,
-:mod:`.stages` and :mod:`.superlink`; the rest imports without it.
+(:mod:`.node`), in one resident engine process per node (:mod:`.engine`) that the node's Flower ClientApp
+relays each message to (:mod:`.clientapp`). Flower is imported only by :mod:`.serverapp`, :mod:`.clientapp`,
+:mod:`.node_app`, :mod:`.engine`, :mod:`.stages` and :mod:`.superlink`; the rest imports without it.
 """
 
 from fedrecgel_secure.errors import BadInputError

@@ -1,238 +1,56 @@
-"""The ClientApp a SuperNode runs: one shard of users (node_config: shard, state-dir, policy, data: its shard file)."""
+"""The ClientApp a SuperNode runs: a relay to the node's resident engine (:mod:`.engine`).
+
+flwr 1.42 starts this in a fresh ``flwr-clientapp`` process for each message. It imports no torch and nothing of
+the node's engine (a test checks ``sys.modules``): it forwards the message, as flwr's own protobuf, over the
+node's local channel (:mod:`.channel`, a Unix socket in its 0700 state directory ``state-dir``) and returns the
+engine's reply. An engine that is down, or does not answer before the message's TTL (the server's stage timeout)
+ends, makes this node's reply an error: to the server, a dropped node.
+"""
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.channel import ERROR, request
 from fedrecgel_secure.deploy.timing import process_started
 
 LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
 STARTED = process_started() or LOADED
+# every message type the node answers (:mod:`.node_app`): train, and the queries
+QUERIES = ("hello", "secagg", "keyholder", "evaluate")
 
 app = ClientApp()
 
 
-def _timed(handler=None, *, engine: bool = True):
-    """The handler's reply carries when this process started, loaded this app, had the node engine's modules
-    imported and was done (a ``timing`` record beside the payload), so the server can split a stage's seconds
-    (:mod:`fedrecgel_secure.deploy.timing`). Times only: nothing about the users. ``engine``: the handler uses the
-    node engine (torch, the model, the protocols), imported first so that their import time is its own part."""
-    if handler is None:
-        return functools.partial(_timed, engine=engine)
+def relay(msg: Message, context: Context) -> Message:
+    """The engine's reply to ``msg``, with this process's start in its ``timing`` record (deploy.timing)."""
+    from flwr.common.serde import message_to_proto
 
-    @functools.wraps(handler)
-    def timed(msg: Message, context: Context) -> Message:
-        if engine:
-            import torch  # noqa: F401
-
-            import fedrecgel_secure.deploy.node
-            import fedrecgel_secure.privacy.secagg  # noqa: F401
-
-        imported = time.time()
-        reply = handler(msg, context)
-        marks = {"started": STARTED, "loaded": LOADED, "imported": imported, "done": time.time()}
-        reply.content["timing"] = ConfigRecord(marks)
-        return reply
-
-    return timed
+    now = time.time()
+    # the message's own expiry (the server's clock: at most its TTL from now, whatever the skew)
+    deadline = min(msg.metadata.created_at + msg.metadata.ttl, now + msg.metadata.ttl)
+    state_dir = Path(str(context.node_config["state-dir"]))
+    return reply_of(*request(state_dir, message_to_proto(msg).SerializeToString(), deadline))
 
 
-def _not_the_key_holder(context: Context) -> None:
-    """The key holder answers its own stages only: it never trains, evaluates or masks."""
-    if context.node_config.get("role") == "keyholder":
-        raise RuntimeError("the key holder answers only the keyholder stages")
+def reply_of(kind: bytes, data: bytes, started: float = STARTED, loaded: float = LOADED) -> Message:
+    """The engine's answer (:meth:`.engine.Engine.answer`) as the reply Message, its ``timing`` record completed
+    with this process's ``started`` and ``loaded``; the engine's error raised (Flower sends an error reply)."""
+    from flwr.app import ConfigRecord
+    from flwr.common.serde import message_from_proto
+    from flwr.proto.message_pb2 import Message as ProtoMessage
+
+    if kind == ERROR:
+        raise RuntimeError(f"the node engine failed: {data.decode(errors='replace')}")
+    reply = message_from_proto(ProtoMessage.FromString(data))
+    reply.content["timing"] = ConfigRecord({**reply.content["timing"], "started": started, "loaded": loaded})
+    return reply
 
 
-def _node(context: Context, digest: str | None):
-    from fedrecgel_secure.deploy.node import Node, private_umask
-    from fedrecgel_secure.policy import load_policy
-
-    _not_the_key_holder(context)
-    private_umask()
-    cfg = context.node_config
-    policy = load_policy(cfg["policy"])
-    if digest is not None and digest != policy.digest():
-        raise RuntimeError("the server runs a different policy than this node")
-    return Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]), Path(cfg["data"]))
-
-
-def _commits(req: dict) -> dict[int, list[int]]:
-    return {int(r): c for r, c in req["commits"].items()}
-
-
-@app.query("hello")
-@_timed(engine=False)
-def hello(msg: Message, context: Context) -> Message:
-    """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
-    from fedrecgel_secure.deploy.node import private_umask
-    from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
-    from fedrecgel_secure.policy import load_policy
-
-    private_umask()
-    cfg = context.node_config
-    digest = load_policy(cfg["policy"]).digest()
-    who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
-    out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
-    return Message(to_record(out), reply_to=msg)
-
-
-@app.train()
-@_timed
-def train(msg: Message, context: Context) -> Message:
-    import numpy as np
-
-    req = from_record(msg.content)
-    node = _node(context, req["digest"])
-    round_idx = int(req["round"])
-    scheme = node.policy.privacy.secure_aggregation.scheme
-    dp = None
-    if scheme != "none":  # the DP settings come from the node's own policy; a message that disagrees is refused
-        sampled = np.asarray(req["sampled"])
-        dp = node.dp_round(
-            round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
-        )
-    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
-    # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
-    out = trained.payload(sealed=scheme != "none")
-    if scheme != "none":
-        vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
-    if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
-        partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
-            round_idx, out["clients"], vectors, shares
-        )
-        out.update(partial=partial, clipped=clipped)
-    if scheme == "masking":
-        # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
-        masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
-        masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
-        # the round's first protocol stage rides on this message: the sampled users advertise their keys
-        from fedrecgel_secure.deploy.secagg_stages import reply, train_binding
-
-        # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
-        # model and settings this node was sent: users sent another model than their peers get no sum
-        users = out["clients"].tolist()
-        binding = train_binding(req["shared"], req.get("participants"), req.get("clip_norm"))
-        announced = dict.fromkeys(users, req["announce"])
-        out.update(reply(masking.step("advertise", announced, round_idx=round_idx, binding=binding)))
-    return Message(to_record(out), reply_to=msg)
-
-
-def _masking_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.secagg_node import MaskingNode
-    from fedrecgel_secure.deploy.secagg_summer import setup_of
-
-    return MaskingNode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
-
-
-def _he_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.he_node import HENode, setup_of
-
-    return HENode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
-
-
-@app.query("secagg")
-@_timed
-def secagg(msg: Message, context: Context) -> Message:
-    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
-    masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
-    from fedrecgel_secure.data.shards import load_shard
-    from fedrecgel_secure.deploy.node import private_umask
-    from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
-    from fedrecgel_secure.policy import load_policy
-
-    _not_the_key_holder(context)
-    private_umask()
-    req = from_record(msg.content)
-    policy = load_policy(context.node_config["policy"])
-    if req["digest"] != policy.digest():
-        raise RuntimeError("the server runs a different policy than this node")
-    shard = int(context.node_config["shard"])
-    users = load_shard(Path(context.node_config["data"]), policy, shard).users.tolist()
-    node = _masking_node(context, policy, users, int(req["dim"]))
-    stage = str(req["stage"])
-    keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
-    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
-    he = _he_node(context, policy, users, int(req["dim"])) if bfv else None
-    if stage == "keys":
-        out = {f"k:{u}": k for u, k in node.public_keys().items()}
-        if he is not None:
-            out["seal"] = he.sealing_key()
-    elif stage == "join" and he is not None:
-        he.join(req["context"], req["session_tag"], req["sealed"], keys)
-        out = {"joined": 1}
-    elif stage == "join":
-        node.join(req["server_key"], req["session_tag"], keys)
-        out = {"joined": 1}
-    else:
-        # each user masks its input of the round its attempt's signed announcement names; the payload's round is
-        # never read, so a server cannot relabel a released round's inputs for a new attempt
-        out = reply(node.step(stage, messages_of(req)))
-    return Message(to_record(out), reply_to=msg)
-
-
-@app.query("keyholder")
-@_timed
-def keyholder(msg: Message, context: Context) -> Message:
-    """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
-    import numpy as np
-
-    from fedrecgel_secure.deploy.he_node import KeyHolderNode, setup_of
-    from fedrecgel_secure.deploy.node import private_umask
-    from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
-
-    private_umask()
-    if context.node_config.get("role") != "keyholder":
-        raise RuntimeError("this node is not the key holder")
-    req = from_record(msg.content)
-    policy = load_policy(context.node_config["policy"])
-    if req["digest"] != policy.digest():
-        raise RuntimeError("the server runs a different policy than this node")
-    holder = KeyHolderNode(Path(context.node_config["state-dir"]), setup_of(policy, int(req["dim"])))
-    if req["stage"] == "start":
-        directory = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
-        seal = {int(k[5:]): v for k, v in req.items() if k.startswith("seal:")}
-        users_of = {int(k[6:]): v.tolist() for k, v in req.items() if k.startswith("users:")}
-        public, sealed = holder.start(directory, req["session_tag"], seal, users_of)
-        out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
-    else:
-        noise_for, dp = None, policy.privacy.dp
-        if dp.enabled and dp.mode == "central":
-            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
-            # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
-            # aggregate's signed round; the request has no say
-            from fedrecgel_secure.deploy.node import key_holder_population
-            from fedrecgel_secure.federation.build import make_dp_mechanism
-
-            population = key_holder_population(policy, context.node_config.get("catalogue"))
-            mechanism = make_dp_mechanism(policy, population)
-            dim = int(req["dim"]) - mechanism.extra
-
-            def noise_for(round_idx: int, counts) -> np.ndarray:
-                import torch
-
-                # the server moves C by each release's count as its uploads' dtype holds it: the same numbers here
-                counts = torch.tensor(counts, dtype=torch.float64).to(getattr(torch, policy.model.dtype)).tolist()
-                clip_norm = mechanism.dp.clip_norm_after(counts)
-                return mechanism.central_noise(round_idx, dim, clip_norm).numpy()
-
-        try:
-            out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise_for), dtype=np.float64)}
-        except RejectedPayload as exc:
-            out = {"refused": exc.reason.value}
-    return Message(to_record(out), reply_to=msg)
-
-
-@app.query("evaluate")
-@_timed
-def evaluate(msg: Message, context: Context) -> Message:
-    req = from_record(msg.content)
-    node = _node(context, req["digest"])
-    out = node.evaluate(int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
-    return Message(to_record(out.payload()), reply_to=msg)
+app.train()(relay)
+for _name in QUERIES:
+    app.query(_name)(relay)

@@ -57,7 +57,7 @@ publisher = "fedrecgel"
 
 [tool.flwr.app.components]
 serverapp = "fedrecgel_secure.deploy.serverapp:app"
-clientapp = "fedrecgel_secure.deploy.clientapp:app"
+clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
 policy = ""
@@ -67,9 +67,15 @@ catalogue = ""
 """
 
 
-def write_app(app_dir: Path) -> None:
+RELAY = "fedrecgel_secure.deploy.clientapp:app"  # to the node's resident engine (deploy/engine.py)
+PER_MESSAGE = "fedrecgel_secure.deploy.node_app:app"  # the handlers themselves: Flower's process per message
+
+
+def write_app(app_dir: Path, clientapp: str = RELAY) -> None:
+    """The Flower app: its ClientApp is the relay to each node's engine, or (``PER_MESSAGE``, the plain path that
+    ``benchmarks/deploy_round.py --per-message`` compares with) the handlers in flwr's own process per message."""
     app_dir.mkdir(parents=True, exist_ok=True)
-    (app_dir / "pyproject.toml").write_text(APP_PYPROJECT)
+    (app_dir / "pyproject.toml").write_text(APP_PYPROJECT.replace("{clientapp}", clientapp))
 
 
 def write_connection(flwr_home: Path, address: str, insecure: bool = True, root_cert: str | None = None) -> None:

@@ -1,8 +1,9 @@
 """``fedrecgel deploy local``: a SuperLink and N SuperNodes on 127.0.0.1, one run to the end.
 
-Concern: the one-machine launcher: it starts the processes (SuperLink, SuperNodes, their SuperExecs), registers
-node keys, starts the run, waits for its summary and stops every process it started. The deployment directory
-and its files are :mod:`.layout`'s; ``deploy plan`` (the same deployment over several machines) is :mod:`.plan`.
+Concern: the one-machine launcher: it starts the processes (each node's resident engine, :mod:`.engine`, then the
+SuperLink, the SuperNodes, their SuperExecs), registers node keys, starts the run, waits for its summary and stops
+every process it started. The deployment directory and its files are :mod:`.layout`'s; ``deploy plan`` (the same
+deployment over several machines) is :mod:`.plan`.
 
 Another account of the machine can neither start a run (the Control API answers the token's holder only; a run
 executes its app's code on the SuperLink and every node) nor take a task (the SuperLink's and SuperNodes' Runtime
@@ -21,9 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
+from fedrecgel_secure.deploy.channel import socket_path
 from fedrecgel_secure.deploy.layout import (
     CONTROL_TOKEN_FILE,
+    PER_MESSAGE,
     POLICY_FILE,
+    RELAY,
     SHARDS,
     SUPEREXEC_SECRET_FILE,
     node_config,
@@ -45,6 +49,12 @@ from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.rundir import METRICS, SUMMARY
 
+ENGINE_TIMEOUT = 180.0  # an engine imports torch and loads its shard; several at once on a loaded machine
+
+
+def _role(name: str) -> int | str:
+    return int(name) if name.isdigit() else name
+
 
 class Deployment:
     """One local deployment: start it, run the ServerApp (again, for a resume), stop it."""
@@ -52,8 +62,12 @@ class Deployment:
     HOST = "127.0.0.1"
     REGISTER_TIMEOUT = 60.0
 
-    def __init__(self, policy: Policy, out: Path, say: Callable[[str], None] | None = None):
-        self.policy, self.out = policy, Path(out).resolve()
+    def __init__(
+        self, policy: Policy, out: Path, say: Callable[[str], None] | None = None, resident: bool = True
+    ) -> None:
+        """``resident``: each node's messages go to its resident engine (:mod:`.engine`); False: Flower's own
+        process per message runs the handlers (the plain path, for ``benchmarks/deploy_round.py``)."""
+        self.policy, self.out, self.resident = policy, Path(out).resolve(), resident
         self.say = say or (lambda _msg: None)
         self.out.mkdir(parents=True, exist_ok=True)
         self.policy_file = self.out / POLICY_FILE
@@ -75,7 +89,7 @@ class Deployment:
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
-        write_app(self.out / "app")
+        write_app(self.out / "app", RELAY if resident else PER_MESSAGE)
 
     def describe(self) -> str:
         """One line: which processes start, how they talk, what the server sees, the DP noise."""
@@ -182,6 +196,32 @@ class Deployment:
             node_config(self.policy_file, shard, state_dir, self.node_data(shard)),
         ]
 
+    def engine_argv(self, shard: int | str) -> list[str]:
+        """Node ``shard``'s resident engine (:mod:`.engine`): the same node config as its SuperNode."""
+        state_dir = state_dir_for(self.policy, self.out, shard)
+        config = node_config(self.policy_file, shard, state_dir, self.node_data(shard))
+        return [sys.executable, "-m", "fedrecgel_secure.deploy.engine", "--node-config", config]
+
+    def start_engine(self, shard: int | str) -> subprocess.Popen:
+        """Start (or start again, after a crash) node ``shard``'s engine; it listens once torch and its shard are
+        loaded (:meth:`wait_for_engines`)."""
+        socket_path(state_dir_for(self.policy, self.out, shard)).unlink(missing_ok=True)  # not yet listening
+        return self.procs.start(f"engine-{shard}", self.engine_argv(shard), self.env)
+
+    def wait_for_engines(self, timeout: float = ENGINE_TIMEOUT) -> None:
+        """Until every engine started here listens (bounded); an engine that exits first is an error."""
+        deadline = time.monotonic() + timeout
+        for name, proc in list(self.procs.procs.items()):
+            if not name.startswith("engine-"):
+                continue
+            path = socket_path(state_dir_for(self.policy, self.out, _role(name.removeprefix("engine-"))))
+            while not path.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.procs.log_dir}/{name}.log")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} is not listening after {timeout:g} s; see {self.procs.log_dir}")
+                time.sleep(0.1)
+
     def node_data(self, shard: int | str) -> Path:
         """What a SuperNode reads: its shard file, or, for the key holder, the public manifest only."""
         return self.shards / MANIFEST if shard == KEY_HOLDER else self.shard_file(shard)
@@ -239,6 +279,9 @@ class Deployment:
             self.flwr_home, address, insecure=self.tls is None, root_cert=str(self.tls.ca_cert) if self.tls else None
         )
         store_control_token(self.flwr_home, address, self.control_token)
+        for shard in roles if self.resident else ():  # first: their imports overlap the SuperLink's start
+            state_dir_for(self.policy, self.out, shard).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.start_engine(shard)
         link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
         wait_for_port(self.HOST, self.port, 60, link)
         self.procs.start("superexec-superlink", self.superexec_argv(self.port, link, tls=True), self.env)
@@ -255,6 +298,7 @@ class Deployment:
             node = self.procs.procs[f"supernode-{shard}"]
             wait_for_port(self.HOST, port, 60, node)
             self.procs.start(f"superexec-{shard}", self.superexec_argv(port, node, tls=False), self.env)
+        self.wait_for_engines()
         if d.tls.node_authentication:
             self.say(
                 f"node authentication: registered {n} node keys with the SuperLink"

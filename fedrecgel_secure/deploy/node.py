@@ -1,7 +1,7 @@
 """A client node: the users of one shard, their private state on disk, and the simulator's engine.
 
-Every Flower message starts a new ``flwr-clientapp`` process, so all a node
-keeps between rounds lives in its state directory (0600 files):
+A node's resident engine (:mod:`.engine`) keeps this object between messages, but everything a node
+must keep between rounds lives in its state directory (0600 files), so a restarted engine resumes from it:
 
 ``identity.pem``     the node's Ed25519 identity key (generated on first start, never sent)
 ``state-R.pt``       its users' embeddings and Adam moments after round R (committed)
@@ -14,7 +14,7 @@ missed rounds, or a server that resumed from an older checkpoint, both land on
 exactly the simulator's state. Files of rounds after the one being trained are
 from an abandoned future (a killed server) and are removed.
 
-torch is imported inside the functions, after Flower has started the process.
+torch is imported inside the functions: importing this module costs no torch.
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ class Node:
         files = self._files()
         have = [r for (kind, r) in files if kind == "state" and r <= round_idx]
         base = max(have, default=0)
-        states = self._fresh if base == 0 else ClientStates.from_state_dict(self._load(files[("state", base)]))
+        # a copy of the fresh state: a resident engine (:mod:`.engine`) keeps this Node for the next message
+        fresh = self._fresh.state_dict() if base == 0 else self._load(files[("state", base)])
+        states = ClientStates.from_state_dict(fresh)
         for r in range(base + 1, round_idx + 1):
             mine = np.intersect1d(np.asarray(commits.get(r, []), dtype=np.int64), self.users)
             if mine.size:

@@ -42,6 +42,15 @@ def _superexec(host: str, port: int, sec: str) -> list[str]:
     ]
 
 
+def _engine(node_config: str) -> list[str]:
+    """The plan's lines for a node's resident engine (:mod:`.engine`), which its SuperNode's ClientApp relays to."""
+    return [
+        "# its resident engine first, as the node's own account (it listens on engine.sock in the state directory,",
+        "# which only that account can open); restart it after a crash: it resumes from the state directory",
+        f"python -m fedrecgel_secure.deploy.engine --node-config '{node_config}' &",
+    ]
+
+
 def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     """The commands and files of a multi-machine deployment of ``policy`` (flags as in flwr 1.42).
 
@@ -185,10 +194,11 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             f"# node {k}: state (0700): identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
             f"mkdir -m 700 -p {state[k]}",
             MAKE_SECRET,
+            *_engine(cfg := f'shard={k} state-dir="{state[k]}" policy="{policy_name}" data="shard-{k}.npz"'),
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{k}.key" if auth else "")
             + ISOLATED
-            + f' --node-config \'shard={k} state-dir="{state[k]}" policy="{policy_name}" data="shard-{k}.npz"\'',
+            + f" --node-config '{cfg}'",
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     out += each
@@ -200,10 +210,11 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             f"# session.json (the last round it released); it reads the policy and {MANIFEST} but no interaction data",
             f"mkdir -m 700 -p {kh}",
             MAKE_SECRET,
+            *_engine(cfg := f'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"'),
             f"flower-supernode {node_sec} --superlink {address} --host 127.0.0.1 --port 9094"
             + (f" --auth-supernode-private-key node-{KEY_HOLDER}.key" if auth else "")
             + ISOLATED
-            + f' --node-config \'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"\'',
+            + f" --node-config '{cfg}'",
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     section("Start the run (operator)")

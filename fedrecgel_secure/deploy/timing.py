@@ -8,9 +8,11 @@ parts that span two clocks carry their skew):
   ``supernode/start_client_internal.py``, no flag or variable sets it), then its
   SuperExec polls for the task (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 0.1 s here).
 - ``process_start``: the process started -> this project's ClientApp module loaded
-  (the interpreter, flwr's own imports, pulling the task and the app).
-- ``imports``: -> the node engine's modules (torch, the model, the protocols) imported.
-- ``work``: -> the node's own work done (reading the shard and its state, training, protecting).
+  (the interpreter, flwr's own imports, pulling the task and the app). The ClientApp is
+  the relay to the node's resident engine (:mod:`.clientapp`, :mod:`.engine`).
+- ``imports``: -> the engine took the request (the relay's hand-over over the node's
+  socket; before the engines: torch, the model and the protocols imported here).
+- ``work``: -> the engine's work done (its state, training, protecting).
 - ``push_wait``: the reply made -> the server pulled it: the SuperNode's 0.5 s wait for
   the reply, its push, and the ServerApp's own pull interval (``deployment.heartbeat``).
 """

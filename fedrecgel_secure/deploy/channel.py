@@ -1,0 +1,90 @@
+"""The local channel between a node's Flower ClientApp (:mod:`.clientapp`, a relay) and its resident engine
+(:mod:`.engine`): a Unix socket, ``engine.sock``, in the node's state directory.
+
+Who can connect: the state directory is 0700 and the socket 0600, both the node's account's, so no other local
+account can even reach the socket; the engine also checks each peer's uid (``SO_PEERCRED``) and hangs up on any
+other. What travels: one request, one answer per connection, each a frame of a kind byte, a length and bytes;
+the request is a Flower Message as flwr's own protobuf (``flwr.common.serde``), the answer the reply Message the
+same way, or an error's text. No pickle: neither side can make the other run code.
+
+Imports nothing of torch or of the node's engine: the relay runs in a fresh ``flwr-clientapp`` process per message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SOCKET = "engine.sock"
+MESSAGE, ERROR = b"M", b"E"  # a frame's kind: a serialized Flower Message, or an error's text (UTF-8)
+_HEADER = struct.Struct("!cQ")
+_MAX_PATH = 100  # sun_path holds 107 bytes on Linux
+
+
+def socket_path(state_dir: Path | str) -> Path:
+    return Path(state_dir) / SOCKET
+
+
+@contextlib.contextmanager
+def reachable(path: Path) -> Iterator[str]:
+    """``path`` as an AF_UNIX address: itself, or, when too long for one (deep state directories), the same file
+    through ``/proc/self/fd/N`` of its directory, held open meanwhile (Linux)."""
+    if len(os.fsencode(str(path))) <= _MAX_PATH:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
+def send(sock: socket.socket, kind: bytes, data: bytes) -> None:
+    sock.sendall(_HEADER.pack(kind, len(data)) + data)
+
+
+def receive(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One frame (kind, bytes); ConnectionError if the other side hung up before it was whole."""
+    kind, size = _HEADER.unpack(_exactly(sock, _HEADER.size))
+    return kind, _exactly(sock, size)
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the node engine hung up mid-answer (killed or stopped)")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class EngineUnreachable(ConnectionError):
+    """No engine answered in time: to the server, this node dropped out of the stage."""
+
+
+def request(state_dir: Path | str, data: bytes, deadline: float, retry: float = 0.2) -> tuple[bytes, bytes]:
+    """Send ``data`` (a serialized Message) to the engine of ``state_dir``; its answer frame. Until ``deadline``
+    (``time.time()``) it retries an engine not up yet (no socket, connection refused); after it, or if the engine
+    dies while working, :class:`EngineUnreachable`/ConnectionError: the node's reply is an error, i.e. a dropout."""
+    path = socket_path(state_dir)
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise EngineUnreachable(f"no node engine answered on {path} in time")
+        try:
+            with reachable(path) as address, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(left)
+                sock.connect(address)
+                send(sock, MESSAGE, data)
+                return receive(sock)
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(min(retry, max(0.0, deadline - time.time())))
+        except TimeoutError as exc:
+            raise EngineUnreachable(f"the node engine on {path} did not answer in time") from exc

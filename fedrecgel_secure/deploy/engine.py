@@ -1,0 +1,123 @@
+"""A node's resident engine: one long-lived process per node that answers the server's messages.
+
+``python -m fedrecgel_secure.deploy.engine --node-config '<the SuperNode's --node-config>'``
+
+Why: flwr 1.42 starts a fresh ``flwr-clientapp`` process for every message, which handles that one task and
+exits (``flwr/supernode/runtime/run_clientapp.py``: it pulls one task with its token, runs the ClientApp once,
+pushes the reply and calls ``flwr_exit``); 1.42 has no supported setting that keeps one ClientApp process per
+run. Started that way, every stage of every round imported torch, read the shard and rebuilt the model on every
+node. Here the ClientApp (:mod:`.clientapp`) is a relay that imports none of that and forwards each message over
+the node's local channel (:mod:`.channel`) to this process, which holds torch, the shard, the policy, the model
+and the protocol code in memory and runs the very handlers a ClientApp would (:data:`.node_app.app`), one
+request at a time.
+
+What it guarantees: it serves only its own account (the socket is in the node's 0700 state directory, 0600, and
+every peer's uid is checked); the users' state reaches disk at each committed round exactly as before
+(:class:`~.node.Node`), so an engine killed at any point and started again resumes from disk; while it is down,
+the relay's bounded wait ends in an error reply, which the server treats as this node dropping out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+from fedrecgel_secure.deploy.channel import ERROR, MESSAGE, reachable, receive, send, socket_path
+
+log = logging.getLogger("fedrecgel_secure.deploy.engine")
+READ_TIMEOUT = 60.0  # a peer that connects and sends nothing holds the engine this long at most
+
+
+def parse_node_config(text: str) -> dict:
+    """The SuperNode's ``--node-config`` string, read as flwr reads it."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args([text])
+
+
+class Engine:
+    """Answers serialized Flower Messages for one node (``node_config``), with :data:`.node_app.app`."""
+
+    def __init__(self, node_config: dict):
+        from flwr.app import Context, RecordDict
+
+        # torch, the model, the protocols: imported once, here
+        import fedrecgel_secure.deploy.node
+        import fedrecgel_secure.privacy.secagg  # noqa: F401
+        from fedrecgel_secure.deploy.node_app import app
+
+        self.node_config, self.app = node_config, app
+        self._context = lambda msg: Context(
+            run_id=msg.metadata.run_id, node_id=msg.metadata.dst_node_id, node_config=node_config,
+            state=RecordDict(), run_config={},
+        )  # fmt: skip
+
+    def answer(self, request: bytes) -> tuple[bytes, bytes]:
+        """The reply to one request (kind, bytes): the handler's reply Message with this engine's ``timing``
+        marks, or the handler's error (the relay raises it, Flower sends it as an error reply)."""
+        from flwr.app import ConfigRecord
+        from flwr.common.serde import message_from_proto, message_to_proto
+        from flwr.proto.message_pb2 import Message as ProtoMessage
+
+        received = time.time()
+        try:
+            msg = message_from_proto(ProtoMessage.FromString(request))
+            reply = self.app(msg, self._context(msg))
+        except Exception as exc:  # the server sees this node fail this stage, as when a ClientApp raises
+            log.exception("the handler failed")
+            return ERROR, f"{type(exc).__name__}: {exc}".encode()
+        reply.content["timing"] = ConfigRecord({"imported": received, "done": time.time()})
+        return MESSAGE, message_to_proto(reply).SerializeToString()
+
+    def serve(self, path: Path) -> None:
+        """Listen on ``path`` (0600, in the 0700 state directory) and answer one connection at a time, forever."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)  # only this account reaches the socket
+        path.unlink(missing_ok=True)  # a killed engine's socket file
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            with reachable(path) as address:
+                old = os.umask(0o177)
+                try:
+                    server.bind(address)
+                finally:
+                    os.umask(old)
+            server.listen(8)
+            log.info("node engine ready on %s", path)
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    self._one(conn)
+
+    def _one(self, conn: socket.socket) -> None:
+        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+        if uid != os.getuid():  # defence in depth: the directory's mode already keeps other accounts out
+            log.warning("refused a connection from uid %d", uid)
+            return
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            kind, data = receive(conn)
+            conn.settimeout(None)
+            send(conn, *(self.answer(data) if kind == MESSAGE else (ERROR, b"not a message")))
+        except (OSError, ConnectionError) as exc:  # the relay gave up or died: its stage goes on without us
+            log.warning("lost a request: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    doc = __doc__.split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.engine", description=doc)
+    parser.add_argument("--node-config", required=True, help="the same string as the node's flower-supernode")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.umask(0o077)  # every file the node writes is its own (0600), as in node.private_umask
+    config = parse_node_config(args.node_config)
+    engine = Engine(config)
+    engine.serve(socket_path(config["state-dir"]))
+
+
+if __name__ == "__main__":
+    main()

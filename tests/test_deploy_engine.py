@@ -1,0 +1,137 @@
+"""A node's resident engine (deploy/engine.py) as a real process, reached through the real relay (deploy/clientapp.py).
+
+The oracle is the plain path: the same handlers run in this process (``node_app.app``) on a twin state directory.
+Every wait is bounded; every engine is stopped by PID in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from conftest import write_deploy_policy
+
+ENGINE_START = 120  # torch's import and the shard's load, on a loaded 2-core machine
+
+
+def test_the_relay_imports_no_torch_and_no_node_engine():
+    code = (
+        "import json, sys; import fedrecgel_secure.deploy.clientapp; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tenseal', 'opacus')"
+        " or m in ('fedrecgel_secure.deploy.node', 'fedrecgel_secure.deploy.node_app', 'fedrecgel_secure.policy'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout) == []
+
+
+class _Node:
+    """One node's engine as a process, its relay and its config (shard 0 of a tiny 2-node deployment)."""
+
+    def __init__(self, tmp_path: Path, name: str):
+        from fedrecgel_secure.data.shards import shard_name, write_shards
+        from fedrecgel_secure.deploy.layout import node_config
+        from fedrecgel_secure.deploy.processes import Processes
+        from fedrecgel_secure.policy import load_policy
+
+        self.policy_file = write_deploy_policy(tmp_path, rounds=2, nodes=2)
+        self.policy = load_policy(self.policy_file)
+        shards = tmp_path / "shards"
+        if not shards.exists():
+            write_shards(self.policy, shards)
+        self.state_dir = tmp_path / name / "nodes" / "0"
+        self.state_dir.mkdir(parents=True, mode=0o700)
+        self.config_text = node_config(self.policy_file, 0, self.state_dir, shards / shard_name(0))
+        self.procs = Processes(tmp_path / name / "logs")
+
+    def start(self) -> int:
+        from fedrecgel_secure.deploy.channel import socket_path
+
+        argv = [sys.executable, "-m", "fedrecgel_secure.deploy.engine", "--node-config", self.config_text]
+        socket_path(self.state_dir).unlink(missing_ok=True)
+        proc = self.procs.start("engine", argv)
+        deadline = time.monotonic() + ENGINE_START
+        while not socket_path(self.state_dir).exists():
+            assert proc.poll() is None, (self.procs.log_dir / "engine.log").read_text()
+            assert time.monotonic() < deadline, "the engine never listened"
+            time.sleep(0.1)
+        return proc.pid
+
+    def ask(self, app, message_type: str, payload: dict, ttl: float = 60.0):
+        """``payload`` sent as a Flower message of ``message_type`` to ``app`` (the relay, or the handlers)."""
+        from flwr.app import Context, Message, RecordDict
+        from flwr.common.config import parse_config_args
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from fedrecgel_secure.deploy.stages import from_record, to_record
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+        msg = Message(to_record(payload), dst_node_id=7, message_type=message_type, group_id="g", ttl=ttl)
+        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
+        config = parse_config_args([self.config_text])
+        reply = app(msg, Context(run_id=1, node_id=7, node_config=config, state=RecordDict(), run_config={}))
+        return from_record(reply.content)
+
+
+def _round_messages(node: _Node) -> list[tuple[str, dict]]:
+    """Round 1's train and evaluation and round 2's train for half of shard 0's users, as the server sends them."""
+    from torch.nn.utils import parameters_to_vector
+
+    from fedrecgel_secure.data.shards import load_shard
+    from fedrecgel_secure.federation.build import init_model
+
+    shard = load_shard(Path(node.config_text.split('data="')[1].rstrip('"')), node.policy, 0)
+    model, _ = init_model(node.policy, shard.catalogue.n_items)
+    shared = parameters_to_vector(model.parameters()).detach().numpy()
+    sampled = shard.users[::2].astype(np.int64)
+    common = {"shared": shared, "keep_from": 0, "digest": node.policy.digest()}
+    done = {"1": sampled.tolist()}
+    return [
+        ("train", {"round": 1, "sampled": sampled, "commits": {}, **common}),
+        ("query.evaluate", {"round": 1, "commits": done, **common}),
+        ("train", {"round": 2, "sampled": sampled, "commits": done, **common}),
+    ]
+
+
+def _same(a: dict, b: dict) -> bool:
+    a, b = ({k: v for k, v in d.items() if k != "timing"} for d in (a, b))
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k]
+                                        for k in a)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
+    # The engine answers round 1 (train, evaluation), is killed (SIGKILL: nothing in memory survives), and a new
+    # one answers round 2 from the state directory alone: exactly what the in-process handlers answer in one go.
+    from fedrecgel_secure.deploy import clientapp, node_app
+
+    node, twin = _Node(tmp_path, "engine"), _Node(tmp_path, "oracle")
+    messages = _round_messages(node)
+    node_app._RESIDENT.clear()
+    expected = [twin.ask(node_app.app, kind, payload) for kind, payload in messages]
+    try:
+        node.start()
+        got = [node.ask(clientapp.relay, kind, payload) for kind, payload in messages[:2]]
+        pid = node.procs.procs["engine"].pid
+        os.kill(pid, signal.SIGKILL)
+        node.procs.procs["engine"].wait(timeout=30)
+        with pytest.raises(ConnectionError):  # no engine: the relay gives up at the message's TTL
+            node.ask(clientapp.relay, *messages[2], ttl=1.0)
+        assert node.start() != pid
+        got.append(node.ask(clientapp.relay, *messages[2]))
+    finally:
+        node.procs.stop_all()
+    assert all(_same(g, e) for g, e in zip(got, expected))
+    assert (node.state_dir / "state-1.pt").exists() and (node.state_dir / "pending-2.pt").exists()
+    assert (node.state_dir / "engine.sock").stat().st_mode & 0o777 == 0o600
+    assert node.state_dir.stat().st_mode & 0o777 == 0o700
