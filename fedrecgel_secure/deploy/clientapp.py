@@ -32,7 +32,7 @@ def _timed(handler=None, *, engine: bool = True):
             import torch  # noqa: F401
 
             import fedrecgel_secure.deploy.node
-            import fedrecgel_secure.privacy.secagg  # noqa: F401
+            import fedrecgel_secure.privacy.secagg.session  # noqa: F401  every protocol (the package imports them lazily)
 
         imported = time.time()
         reply = handler(msg, context)
