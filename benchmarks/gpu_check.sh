@@ -53,7 +53,7 @@ tests_rc=$?
 if [ -n "${BENCH_ARGS:-}" ]; then
     read -r -a bench <<< "$BENCH_ARGS"
 elif [ "$gpu" = 1 ]; then
-    bench=(--device cuda --rounds 100 --budget-s 8 --cpu-rounds 5)
+    bench=(--device cuda --rounds 100 --budget-s 8 --cpu-rounds 5 --profile)
 else
     bench=(--device cpu --quick --rounds 2 --budget-s 5 --cpu-rounds 1)
 fi

@@ -24,6 +24,7 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fedrecgel_secure.data.prepare import load_split
@@ -80,7 +81,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(split, dataset: str, mode: str, device: str, rounds: int, budget_s: float) -> dict:
+def profile_round(trainer, rows: int = 15) -> None:
+    """Print the operators that take one round's time (torch.profiler), the device's and the host's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        trainer.train_round()
+        _sync("cuda" if torch.cuda.is_available() else "cpu")
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows), flush=True)
+    if key != "self_cpu_time_total":  # and what keeps the host busy meanwhile
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows), flush=True)
+
+
+def measure(split, dataset: str, mode: str, device: str, rounds: int, budget_s: float, profiled: bool = False) -> dict:
     """One configuration: a warm-up round (not counted), then rounds until ``rounds`` or ``budget_s``."""
     overrides = [f"federation.device={device}", f"federation.fraction={SHAPES[dataset]}", *MODES[mode]]
     if mode == "central-dp":  # delta must be below 1/population: ML-20M's 138,493 users need less than 1e-5
@@ -106,6 +121,15 @@ def measure(split, dataset: str, mode: str, device: str, rounds: int, budget_s: 
         clients += info.sampled
         done += 1
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    if profiled:
+        print(f"-- profile of one {dataset} {mode} round on {device}", flush=True)
+        profile_round(trainer)
+    # what of a round is the host's: building the local sets (negative sampling), timed alone on as many clients
+    users = np.sort(np.random.default_rng(0).choice(split.n_users, round(clients / done), replace=False))
+    start = time.perf_counter()
+    for r in range(3):
+        trainer.local_sets(users, trainer.round + 1 + r)
+    host_sets = (time.perf_counter() - start) / 3
     trainer.close()
     row = {
         "dataset": dataset,
@@ -116,6 +140,7 @@ def measure(split, dataset: str, mode: str, device: str, rounds: int, budget_s: 
         "clients_per_round": round(clients / done, 1),
         "rounds": done,
         "train_s_per_round": train / done,
+        "local_sets_s_per_round": host_sets,
         "eval_s_per_round": evaluate / done,
         "wall_s_per_round": (train + evaluate) / done,
         "train_s_per_100": 100 * train / done,
@@ -137,11 +162,12 @@ def _gib(value: float | None) -> str:
 def markdown(rows: list[dict], prep: dict) -> str:
     head = (
         "| dataset | mode | device | users | items | clients/round | rounds measured | train s/round | eval s/round "
-        "| train s/100 rounds | wall s/100 rounds | peak GPU GiB |\n" + "| --- " * 12 + "|\n"
+        "| local sets (host) s | train s/100 rounds | wall s/100 rounds | peak GPU GiB |\n" + "| --- " * 13 + "|\n"
     )
     lines = [
         f"| {r['dataset']} | {r['mode']} | {r['device']} | {r['users']:,} | {r['items']:,} | {r['clients_per_round']}"
-        f" | {r['rounds']} | {r['train_s_per_round']:.4f} | {r['eval_s_per_round']:.4f} | {r['train_s_per_100']:.2f}"
+        f" | {r['rounds']} | {r['train_s_per_round']:.4f} | {r['eval_s_per_round']:.4f}"
+        f" | {r.get('local_sets_s_per_round', float('nan')):.4f} | {r['train_s_per_100']:.2f}"
         f" | {r['wall_s_per_100']:.2f} | {_gib(r['peak_gpu_gib'])} |"
         for r in rows
     ]
@@ -173,7 +199,8 @@ def devices(args) -> None:
         for device in targets:
             for mode in modes if device == args.device else ["plaintext"]:
                 rounds = args.rounds if device == args.device else args.cpu_rounds
-                row = measure(split, dataset, mode, device, rounds, args.budget_s)
+                profiled = args.profile and mode == "plaintext"
+                row = measure(split, dataset, mode, device, rounds, args.budget_s, profiled)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if out is not None:  # written after every configuration: a timeout keeps what was measured
@@ -199,6 +226,7 @@ def main() -> None:
     parser.add_argument("--shapes", help=f"comma-separated, of {','.join(SHAPES)} (default: all)")
     parser.add_argument("--modes", help=f"comma-separated, of {','.join(MODES)} (default: all)")
     parser.add_argument("--quick", action="store_true", help="the big shapes at 1%% of their users (a smoke run)")
+    parser.add_argument("--profile", action="store_true", help="print a torch.profiler table of one plaintext round")
     parser.add_argument("--out", help="folder for round_speed.json and round_speed.md")
     args = parser.parse_args()
     if args.device is None:

@@ -115,7 +115,8 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"({p.accountant}, z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f"(δ: the accountant's plus {p.delta_tail:.1e} from the noise sampler's tails; {p.accountant},"
+            f" z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
             f" {p.epsilon_rdp:.3f}); against the server: "
             + (
                 "no bound (it sees the clipped uploads)"

@@ -173,7 +173,7 @@ class PrivacySpent(_Record):
     """What client-level DP gave a run: the budget spent and how it was reached."""
 
     epsilon: float  # the accounted epsilon: against anyone who sees the released models
-    delta: float
+    delta: float  # the accountant's delta plus delta_tail
     noise: str  # "secure" or "seeded" (privacy.dp.noise)
     guarantee: str  # what the noise source promises, in words
     accountant: str
@@ -190,6 +190,7 @@ class PrivacySpent(_Record):
     server_rounds: int | None = None  # rounds in which the server saw the most exposed user's upload
     max_epsilon_against: str = "release"  # whose epsilon max_epsilon bounds: "release" or "server"
     shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
+    delta_tail: float = 0.0  # what the noise sampler's truncation added to delta (randomness.tail_delta)
 
 
 class SecureAggregationRun(_Record):

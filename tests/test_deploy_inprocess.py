@@ -94,9 +94,9 @@ def test_distributed_noise_shares_are_drawn_on_the_nodes_not_by_the_server(tmp_p
     on_node = [False]
     original_normal, original_protect = DPRandomness.normal, Node.protect
 
-    def normal(self, purpose, *args):
+    def normal(self, purpose, *args, **kwargs):
         purposes.append((purpose, on_node[0]))
-        return original_normal(self, purpose, *args)
+        return original_normal(self, purpose, *args, **kwargs)
 
     def protect(self, *args):
         on_node[0] = True
@@ -358,9 +358,9 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
         mechanism = make(policy, n_users)
         normal = mechanism.randomness.normal
 
-        def drawn(purpose, *args):
+        def drawn(purpose, *args, **kwargs):
             made.append((purpose, mechanism.randomness.state_dict()["secret"]))
-            return normal(purpose, *args)
+            return normal(purpose, *args, **kwargs)
 
         mechanism.randomness.normal = drawn
         return mechanism

@@ -132,6 +132,40 @@ def test_every_draw_is_named_and_independent_and_only_the_secret_reproduces_it()
     for other in (("update-share", 4, 7), ("update-share", 3, 8), ("update-noise", 3, 7)):
         assert abs(np.corrcoef(a.numpy(), r.normal(*other, 1000, 1.0).numpy())[0, 1]) < 0.15
     assert not torch.equal(a, DPRandomness.fresh().normal("update-share", 3, 7, 1000, 1.0))
+    # the attempt is part of the name; attempt 0 is the name draws had before attempts were named
+    assert torch.equal(a, r.normal("update-share", 3, 7, 1000, 1.0, attempt=0))
+    again = r.normal("update-share", 3, 7, 1000, 1.0, attempt=1)
+    assert abs(np.corrcoef(a.numpy(), again.numpy())[0, 1]) < 0.15
+    assert torch.equal(
+        again, DPRandomness.from_state_dict(r.state_dict()).normal("update-share", 3, 7, 1000, 1.0, attempt=1)
+    )
+    with pytest.raises(ValueError, match="attempt"):
+        r.normal("update-share", 3, 7, 10, 1.0, attempt=-1)
+
+
+def test_a_mechanism_asked_twice_for_a_rounds_noise_draws_it_afresh():
+    """A node or key holder that keeps its mechanism between a server's requests: the second request for a
+    round's shares or central noise is a new attempt, with noise of its own; the first is what the simulator
+    draws (attempt 0), so seeded deployments still equal the simulator."""
+    from fedrecgel_secure.federation.dp_aggregation import DPMechanism
+    from fedrecgel_secure.federation.uploads import DenseUploads
+    from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+
+    dp = DPSettings(enabled=True, mode="distributed", clip_norm=1.0, noise_multiplier=1.0, delta=1e-3)
+    resolved = validate_against_population(dp, 10, 100, 1.0)
+    mech = DPMechanism(resolved, FixedPoint(), DPRandomness.from_seed(3))
+    uploads, clients = DenseUploads(torch.zeros(2, 500, dtype=torch.float64), 500), np.array([4, 7])
+
+    def share(m, **kw):
+        return m.protect(1, clients, uploads, 500, torch.float64, participants=2, clip_norm=1.0, **kw).noise(0)
+
+    first, second = share(mech), share(mech)
+    assert abs(np.corrcoef(first.numpy(), second.numpy())[0, 1]) < 0.25
+    fresh = DPMechanism(resolved, FixedPoint(), DPRandomness.from_seed(3))
+    assert torch.equal(first, share(fresh, attempt=0)) and torch.equal(second, share(fresh, attempt=1))
+    noise = [mech.central_noise(1, 500, 1.0) for _ in range(2)]
+    assert torch.equal(noise[0], fresh.central_noise(1, 500, 1.0, attempt=0))
+    assert abs(np.corrcoef(noise[0].numpy(), noise[1].numpy())[0, 1]) < 0.25
 
 
 def test_seeded_noise_is_a_public_function_of_the_seed_and_secure_noise_is_not():
@@ -193,6 +227,20 @@ def test_rdp_reproduces_the_measured_figure():
     accountant = _stepped("rdp", 100)
     assert accountant.steps == 100
     assert accountant.epsilon() == pytest.approx(1.26, abs=0.01)
+
+
+def test_cached_rdp_equals_opacus_s_rdp_accountant_bit_for_bit():
+    """The per-round RDP cache (accounting.rdp_epsilon_of) against Opacus's own accountant, on a history of
+    different noise and sampling rates, the oracle it replaces."""
+    from opacus.accountants import RDPAccountant
+
+    from fedrecgel_secure.privacy.dp.accounting import rdp_epsilon_of
+
+    history = [(1.0, Q, 40), (1.3, Q, 1), (0.9, 2 * Q, 17), (1.0, Q, 42)]
+    for cut in range(1, len(history) + 1):
+        oracle = RDPAccountant()
+        oracle.history = list(history[:cut])
+        assert rdp_epsilon_of(history[:cut], DELTA) == oracle.get_epsilon(delta=DELTA)
 
 
 def test_prv_is_a_tighter_bound_and_gdp_an_optimistic_approximation():

@@ -156,9 +156,9 @@ def _sample_log(trainer: Trainer, rounds: int) -> list[np.ndarray]:
     log = []
     original = trainer.aggregation.ledger.commit
 
-    def commit(release_noise, participants, users):
+    def commit(release_noise, participants, users, *tail):
         log.append((np.asarray(users).copy(), trainer.aggregation.dp.server_noise_multiplier(participants, len(users))))
-        original(release_noise, participants, users)
+        original(release_noise, participants, users, *tail)
 
     trainer.aggregation.ledger.commit = commit
     for _ in range(rounds):

@@ -161,6 +161,33 @@ def test_an_empty_poisson_round_still_spends_privacy_and_adds_noise(tiny_split):
     assert torch.equal(theta, trainer.states.theta)
 
 
+@pytest.mark.parametrize("mode", ["central", "distributed"])
+def test_the_reported_delta_is_the_accountants_plus_the_samplers_tail_term(tiny_split, tmp_path, mode):
+    """(ε, δ) of a run: ε from the accountant at privacy.dp.delta, and δ that delta plus, for every release, the
+    chance that one of its noise draws left the sampler's gapless range (randomness.tail_delta), recomputed here
+    from the rounds' own records: central z*C on every value, or each contributor's share z*C/sqrt(|S|)."""
+    from fedrecgel_secure.privacy.dp.randomness import tail_delta
+
+    policy = dp_policy(mode=mode)
+    trainer = Trainer(policy, tiny_split)
+    summary = trainer.run(tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    dim = sum(p.numel() for p in trainer.model.parameters())
+    step, z, c = 1 / trainer.aggregation.grid.scale, 1.0, 0.5
+    tails = [
+        tail_delta(z * c, step, dim)
+        if mode == "central" or r["sampled"] == 0
+        else tail_delta(z * c / math.sqrt(r["sampled"]), step, dim * r["contributors"])
+        for r in records
+    ]
+    privacy = summary["privacy"]
+    assert len(records) == 20 and min(tails) > 0
+    assert privacy["delta_tail"] == pytest.approx(math.fsum(tails), rel=1e-9)
+    assert privacy["delta"] == 1e-3 + privacy["delta_tail"] and records[-1]["delta"] == privacy["delta"]
+    # what the CLI prints and the audit and studies read is this delta: the ledger's
+    assert trainer.aggregation.ledger.report()["delta"] == privacy["delta"]
+
+
 def _records(d):
     return [
         {k: v for k, v in json.loads(line).items() if k != "elapsed_s"}

@@ -147,7 +147,8 @@ def canary_estimate(trainer, *, bootstrap: int = 200) -> dict | None:
         return None
     inserted, held_out = canaries.cosines()
     dp = getattr(trainer.aggregation, "dp", None)
-    delta = dp.delta if dp is not None else trainer.policy.privacy.dp.delta
+    # the run's reported delta: the accountant's plus what the sampler's truncation added
+    delta = trainer.aggregation.ledger.report()["delta"] if dp is not None else trainer.policy.privacy.dp.delta
     accounted = trainer.aggregation.accountant.epsilon() if dp is not None else math.inf
     est = estimate_epsilon(inserted, held_out, delta, bootstrap=bootstrap, seed=trainer.policy.seed)
     red_flag = bool(est["low"] > accounted)

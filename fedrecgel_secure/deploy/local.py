@@ -291,14 +291,26 @@ class Deployment:
                 import json
 
                 return json.loads(summary.read_text())
-            if run.poll() is not None and not (summary.exists() and summary.stat().st_mtime >= started):
+            # flwr run's log stream ends when the SuperLink calls the run finished, which it may also do while the
+            # ServerApp still works (a heartbeat missed on a loaded machine): the summary, not flwr run, says done
+            if run.poll() is not None and not self.serverapp_pids():
                 time.sleep(1.0)  # the summary may land just after flwr run returns
                 if not (summary.exists() and summary.stat().st_mtime >= started):
                     raise RuntimeError(
-                        f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})"
+                        f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})."
+                        f" The end of the ServerApp's log:\n{self._run_log_tail()}"
                     )
             time.sleep(0.5)
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
+
+    def _run_log_tail(self, lines: int = 30) -> str:
+        """The last lines ``flwr run --stream`` printed (the ServerApp's log, a traceback if it failed), so that
+        the error says why the run ended, also where the run directory is gone (a CI machine)."""
+        try:
+            text = (self.procs.log_dir / "flwr-run.log").read_text(errors="replace")
+        except OSError as err:
+            return f"(unreadable: {err})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def serverapp_pids(self) -> list[int]:
         """The flwr-serverapp processes (the SuperLink's SuperExec spawns them)."""

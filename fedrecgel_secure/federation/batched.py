@@ -28,9 +28,10 @@ from fedrecgel_secure.model import NeuMF, head, item_side
 
 BUCKET_GROWTH = 1.3  # on the CPU, a bucket's largest local set is at most this times its smallest
 # On an accelerator a bucket costs kernel launches, not padded work: one bucket holds as many clients as fit in
-# this many padded examples (its client count times its largest local set), whatever their sizes. At the default
-# model width that is a few GiB of activations, far below an H100/H200's memory.
-DEVICE_BUCKET_EXAMPLES = 2**21
+# this many padded examples (its client count times its largest local set), whatever their sizes. Peak memory is
+# proportional to it (SAM's two passes keep every example's activations): twice this budget took the large shapes
+# past 16 GiB on an H200 (docs/results/gpu-h200/), while a FilmTrust round stays one bucket either way.
+DEVICE_BUCKET_EXAMPLES = 2**20
 
 
 def adam_rows(theta, grad_, exp_avg, exp_avg_sq, steps, lr, betas=(0.9, 0.999), eps=1e-8):

@@ -24,6 +24,10 @@ from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
 
+class RoundReleased(RuntimeError):
+    """A round that released its sum was asked for another: each round releases once (:class:`DPFedAvg`)."""
+
+
 @dataclass
 class _Spent:
     """What a finished round leaves for :meth:`DPFedAvg.commit`."""
@@ -32,6 +36,7 @@ class _Spent:
     clipped_count: float | None = None  # the noised centred count, under adaptive clipping
     participants: int = 0
     users: np.ndarray | None = None  # the clients whose uploads are in the released sum
+    tail_delta: float = 0.0  # the δ the sampler's truncation adds to the release
 
 
 class DPMechanism:
@@ -43,10 +48,23 @@ class DPMechanism:
     users, and the BFV key holder :meth:`central_noise`, each with the settings
     of its own policy. Neither spends privacy, so neither builds an Opacus
     accountant (seconds per call).
+
+    Every draw is bound to its round and attempt (:mod:`.randomness`): a caller
+    that names no attempt gets the next one of that round for this mechanism,
+    so one mechanism asked twice for a round's noise (a node or key holder that
+    keeps its mechanism between a server's requests) never hands out the same
+    noise twice; the first is attempt 0, what the simulator draws.
     """
 
     def __init__(self, resolved: ResolvedDP, grid: FixedPoint, randomness: DPRandomness):
         self.dp, self.grid, self.randomness = resolved, grid, randomness
+        self._attempts: dict[tuple[str, int], int] = {}  # (draw, round) -> attempts drawn
+
+    def _attempt(self, draw: str, round_idx: int, attempt: int | None) -> int:
+        if attempt is None:
+            attempt = self._attempts.get((draw, round_idx), 0)
+        self._attempts[draw, round_idx] = max(self._attempts.get((draw, round_idx), 0), attempt + 1)
+        return attempt
 
     @property
     def extra(self) -> int:
@@ -79,14 +97,17 @@ class DPMechanism:
         *,
         participants: int,
         clip_norm: float,
+        attempt: int | None = None,
     ) -> Contributions:
         """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
 
         ``clip_norm`` is the round's C and ``participants`` the number of
         clients sampled (it sizes the share z*C/sqrt(participants)). The
         simulator runs this for every sampled client; a deployment's node runs
-        it for the ones it hosts.
+        it for the ones it hosts. ``attempt``: the round's attempt the shares
+        are bound to (default: this mechanism's next one for the round).
         """
+        attempt = self._attempt("share", round_idx, attempt)
         clipped, norms = self.clip(uploads, dim, clip_norm)
         bits = None if self.dp.adaptive is None else clipped_bits(norms, clip_norm)
 
@@ -105,20 +126,24 @@ class DPMechanism:
 
             def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
                 cid = int(clients[pos])
-                update = self.randomness.normal("update-share", round_idx, cid, dim, share)
+                update = self.randomness.normal("update-share", round_idx, cid, dim, share, attempt=attempt)
                 if count_share is None:
                     return update
-                return torch.cat([update, self.randomness.normal("count-share", round_idx, cid, 1, count_share)])
+                count = self.randomness.normal("count-share", round_idx, cid, 1, count_share, attempt=attempt)
+                return torch.cat([update, count])
 
         return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
 
-    def central_noise(self, round_idx: int, dim: int, clip_norm: float) -> torch.Tensor:
-        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count)."""
+    def central_noise(self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None) -> torch.Tensor:
+        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count), for
+        ``attempt`` of the round (default: this mechanism's next one for the round)."""
+        attempt = self._attempt("central", round_idx, attempt)
         std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
-        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std)
+        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std, attempt=attempt)
         if self.dp.adaptive is None:
             return noise
-        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, self.dp.clipped_count_stddev)])
+        sigma_b = self.dp.clipped_count_stddev
+        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, sigma_b, attempt=attempt)])
 
 
 class DPFedAvg:
@@ -140,6 +165,13 @@ class DPFedAvg:
     is refused. A round that secure aggregation skips is accounted at the planned
     z (conservative: the skip itself depends on the sample); a round in which
     nobody was sampled releases pure noise added by the server and is accounted too.
+
+    One release per round, each with noise of its own: every call of :meth:`aggregate` is a new attempt
+    of its round, whose noise shares and central noise are drawn for that attempt (:class:`DPMechanism`),
+    and a round that released a sum (or a later one) is refused (:class:`RoundReleased`). So a caller that
+    runs a round again gets no second sum whose noise the first one's would cancel, and no choice among
+    released draws; an attempt that released nothing (secure aggregation skipped it) may be followed by
+    another, with fresh noise. The sample is the round's, whatever the attempt.
     """
 
     canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
@@ -153,6 +185,8 @@ class DPFedAvg:
         self.adaptive = resolved.make_adaptive_clipping()
         self.clip_norm = resolved.clip_norm
         self._spent: _Spent | None = None
+        self.last_released = -1  # rounds only move forward: one release each
+        self._attempts: dict[int, int] = {}  # round -> attempts begun (of rounds not yet released)
 
     @property
     def extra(self) -> int:
@@ -168,6 +202,19 @@ class DPFedAvg:
         """Why round ``round`` must not run, or None: it never overshoots max_epsilon."""
         return self.ledger.refusal_before(round)
 
+    def attempt(self, round_idx: int) -> int:
+        """The attempt of round ``round_idx`` whose noise is drawn now: the last one begun (0 before any)."""
+        return max(0, self._attempts.get(round_idx, 0) - 1)
+
+    def _begin_attempt(self, round_idx: int) -> None:
+        if round_idx <= self.last_released:
+            raise RoundReleased(
+                f"round {round_idx}: round {self.last_released} was released already; a round is released once,"
+                " and a second attempt's sum would share or choose among its noise"
+            )
+        self._attempts = {r: n for r, n in self._attempts.items() if r > self.last_released}
+        self._attempts[round_idx] = self._attempts.get(round_idx, 0) + 1
+
     @property
     def dp_mechanism(self) -> DPMechanism:
         """The clipping and noise of this run, without its accountant, at this round's randomness."""
@@ -180,24 +227,34 @@ class DPFedAvg:
     def protect(self, round_idx: int, clients: np.ndarray, uploads: Uploads, dim: int, dtype) -> Contributions:
         """The sampled clients' part at this round's clip norm (:meth:`DPMechanism.protect`, for all of them)."""
         return self.dp_mechanism.protect(
-            round_idx, clients, uploads, dim, dtype, participants=clients.size, clip_norm=self.clip_norm
+            round_idx,
+            clients,
+            uploads,
+            dim,
+            dtype,
+            participants=clients.size,
+            clip_norm=self.clip_norm,
+            attempt=self.attempt(round_idx),
         )
 
     def central_noise(self, round_idx: int, dim: int, *, nobody_sampled: bool = False) -> torch.Tensor | None:
         """The server's noise: all of it in central mode, or in any mode when nobody was sampled to add a share."""
         if self.dp.mode == "distributed" and not nobody_sampled:
             return None
-        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm)
+        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx))
 
     def aggregate(
         self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
     ) -> Aggregate:
         z = self.dp.noise_multiplier
+        self._begin_attempt(round_idx)
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
-            self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]))
+            tail = self.dp.release_tail_delta(self.clip_norm, dim, 1.0 / self.grid.scale, 0, 0)
+            self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
+            self.last_released = round_idx
             gradient = mechanism.fixed_denominator_mean(
                 _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
             )
@@ -222,9 +279,13 @@ class DPFedAvg:
             self._spent = _Spent(z)
             info.noise_multiplier = z
             return Aggregate(None, result.contributors, info)
+        self.last_released = round_idx
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
-        self._spent = _Spent(reached, counted, participants, clients[result.contributors])
+        tail = self.dp.release_tail_delta(
+            self.clip_norm, dim, 1.0 / self.grid.scale, participants, result.contributors.size
+        )
+        self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail)
         info.noise_multiplier = reached
         gradient = mechanism.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
@@ -237,19 +298,20 @@ class DPFedAvg:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
         spent, self._spent = self._spent, None
         users = np.zeros(0, dtype=np.int64) if spent.users is None else spent.users
-        self.ledger.commit(spent.noise_multiplier, spent.participants, users)
+        self.ledger.commit(spent.noise_multiplier, spent.participants, users, spent.tail_delta)
         if self.adaptive is not None and spent.clipped_count is not None:
             self.clip_norm = self.adaptive.update(spent.clipped_count)
         spent_now = self.ledger.report()
         info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
         info.epsilon_server = spent_now["epsilon_server"]
-        info.delta, info.dp_noise = self.dp.delta, self.randomness.source
+        info.delta, info.dp_noise = spent_now["delta"], self.randomness.source
 
     def state_dict(self) -> dict:
         return {
             **self.ledger.state_dict(),
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "clip_norm": self.clip_norm,
+            "last_released": self.last_released,
             "randomness": self.randomness.state_dict(),
             **({} if self.canaries is None else {"canaries": self.canaries.state_dict()}),
         }
@@ -259,6 +321,8 @@ class DPFedAvg:
         if self.adaptive is not None:
             self.adaptive.load_state_dict(state["adaptive"])
         self.clip_norm = state["clip_norm"]
+        self.last_released = state.get("last_released", -1)  # checkpoints before attempts: rounds after it are new
+        self._attempts = {}
         self.randomness = DPRandomness.from_state_dict(state["randomness"])
         if self.canaries is not None:
             self.canaries.load_state_dict(state["canaries"])

@@ -251,7 +251,6 @@ class Trainer:
         r = self.aggregation.dp
         return PrivacySpent(
             **self.aggregation.ledger.report(),
-            delta=r.delta,
             noise=r.noise,
             guarantee=GUARANTEE[r.noise],
             accountant=r.accountant,

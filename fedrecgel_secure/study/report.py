@@ -124,14 +124,15 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
             ]
         lines.append("| " + " | ".join(cells) + " |")
     select_by = finished[0].summary.select_by if finished else "hr@10"
-    deltas = sorted({r.summary.privacy.delta for r in finished if r.summary.privacy})
+    # each run's delta carries its own tiny tail term (randomness.tail_delta): runs at one policy delta print as one
+    deltas = sorted({f"{r.summary.privacy.delta:g}" for r in finished if r.summary.privacy}, key=float)
     lines += [
         "",
         f"Mean ± sample standard deviation over the finished seeds (`seeds` = finished/planned). "
         f"*Best* is the evaluation with the best test {select_by.upper()} (the authors' protocol),"
         " *final* the last one. "
         "ε is the privacy budget each run spent"
-        + (f" at δ = {', '.join(f'{d:g}' for d in deltas)}" if deltas else "")
+        + (f" at δ = {', '.join(deltas)}" if deltas else "")
         + "; ∞ means no DP. ε vs server: against the server, which knows who took part in each round, so without"
         " amplification by sampling: the Gaussian mechanism composed over the most exposed user's rounds"
         " (∞: no bound, as when the server adds central noise to uploads it saw)."

@@ -84,6 +84,7 @@ class PrivacyLedger:
         self.release = resolved.make_accountant()
         sees_noise = resolved.server_noise_multiplier(1, 1) is not None
         self.server = ServerExposure(resolved.population, resolved.delta) if sees_noise else None
+        self.tail_delta = 0.0  # the δ the sampler's truncation added over the releases so far
 
     @property
     def against_server(self) -> bool:
@@ -121,18 +122,23 @@ class PrivacyLedger:
             f" releasing the sum would bring {whose} to {after:.4g} > privacy.dp.max_epsilon = {cap:g}"
         )
 
-    def commit(self, release_noise: float, participants: int, users: np.ndarray) -> None:
+    def commit(self, release_noise: float, participants: int, users: np.ndarray, tail_delta: float = 0.0) -> None:
         """A round was released (or skipped, ``users`` empty): account it at ``release_noise``, and charge
-        ``users``, whose uploads the server saw, at what of it the server cannot remove."""
+        ``users``, whose uploads the server saw, at what of it the server cannot remove. ``tail_delta``: the
+        δ the sampler's truncation adds to this release (:meth:`.resolution.ResolvedDP.release_tail_delta`)."""
         self.release.step(release_noise)
+        self.tail_delta += tail_delta
         if self.server is not None and len(users):
             self.server.record(users, self.dp.server_noise_multiplier(participants, len(users)))
 
     def report(self) -> dict:
         """``epsilon`` (the accounted one), ``epsilon_rdp`` (its cross-check), ``epsilon_server`` (None where
-        there is no bound against the server) and ``server_rounds`` (the most exposed user's rounds)."""
+        there is no bound against the server) and ``server_rounds`` (the most exposed user's rounds), each at
+        ``delta``: the accountant's δ plus ``delta_tail``, what the sampler's truncation added over the releases."""
         server = self.server
         return {
+            "delta": self.dp.delta + self.tail_delta,
+            "delta_tail": self.tail_delta,
             "epsilon": self.release.epsilon(),
             "epsilon_rdp": self.release.rdp_epsilon(),
             "epsilon_server": None if server is None else server.epsilon(),
@@ -142,11 +148,13 @@ class PrivacyLedger:
     def state_dict(self) -> dict:
         return {
             "accountant": self.release.state_dict(),
+            "tail_delta": self.tail_delta,
             **({} if self.server is None else {"server": self.server.state_dict()}),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.release.load_state_dict(state["accountant"])
+        self.tail_delta = float(state.get("tail_delta", 0.0))  # checkpoints before it: releases of < 1e-15 each
         if self.server is not None:
             if "server" not in state:  # a checkpoint from before the server's ledger: its past is unknown
                 from fedrecgel_secure.errors import BadInputError

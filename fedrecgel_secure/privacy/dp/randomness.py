@@ -1,10 +1,19 @@
 r"""Where DP's randomness comes from: which clients a round samples, and every noise draw.
 
-Each draw has a name, ``(purpose, round, party)``, and its own AES-256-CTR
-keystream under the key HKDF-SHA256(secret, name). Draws are therefore
-independent of each other, reproducible from the secret alone (a resumed run
-continues exactly, with nothing else saved), and each party of a deployment
-can hold its own secret and draw its own noise share.
+Each draw has a name, ``(purpose, round, party, attempt)``, and its own
+AES-256-CTR keystream under the key HKDF-SHA256(secret, name). Draws are
+therefore independent of each other, reproducible from the secret alone (a
+resumed run continues exactly, with nothing else saved), and each party of a
+deployment can hold its own secret and draw its own noise share.
+
+The attempt is in the name because noise must be bound to the release it
+protects, not to the round alone: were a round run twice (a retry, a re-run
+over other contributors) with the same draws, the difference of the two sums
+would cancel the noise (``tests/attacks/test_dp_attempt_binding.py``). The
+sample is not: a round samples its clients once, whatever its attempts, so a
+retry cannot choose among samples. Attempt 0 keeps the name of the draws made
+before attempts were named, so seeded runs of one attempt per round draw what
+they drew before.
 
 The secret (``privacy.dp.noise``):
 
@@ -87,8 +96,13 @@ class DPRandomness:
         """Research mode: the secret is a public function of the policy's seed."""
         return cls(hashlib.sha256(_INFO + b"seeded/" + str(int(seed)).encode()).digest(), "seeded")
 
-    def _keystream(self, purpose: str, round_idx: int, party: int, n: int, stream: bytes = b"") -> np.ndarray:
-        info = _INFO + purpose.encode() + struct.pack(">qq", round_idx, party) + stream
+    def _keystream(
+        self, purpose: str, round_idx: int, party: int, n: int, stream: bytes = b"", attempt: int = 0
+    ) -> np.ndarray:
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise ValueError(f"a draw's attempt must be an integer >= 0, got {attempt!r}")
+        bound = b"" if attempt == 0 else b"/attempt" + struct.pack(">q", attempt)
+        info = _INFO + purpose.encode() + struct.pack(">qq", round_idx, party) + bound + stream
         key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret)
         out = np.empty(n, dtype=np.uint64)
         Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor().update_into(bytes(8 * n), out.view(np.uint8))
@@ -101,14 +115,17 @@ class DPRandomness:
         top = torch.bitwise_and(torch.bitwise_right_shift(words, 11), _MANTISSA)
         return (top.to(torch.float64) + 0.5) * 2.0**-53
 
-    def normal(self, purpose: str, round_idx: int, party: int, n: int, std: float) -> torch.Tensor:
-        """``n`` independent N(0, std²) draws, float64, with full-precision tails (see the module docstring)."""
+    def normal(self, purpose: str, round_idx: int, party: int, n: int, std: float, *, attempt: int = 0) -> torch.Tensor:
+        """``n`` independent N(0, std²) draws, float64, with full-precision tails (see the module docstring).
+
+        ``attempt``: which attempt of the round the draw protects; every attempt draws independent noise."""
         if not (np.isfinite(std) and std >= 0):
             raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
-        words = torch.from_numpy(self._keystream(purpose, round_idx, party, n).view(np.int64))
+        words = torch.from_numpy(self._keystream(purpose, round_idx, party, n, attempt=attempt).view(np.int64))
 
         def tail_words(count: int) -> torch.Tensor:  # the second words, from a stream of their own
-            return torch.from_numpy(self._keystream(purpose, round_idx, party, count, b"/tail").view(np.int64))
+            keystream = self._keystream(purpose, round_idx, party, count, b"/tail", attempt)
+            return torch.from_numpy(keystream.view(np.int64))
 
         return gaussian_from_words(words, tail_words).mul_(std)
 

@@ -117,6 +117,26 @@ class ResolvedDP:
         z_b = AdaptiveClipping.count_noise_multiplier_for(self.clipped_count_stddev)
         return noise_std(self.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, self.noise_shares(participants))
 
+    def release_tail_delta(self, clip_norm: float, dim: int, grid_step: float, participants: int, contributors: int):
+        r"""The δ the sampler's truncation adds to one release: the chance that any noise draw in it lies beyond
+        its :func:`.randomness.gapless_bound` (:func:`.randomness.tail_delta`, a union bound over the draws).
+
+        The draws are the central noise (std :math:`z_\Delta C` on ``dim`` values, and
+        :math:`\sigma_b` on the clipped count) in central mode or when nobody was sampled
+        (``participants`` = 0), else the ``contributors``' shares that reached the sum.
+        """
+        from .randomness import tail_delta
+
+        if self.mode == "central" or participants == 0:
+            draws = [(noise_std("central", self.update_noise_multiplier, clip_norm, 1), dim)]
+            if self.adaptive is not None:
+                draws.append((self.clipped_count_stddev, 1))
+        else:
+            draws = [(self.update_noise_std(clip_norm, participants), dim * contributors)]
+            if self.adaptive is not None:
+                draws.append((self.count_noise_std(participants), contributors))
+        return math.fsum(tail_delta(std, grid_step, n) for std, n in draws if n > 0)
+
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
         r"""The noise multiplier of a released sum of ``contributors`` uploads, ``participants`` having been
         sampled: :math:`z\sqrt{|U|/\text{shares}}` in distributed mode (more than z when more than the
