@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from fedrecgel_secure.cli.crash import note_run_dir
 from fedrecgel_secure.errors import BadInputError
+
+if TYPE_CHECKING:
+    from fedrecgel_secure.cli.curves import CurvesProcess
 
 out = Console()
 err = Console(stderr=True)
@@ -52,12 +55,12 @@ def metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
     return table
 
 
-def report_written(out_dir: Path) -> None:
-    """Plot a finished run's curves, then say which files its directory holds."""
+def report_written(out_dir: Path, drawer: CurvesProcess | None = None) -> None:
+    """Plot a finished run's curves (drawn by ``drawer`` if given), then say which files its directory holds."""
     from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY
     from fedrecgel_secure.study.plots import plot_run
 
-    curves = plot_run(out_dir)
+    curves = plot_run(out_dir, None if drawer is None else drawer.draw)
     out.print(
         f"wrote {out_dir}/{METRICS}, {SUMMARY}, {RESOLVED}, {CHECKPOINT}" + (f", {curves.name}" if curves else "")
     )

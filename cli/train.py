@@ -40,17 +40,18 @@ def train(
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
     from fedrecgel_secure.cli.crash import note_run_dir
-    from fedrecgel_secure.rundir import hold_run_dir
-    from fedrecgel_secure.runner import check_out_dir
+    from fedrecgel_secure.cli.curves import CurvesProcess
+    from fedrecgel_secure.rundir import check_out_dir, hold_run_dir
 
     out_dir = out_dir if out_dir is not None else default_out_dir(policy)
     note_run_dir(out_dir)
     check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
-    with hold_run_dir(out_dir):
-        _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume)
+    # The curves' process imports matplotlib while this one imports torch and trains (cli/curves.py).
+    with hold_run_dir(out_dir), CurvesProcess() as drawer:
+        _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume, drawer)
 
 
-def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool) -> None:
+def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool, drawer) -> None:
     from fedrecgel_secure.cli.progress import RoundProgress
     from fedrecgel_secure.interrupt import StopBetweenRounds
     from fedrecgel_secure.rundir import read_summary
@@ -126,7 +127,7 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
-    report_written(out_dir)
+    report_written(out_dir, drawer)
 
 
 @user_errors

@@ -103,6 +103,19 @@ def check_run_dir(run_dir: Path, option: str = "--out") -> None:
         raise BadInputError(f"{option} {run_dir}: cannot be created ({e.strerror})") from None
 
 
+def check_out_dir(out_dir: Path, resume: bool) -> None:
+    """Refuse a run directory that cannot take this run, before anything is loaded: one that cannot be written,
+    one that holds a run already (unless ``resume``), or, with ``resume``, one that holds no checkpoint."""
+    checkpoint = Path(out_dir) / CHECKPOINT
+    if resume and not checkpoint.is_file():
+        raise BadInputError(f"{out_dir}: nothing to resume (no {CHECKPOINT}); run without --resume to start it")
+    if checkpoint.exists() and not resume:
+        raise BadInputError(
+            f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
+        )
+    check_run_dir(out_dir)
+
+
 @contextmanager
 def hold_run_dir(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir`` for one training process: a second one (a second ``train --out``, an orphaned study worker)

@@ -14,20 +14,7 @@ from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, check_run_dir
-
-
-def check_out_dir(out_dir: Path, resume: bool) -> None:
-    """Refuse a run directory that cannot take this run, before anything is loaded: one that cannot be written,
-    one that holds a run already (unless ``resume``), or, with ``resume``, one that holds no checkpoint."""
-    checkpoint = Path(out_dir) / CHECKPOINT
-    if resume and not checkpoint.is_file():
-        raise BadInputError(f"{out_dir}: nothing to resume (no {CHECKPOINT}); run without --resume to start it")
-    if checkpoint.exists() and not resume:
-        raise BadInputError(
-            f"{out_dir}: already holds a run ({CHECKPOINT}); pass --resume to continue it or choose another --out"
-        )
-    check_run_dir(out_dir)
+from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, check_out_dir
 
 
 def open_run(

@@ -69,6 +69,12 @@ def test_train_plots_its_curves(tiny_run, tmp_path):
     with Image.open(out / "curves.png") as image:
         image.verify()
         assert image.size[0] == 1100  # two panels: metrics and loss; no ε panel without DP
+    # train draws in a second process (cli/curves.py): the very bytes drawn here, in process, from the same files
+    here = tmp_path / "here" / out.name
+    here.mkdir(parents=True)
+    for name in ("metrics.jsonl", "summary.json"):
+        (here / name).write_bytes((out / name).read_bytes())
+    assert plot_run(here).read_bytes() == (out / "curves.png").read_bytes()
     # a private run gets a third panel, for ε; a run with no evaluation yet gets no file
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (tmp_path / "metrics.jsonl").write_text(

@@ -65,3 +65,26 @@ def test_the_commands_that_do_not_train_load_no_training_stack(tmp_path):
     for argv in commands(tmp_path):
         imported = imported_packages("-m", "fedrecgel_secure.cli.main", *argv)
         assert imported.isdisjoint(HEAVY), (argv, sorted(imported & set(HEAVY)))
+
+
+# What only secure aggregation, DP accounting or a deployment needs: a plaintext run never loads it.
+NOT_PLAINTEXT = ("tenseal", "flwr", "opacus", "dp_accounting", "scipy", "mlflow", "tensorboard")
+
+
+def test_a_plaintext_train_loads_neither_the_protocols_nor_the_deployment_stack(tmp_path):
+    ratings = write_ratings(tmp_path / "ratings.txt")
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--set", f"data.dataset={ratings}", "--set", "federation.rounds=1"]
+    imported = imported_packages("-m", "fedrecgel_secure.cli.main", *argv)
+    assert (out / "summary.json").is_file() and "torch" in imported  # it trained
+    assert imported.isdisjoint(NOT_PLAINTEXT), sorted(imported & set(NOT_PLAINTEXT))
+
+
+def test_train_refuses_an_output_path_that_is_a_file_before_loading_torch(tmp_path):
+    taken = tmp_path / "summary.json"
+    taken.write_text("{}")
+    argv = [sys.executable, "-X", "importtime", "-m", "fedrecgel_secure.cli.main", "train", "--out", str(taken)]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    assert result.returncode == 2 and "is a file" in result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import ")}
+    assert "fedrecgel_secure.rundir" in imported and "torch" not in imported  # refused before seconds of loading

@@ -48,7 +48,7 @@ class Engine:
 
         # torch, the model, the protocols: imported once, here
         import fedrecgel_secure.deploy.node
-        import fedrecgel_secure.privacy.secagg  # noqa: F401
+        import fedrecgel_secure.privacy.secagg.session  # noqa: F401  every protocol (the package imports them lazily)
         from fedrecgel_secure.deploy.node_app import app
 
         self.node_config, self.app = node_config, app

@@ -50,8 +50,18 @@ def _integer_rounds(ax) -> None:
 # -- one run ----------------------------------------------------------------------
 
 
-def plot_run(run_dir: str | Path) -> Path | None:
-    """``RUN_DIR/curves.png`` from its metrics.jsonl: test (and validation) HR@10 and NDCG@10,
+def plot_run(run_dir: str | Path, draw: Callable[[Path], Path | None] | None = None) -> Path | None:
+    """``RUN_DIR/curves.png`` from its metrics.jsonl, handed to the run's experiment trackers, if it has any.
+    None if no round was evaluated. ``draw`` writes the file: :func:`draw_run` here, or a drawing process that
+    calls it (``fedrecgel train``'s, :mod:`fedrecgel_secure.cli.curves`)."""
+    curves = (draw or draw_run)(Path(run_dir))
+    if curves is not None:
+        log_file(curves.parent, CURVES)
+    return curves
+
+
+def draw_run(run_dir: str | Path) -> Path | None:
+    """Write ``RUN_DIR/curves.png`` from its metrics.jsonl: test (and validation) HR@10 and NDCG@10,
     the training loss, and ε when the run is private. None if no round was evaluated."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
@@ -98,7 +108,6 @@ def plot_run(run_dir: str | Path) -> Path | None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     atomic_write_bytes(run_dir / CURVES, buffer.getvalue())  # a crash never leaves half a PNG
-    log_file(run_dir, CURVES)  # to the run's experiment trackers, if it has any
     return run_dir / CURVES
 
 

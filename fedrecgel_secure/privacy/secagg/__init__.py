@@ -29,41 +29,48 @@ Example::
     mean = result.total / len(result.contributors)
 """
 
-from .errors import KeyFileError, ProtocolViolation, Reason, RejectedPayload, RoundSkipped
-from .fixedpoint import FixedPoint
-from .he import EncryptedAggregate, HEAggregator, HEClient
-from .he_keyholder import KeyHolder
-from .he_params import BFVParams
-from .identity import ClientIdentity, ContributionProof, Envelope, IdentityDirectory, Kind, ServerIdentity
-from .masking import MaskingParams, neighbour_graph
-from .masking_aggregator import MaskedSum, MaskingAggregator
-from .masking_client import MaskingClient
-from .session import RoundResult, SecAggSession, make_session
+import importlib
 
-__all__ = [
-    "BFVParams",
-    "ClientIdentity",
-    "ContributionProof",
-    "EncryptedAggregate",
-    "Envelope",
-    "FixedPoint",
-    "HEAggregator",
-    "HEClient",
-    "IdentityDirectory",
-    "KeyFileError",
-    "KeyHolder",
-    "Kind",
-    "MaskedSum",
-    "MaskingAggregator",
-    "MaskingClient",
-    "MaskingParams",
-    "ProtocolViolation",
-    "Reason",
-    "RejectedPayload",
-    "RoundResult",
-    "RoundSkipped",
-    "SecAggSession",
-    "ServerIdentity",
-    "make_session",
-    "neighbour_graph",
-]
+# Each public name and the submodule that defines it. They are imported on first use (PEP 562): the protocols
+# pull in TenSEAL and cryptography, which a run without secure aggregation never needs, yet it reads
+# :mod:`.fixedpoint` through this package (`fedrecgel train` starts faster, benchmarks/cli_startup.py).
+_EXPORTS = {
+    "KeyFileError": "errors",
+    "ProtocolViolation": "errors",
+    "Reason": "errors",
+    "RejectedPayload": "errors",
+    "RoundSkipped": "errors",
+    "FixedPoint": "fixedpoint",
+    "EncryptedAggregate": "he",
+    "HEAggregator": "he",
+    "HEClient": "he",
+    "KeyHolder": "he_keyholder",
+    "BFVParams": "he_params",
+    "ClientIdentity": "identity",
+    "ContributionProof": "identity",
+    "Envelope": "identity",
+    "IdentityDirectory": "identity",
+    "Kind": "identity",
+    "ServerIdentity": "identity",
+    "MaskingParams": "masking",
+    "neighbour_graph": "masking",
+    "MaskedSum": "masking_aggregator",
+    "MaskingAggregator": "masking_aggregator",
+    "MaskingClient": "masking_client",
+    "RoundResult": "session",
+    "SecAggSession": "session",
+    "make_session": "session",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

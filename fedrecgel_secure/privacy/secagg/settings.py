@@ -2,7 +2,8 @@
 
 They are built here rather than by the policy models: :mod:`fedrecgel_secure.policy`
 knows nothing of the protocols, so reading a policy never imports them
-(``privacy`` imports ``policy``, never the reverse).
+(``privacy`` imports ``policy``, never the reverse). The protocols' parameters are imported
+when asked for: a run without secure aggregation never loads TenSEAL or cryptography.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .fixedpoint import FixedPoint
-from .he_params import BFVParams
-from .masking import MaskingParams
 
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
+
+    from .he_params import BFVParams
+    from .masking import MaskingParams
 
 
 def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
@@ -23,6 +25,8 @@ def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
 
 
 def bfv_params(settings: BfvPolicy) -> BFVParams:
+    from .he_params import BFVParams
+
     return BFVParams(
         poly_modulus_degree=settings.poly_modulus_degree,
         coeff_mod_bit_sizes=tuple(settings.coeff_mod_bit_sizes),
@@ -31,4 +35,6 @@ def bfv_params(settings: BfvPolicy) -> BFVParams:
 
 
 def masking_params(settings: MaskingPolicy) -> MaskingParams:
+    from .masking import MaskingParams
+
     return MaskingParams(degree=settings.degree, threshold=settings.threshold, consistency=settings.consistency)
