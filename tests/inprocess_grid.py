@@ -85,7 +85,8 @@ class InProcessGrid:
         if key_holder_dir is not None:  # BFV: the key holder is a node of its own
             holder = node_config(policy_file, KEY_HOLDER, key_holder_dir, shards / MANIFEST)
             self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(holder)
-        self.engines = {node: Engine(config) for node, config in self.configs.items()}
+        self._engine_of = Engine
+        self.engines: dict = {}  # node -> its Engine, made at its first message (subclasses add nodes)
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
         self.replies: dict[str, Message] = {}
         self.groups: list[str] = []  # every message's group, in the order sent
@@ -107,6 +108,8 @@ class InProcessGrid:
             self.in_node = True
             try:  # the engine's answer to the message's bytes, made a reply as the relay makes it
                 started = time.time()
+                if node not in self.engines:
+                    self.engines[node] = self._engine_of(self.configs[node])
                 answer = self.engines[node].answer(message_to_proto(msg).SerializeToString())
                 self.replies[mid] = reply_of(*answer, started=started, loaded=started)
             except Exception as exc:  # the SuperNode reports a failed ClientApp as an error reply
