@@ -70,6 +70,10 @@ def train(msg: Message, context: Context) -> Message:
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
     scheme = node.policy.privacy.secure_aggregation.scheme
+    evaluation = None
+    if "evaluate" in req:  # the model sent is round R-1's result: its evaluation rides on this stage
+        commits = _commits(req)
+        evaluation = node.evaluate(int(req["evaluate"]), req["shared"], commits, int(req["keep_from"])).payload()
     dp = None
     if scheme != "none":  # the DP settings come from the node's own policy; a message that disagrees is refused
         sampled = np.asarray(req["sampled"])
@@ -99,6 +103,8 @@ def train(msg: Message, context: Context) -> Message:
         binding = train_binding(req["shared"], req.get("participants"), req.get("clip_norm"))
         announced = dict.fromkeys(users, req["announce"])
         out.update(reply(masking.step("advertise", announced, round_idx=round_idx, binding=binding)))
+    if evaluation is not None:
+        out["evaluation"] = evaluation
     return Message(to_record(out), reply_to=msg)
 
 

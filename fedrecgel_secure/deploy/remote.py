@@ -33,7 +33,9 @@ from fedrecgel_secure.policy import Policy
 class Stages(Protocol):
     """One request to a set of nodes and their replies within the stage timeout (dropped nodes are absent)."""
 
-    def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]: ...
+    def train(
+        self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict, evaluate: int | None = None
+    ) -> dict[int, dict]: ...
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]: ...
 
@@ -64,6 +66,8 @@ class RemoteTrainer(Trainer):
         self.sealed = policy.privacy.secure_aggregation.scheme != "none"  # the uploads never reach the server
         super().__init__(policy, catalogue)
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
+        self.defers_evaluation = policy.deployment.evaluate_in_train
+        self.evaluated: dict[str, float] | None = None  # the pending round's metrics, from the last train stage
         self.checkpointed = 0
         self.shard = np.empty(catalogue.n_users, dtype=np.int64)
         for s, users in self._users_of().items():
@@ -126,7 +130,14 @@ class RemoteTrainer(Trainer):
     def client_updates(self, clients: np.ndarray) -> tuple[np.ndarray, RoundUpdate | None]:
         r = self.round + 1
         self.contributors[r] = []
+        # the round still to be evaluated (defers_evaluation): this round's train stage carries its model
+        pending = None if self.pending is None else self.pending.round
+        if pending is not None and pending != self.round:
+            raise RuntimeError(f"round {r}: round {pending}'s evaluation is pending, but the model is {self.round}'s")
+        self.evaluated = None
         if not clients.size:
+            if pending is not None:  # no train stage this round: the evaluation has a stage of its own
+                self.evaluated = self.evaluate()
             return clients, None
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
         common = self._common(self.round)
@@ -147,7 +158,11 @@ class RemoteTrainer(Trainer):
                 clip_norm=clip_norm,
                 released_counts=self.released_counts() if clip_norm is not None else None,
             )
-        replies = self.stages.train(r, per_shard, common)
+        replies = self.stages.train(r, per_shard, common, evaluate=pending)
+        if pending is not None:  # a node whose reply has no evaluation is absent from it, as from an evaluate stage
+            evaluations = {s: rep.get("evaluation") if s in per_shard else rep for s, rep in replies.items()}
+            self.evaluated = self._metrics({s: e for s, e in evaluations.items() if e is not None})
+        replies = {s: rep for s, rep in replies.items() if s in per_shard}
         if self.sealed:
             self.aggregation.summer.received(replies)
         # a node that answers for other clients than it was asked is treated as dropped
@@ -183,8 +198,20 @@ class RemoteTrainer(Trainer):
         self.contributors[self.round + 1] = [int(c) for c in contributors]
 
     def evaluate(self) -> dict[str, float]:
+        """The current model's metrics, in an evaluate stage of their own."""
+        return self._metrics(self.stages.evaluate(self.round, self._common(self.round)))
+
+    def deferred_metrics(self) -> dict[str, float]:
+        """The pending round's metrics, made in the train stage just run (or its own stage, if none ran).
+
+        Exact: round R's metrics depend on the shared model after R's server step and the users' states after
+        the commits of rounds up to R, and round R+1's train message carries exactly these (``_common(R)``,
+        the same payload an evaluate stage of round R sends); each node evaluates them before it trains.
+        """
+        return self.evaluated
+
+    def _metrics(self, replies: dict[int, dict]) -> dict[str, float]:
         """The metrics over every user that answered: the nodes' sums added, divided by their count."""
-        replies = self.stages.evaluate(self.round, self._common(self.round))
         if not replies:
             raise RuntimeError(f"round {self.round}: no node answered the evaluation within the stage timeout")
         got = [EvaluationReply.of(replies[s]) for s in sorted(replies)]

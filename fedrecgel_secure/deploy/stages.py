@@ -26,6 +26,7 @@ from fedrecgel_secure.policy import DeploymentPolicy
 
 KEY_HOLDER = -1  # the key holder's place among the shards in one exchange
 STAGES = "stages.jsonl"
+EVALUATE = "query.evaluate"
 
 
 def to_record(payload: dict):
@@ -68,21 +69,30 @@ class FlowerStages:
     run_dir: Path | None = None  # where nodes.json pins each shard's identity key
 
     def exchange(
-        self, message_type: str, group: str, payloads: dict[int, dict], node_of: dict[int, int] | None = None
+        self,
+        message_type: str | dict[int, str],
+        group: str,
+        payloads: dict[int, dict],
+        node_of: dict[int, int] | None = None,
+        evaluates: int | None = None,
     ) -> dict[int, dict]:
         """Send ``payloads[shard]`` to each shard's node (``node_of``: shard -> node id, the client nodes' by
-        default); the replies that arrive in time, by shard."""
+        default), as ``message_type`` (or ``message_type[shard]``: one stage may ask different nodes different
+        things); the replies that arrive in time, by shard. ``evaluates``: the round whose model the stage also
+        evaluates, for the journal."""
         from flwr.app import Message
 
         started = time.monotonic()
         node_of = self.node_of if node_of is None else node_of
         timeout = self.settings.stage_timeout
         shards = [s for s in payloads if s in node_of]
+        type_of = message_type if isinstance(message_type, dict) else dict.fromkeys(shards, message_type)
+        message_type = "+".join(sorted(set(type_of.values()), key=list(type_of.values()).index))  # for the log
         messages = [
             Message(
                 to_record(payloads[s]),
                 dst_node_id=node_of[s],
-                message_type=message_type,
+                message_type=type_of[s],
                 group_id=group,
                 ttl=timeout,
             )
@@ -125,6 +135,8 @@ class FlowerStages:
                 "answered": len(replies),
                 "parts": mean_parts(parts),
             }
+            if evaluates is not None:
+                line["evaluates"] = evaluates
             with open(self.journal, "a") as f:
                 f.write(json.dumps(line) + "\n")
         return replies
@@ -180,7 +192,15 @@ class FlowerStages:
             claims = [check_registration(c, names.get(c.node_id)) for c in claims]
         return claims
 
-    def train(self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict) -> dict[int, dict]:
+    def train(
+        self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict, evaluate: int | None = None
+    ) -> dict[int, dict]:
+        """Round ``round_idx`` on the nodes of ``per_shard`` (shard -> its sampled users); the train replies by shard.
+
+        With ``evaluate`` (the round the model in ``common`` is the result of), the same stage also evaluates
+        that model on every node: the train message asks for it (its reply then holds ``evaluation``), and a node
+        with no sampled user gets an evaluate message instead (its reply is the evaluation). One stage, one pull.
+        """
         payloads = {
             s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()
         }
@@ -191,11 +211,18 @@ class FlowerStages:
             if common.get(key) is not None:
                 for p in payloads.values():
                     p[key] = common[key]
-        return self.exchange("train", f"round-{round_idx}", payloads)
+        types = dict.fromkeys(payloads, "train")
+        if evaluate is not None:
+            for p in payloads.values():
+                p["evaluate"] = evaluate
+            for s in range(self.settings.nodes):
+                if s not in payloads:
+                    payloads[s], types[s] = {"round": evaluate, **self._wire(common)}, EVALUATE
+        return self.exchange(types, f"round-{round_idx}", payloads, evaluates=evaluate)
 
     def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:
         payloads = {s: {"round": round_idx, **self._wire(common)} for s in range(self.settings.nodes)}
-        return self.exchange("query.evaluate", f"eval-{round_idx}", payloads)
+        return self.exchange(EVALUATE, f"eval-{round_idx}", payloads, evaluates=round_idx)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
         """One stage of the secure-aggregation protocol (:mod:`.secagg_stages`) on the nodes that host its users."""

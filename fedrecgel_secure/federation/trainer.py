@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from fedrecgel_secure.federation.device import resolve_device
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
-from fedrecgel_secure.federation.summers import make_summer
+from fedrecgel_secure.federation.summers import SecAggCost, make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.policy import Policy
@@ -58,6 +58,11 @@ class RoundEvent:
 
 
 class Trainer:
+    # whether round r's evaluation may come with round r+1's client step (a deployment's train stage carries
+    # exactly round r's model): then round r's record is written one round later, and a checkpoint taken between
+    # holds the round still to be evaluated (``pending``), so a resumed run evaluates the same model
+    defers_evaluation = False
+
     def __init__(self, policy: Policy, data: Split | Catalogue):
         """A run of ``policy`` on ``data``: the simulator's whole split, or, on a deployment's server, the
         :class:`Catalogue` alone (the public counts; the subclass then overrides every method that reads
@@ -86,6 +91,7 @@ class Trainer:
         self.rng = np.random.default_rng(policy.seed)
         self.round = 0
         self.history: list[dict] = []
+        self.pending: RoundEvent | None = None  # a trained round whose evaluation comes later (defers_evaluation)
         self.elapsed = 0.0  # training wall time, carried across resumes
 
     def make_summer(self, dim: int):
@@ -177,23 +183,33 @@ class Trainer:
                 break
             start = time.perf_counter()
             loss, info = self.train_round()
-            record = None
-            if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
-                record = {"round": self.round, "loss": loss, **self.evaluate(), **info.record()}
             self.elapsed += time.perf_counter() - start
-            if record is not None:
-                record["elapsed_s"] = round(self.elapsed, 3)
-                self.history.append(record)
-                log.append(record)
+            if self.pending is not None:  # the previous round's metrics came with this round's client step
+                self._record(self.pending, self.deferred_metrics(), log, on_round)
+            event, self.pending = RoundEvent(self.round, rounds, loss, None, info), None
             self.interrupted = None if stop is None else stop.requested
+            if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
+                if self.defers_evaluation and self.round < last and not self.interrupted:
+                    self.pending = event  # evaluated by the next round's client step (and checkpointed so)
+                else:
+                    start = time.perf_counter()
+                    metrics = self.evaluate()
+                    self.elapsed += time.perf_counter() - start
+                    self._record(event, metrics, log, None)
             every = self.policy.checkpoint.every
             if out_dir is not None and (self.round % every == 0 or self.round in (last, rounds) or self.interrupted):
                 save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
                 log.checkpointed()
-            if on_round is not None:
-                on_round(RoundEvent(self.round, rounds, loss, record, info))
+            if on_round is not None and self.pending is None:
+                on_round(event)
             if self.interrupted:
                 break
+        if self.pending is not None:  # the privacy budget stopped the run: no client step follows to evaluate it
+            start = time.perf_counter()
+            metrics = self.evaluate()
+            self.elapsed += time.perf_counter() - start
+            self._record(self.pending, metrics, log, on_round)
+            self.pending = None
         if self.stopped and out_dir is not None:
             save_checkpoint(out_dir / CHECKPOINT, self.state_dict())
             log.checkpointed()
@@ -202,6 +218,20 @@ class Trainer:
             write_summary(out_dir, summary)
             log.close(summary.finished)
         return summary.model_dump()
+
+    def _record(self, event: RoundEvent, metrics: dict, log: RunLog, on_round) -> None:
+        """Round ``event.round``'s record, from its ``metrics``: into the history and ``metrics.jsonl``."""
+        record = {"round": event.round, "loss": event.loss, **metrics, **event.info.record()}
+        record["elapsed_s"] = round(self.elapsed, 3)
+        self.history.append(record)
+        log.append(record)
+        event.metrics = record
+        if on_round is not None:
+            on_round(event)
+
+    def deferred_metrics(self) -> dict[str, float]:
+        """The metrics of :attr:`pending`'s round, made in the round just trained (:attr:`defers_evaluation`)."""
+        raise NotImplementedError("only a trainer that defers evaluation has deferred metrics")
 
     # -- results ------------------------------------------------------------
     def summary(self) -> RunSummary:
@@ -281,6 +311,7 @@ class Trainer:
             "numpy_rng": json.dumps(self.rng.bit_generator.state),
             "history": json.dumps(self.history),
             "aggregation": self.aggregation.state_dict(),
+            "pending": None if self.pending is None else json.dumps(_event_state(self.pending)),
         }
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
@@ -299,6 +330,8 @@ class Trainer:
         self.rng.bit_generator.state = json.loads(state["numpy_rng"])
         self.history = json.loads(state["history"])
         self.aggregation.load_state_dict(state["aggregation"])
+        pending = state.get("pending")
+        self.pending = None if pending is None else _event_of(json.loads(pending))
 
     def _check_same_policy(self, state: dict, source: str) -> None:
         """A checkpoint continues only under the policy it was written with, except for the number of rounds:
@@ -325,3 +358,13 @@ class Trainer:
     def resume_from(self, out_dir: Path) -> None:
         path = Path(out_dir) / CHECKPOINT
         self.load_state_dict(load_checkpoint(path), str(path))
+
+
+def _event_state(event: RoundEvent) -> dict:
+    return {"round": event.round, "rounds": event.rounds, "loss": event.loss, "info": asdict(event.info)}
+
+
+def _event_of(state: dict) -> RoundEvent:
+    info = dict(state["info"])
+    info["cost"] = None if info["cost"] is None else SecAggCost(**info["cost"])
+    return RoundEvent(state["round"], state["rounds"], state["loss"], None, RoundInfo(**info))

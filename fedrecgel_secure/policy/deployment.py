@@ -98,6 +98,13 @@ class DeploymentPolicy(Section):
         description="Seconds between the server's polls for replies and connected nodes"
         " (Flower 1.42 has no flag for the SuperNode heartbeat itself; a killed node is caught by stage_timeout).",
     )
+    evaluate_in_train: bool = Field(
+        True,
+        description="Each node evaluates round R's model for its users in round R+1's train stage, which carries"
+        " exactly that model, so a round costs one stage less; only the last round (or one no train stage"
+        " follows) has an evaluate stage of its own. false: every evaluated round has its own evaluate stage"
+        " (the plain path; the same metrics).",
+    )
     state_dir: str = Field(
         "nodes/{shard}",
         description="Each node's state directory ({shard} is its index);"
