@@ -40,7 +40,10 @@ SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 
 def stage_kind(stage: str) -> str:
-    """``round-3`` -> train, ``eval-3`` -> evaluate, ``secagg-share`` -> share, ``keyholder-decrypt`` -> decrypt."""
+    """``round-3`` -> train, ``eval-3`` -> evaluate, ``secagg-share`` -> share, ``keyholder-decrypt`` -> decrypt.
+
+    Under ``deployment.evaluate_in_train`` (the default) the train stage of round R also evaluates round R-1
+    (its journal line says ``evaluates``), so only the last round has an evaluate stage."""
     if re.fullmatch(r"round-\d+", stage):
         return "train"
     if re.fullmatch(r"eval-\d+", stage):
@@ -48,12 +51,21 @@ def stage_kind(stage: str) -> str:
     return stage.split("-", 1)[1]
 
 
-def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float, resident: bool = True) -> dict:
+def run(
+    scheme: str,
+    nodes: int,
+    rounds: int,
+    out: Path,
+    stage_timeout: float,
+    resident: bool = True,
+    evaluate_in_train: bool = True,
+) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     overrides = [
         f"federation.rounds={rounds}",
         "checkpoint.every=1",
         f"deployment.stage_timeout={stage_timeout}",
+        f"deployment.evaluate_in_train={str(evaluate_in_train).lower()}",
         f"privacy.secure_aggregation.scheme={'none' if scheme == 'plaintext' else scheme}",
     ]
     dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out, resident=resident)
@@ -64,6 +76,7 @@ def run(scheme: str, nodes: int, rounds: int, out: Path, stage_timeout: float, r
     finally:
         dep.stop()
     label = scheme if resident else f"{scheme} (per message)"
+    label += "" if evaluate_in_train else " (evaluate stage)"
     return summarize(label, out, rounds, time.perf_counter() - start)
 
 
@@ -85,7 +98,6 @@ def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -
         if s["stage"] not in SETUP:
             for part, sec in s.get("parts", {}).items():
                 parts[stage_kind(s["stage"])][part].append(sec)
-    per_round_stages = sum(1 for s in stages if s["stage"] not in SETUP) / rounds
     return {
         "scheme": scheme,
         "per_round": per_round,
@@ -95,8 +107,20 @@ def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -
         "dropped": dropped,
         "parts": {k: {p: sum(v) / len(v) for p, v in ps.items()} for k, ps in parts.items()},
         # the SuperNode pulls between 3 s sleeps (flwr 1.42, no setting): a stage waits up to that for its node
-        "poll_floor": per_round_stages * SUPERNODE_POLL,
+        "poll_floor": stages_per_round([s["stage"] for s in stages if s["stage"] not in SETUP]) * SUPERNODE_POLL,
     }
+
+
+def stages_per_round(names: list[str]) -> float:
+    """A round's stages, from its train stage to the next round's: the mean over the rounds but the last, whose
+    evaluation has a stage of its own when every other round's rides on the next train stage."""
+    rounds: list[int] = []
+    for name in names:
+        if stage_kind(name) == "train" or not rounds:
+            rounds.append(0)
+        rounds[-1] += 1
+    steady = rounds[:-1] or rounds
+    return sum(steady) / max(1, len(steady))
 
 
 def main() -> None:
@@ -113,24 +137,39 @@ def main() -> None:
         help="Also run each scheme the plain way: no resident engines, Flower's own process per message runs the"
         " node's handlers (the path before deploy/engine.py), for the before/after ratio in one run.",
     )
+    ap.add_argument(
+        "--evaluate-stage",
+        action="store_true",
+        help="Also run each scheme with deployment.evaluate_in_train = false (an evaluate stage every round, the"
+        " plain path), for the stage it saves in one run.",
+    )
     args = ap.parse_args()
     results = []
-    ways = (True, False) if args.per_message else (True,)  # resident engines; and Flower's process per message
-    runs = [(scheme, resident) for scheme in args.schemes.split(",") for resident in ways]
-    for scheme, resident in runs:
-        out = args.out / (scheme if resident else f"{scheme}-per-message")
-        if args.report_only:
-            r = summarize(scheme if resident else f"{scheme} (per message)", out, args.rounds)
-        else:
-            r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident)
-        results.append(r)
-        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
-        wall = "" if r["total"] is None else f"; total wall {r['total']:.1f} s"
-        print(
-            f"{r['scheme']}: {args.nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
-            f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
-            flush=True,
-        )
+    ways = [(True, True)] + [(False, True)] * args.per_message + [(True, False)] * args.evaluate_stage
+    for scheme in args.schemes.split(","):
+        for resident, in_train in ways:
+            out = args.out / (scheme + ("" if resident else "-per-message") + ("" if in_train else "-eval-stage"))
+            label = scheme + ("" if resident else " (per message)") + ("" if in_train else " (evaluate stage)")
+            if args.report_only:
+                r = summarize(label, out, args.rounds)
+            else:
+                r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident, in_train)
+            results.append(r)
+            _print_run(r, args.nodes)
+    _print_tables(results)
+
+
+def _print_run(r: dict, nodes: int) -> None:
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items())
+    wall = "" if r["total"] is None else f"; total wall {r['total']:.1f} s"
+    print(
+        f"{r['scheme']}: {nodes} nodes, seconds per round {', '.join(f'{s:.1f}' for s in r['per_round'])};"
+        f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
+        flush=True,
+    )
+
+
+def _print_tables(results: list[dict]) -> None:
     print()
     print("| scheme | stage | " + " | ".join(PARTS) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in PARTS) + " |")

@@ -25,7 +25,8 @@ masks of users that shared nothing, which no survivor holds shares to remove);
 server could call a user dropped after receiving its masked input and collect
 both its self-mask shares and its key shares, recovering its input (the
 consistency check of Bonawitz et al. 2017 against an active server). So a masked
-round is 5 node stages (train with advertise, share, masked, confirm, unmask) plus evaluation.
+round is 5 node stages (train with advertise, share, masked, confirm, unmask); the evaluation of the round
+rides on the next round's train stage (``deployment.evaluate_in_train``), the last round's has a stage of its own.
 """
 
 from __future__ import annotations

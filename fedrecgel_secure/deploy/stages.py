@@ -5,7 +5,11 @@ SuperLink). A node that answers with an error, answers late or not at all is
 absent from the result: the caller's dropout path. Messages carry a TTL of the
 stage timeout, so a late reply expires instead of arriving in a later stage.
 With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
-a line: its name, wall time, and how many nodes were asked and answered.
+a line: its name, wall time, how many nodes were asked and answered, and
+``evaluates``: the round whose model it evaluated. A round is one train stage
+(plus the protocol's: :mod:`.secagg_stages`, the key holder's decryption); its
+evaluation rides on the next round's train stage (:meth:`FlowerStages.train`),
+and only a round no train stage follows has an ``eval-R`` stage of its own.
 Before the first stage, :meth:`FlowerStages.connect` binds each shard (and the
 key holder) to the node whose signed hello carries its pinned identity key
 (:mod:`.node_pins`): a node's word alone never decides which users it is sent.
