@@ -136,6 +136,15 @@ def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(plaintext
     assert all(isinstance(v, float) for rep in replies for v in rep["sums"].values())
 
 
+def test_an_evaluation_riding_on_a_train_reply_is_the_same_sums(masking_run):
+    # deployment.evaluate_in_train: round 1's evaluation comes with round 2's train replies. What rides there is
+    # the evaluation reply above, its number of users and their metrics summed, no per-user array.
+    carried = [rep["evaluation"] for rep in _replies(masking_run["pulled"], "round-2")]
+    assert carried and all(set(e) == {"users", "sums"} and isinstance(e["users"], int) for e in carried)
+    assert all(isinstance(v, float) for e in carried for v in e["sums"].values())
+    assert all("evaluation" not in rep for rep in _replies(masking_run["pulled"], "round-1"))
+
+
 def test_under_masking_the_train_replies_give_the_server_no_users_interaction_count(masking_run):
     # The attack: a per-client example count is (1 + train_negatives) x the user's training interactions.
     from fedrecgel_secure.data.prepare import load_split
