@@ -145,3 +145,19 @@ def test_a_server_killed_with_an_evaluation_pending_resumes_to_the_plain_paths_r
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     _same_runs(out, tmp_path / "plain")
+
+
+@pytest.mark.slow  # three deployed runs under DP accounting
+def test_a_run_the_privacy_budget_stops_evaluates_its_last_round_in_a_stage_of_its_own(tmp_path):
+    # max_epsilon between round 2's epsilon and round 3's: the run stops before round 3, so no train stage follows
+    # round 2, and its evaluation gets the eval-2 stage. The records are the plain path's.
+    _deploy(_policy(tmp_path, DP.format(mode="central"), separate=True), tmp_path / "uncapped")
+    epsilons = [r["epsilon"] for r in run_records(tmp_path / "uncapped")]
+    cap = DP.format(mode="central") + f"max_epsilon = {(epsilons[1] + epsilons[2]) / 2!r}\n"
+    _deploy(_policy(tmp_path, cap, separate=True), tmp_path / "plain")
+    _deploy(_policy(tmp_path, cap), tmp_path / "merged")
+    _same_runs(tmp_path / "merged", tmp_path / "plain")
+    assert [r["round"] for r in run_records(tmp_path / "merged")] == [1, 2]
+    assert [s["stage"] for s in _stages(tmp_path / "merged")] == ["round-1", "round-2", "eval-2"]
+    summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["final"]["round"] == 2

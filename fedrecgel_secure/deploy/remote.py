@@ -8,6 +8,11 @@ object (Flower in production, :mod:`.stages`), and :meth:`Trainer.make_summer`
 with the protocol's server side. It holds no interaction data (a
 :class:`Catalogue`: the public counts) and no client state; the nodes report
 losses, example counts and metrics as sums over their users (:mod:`.replies`).
+
+Under ``deployment.evaluate_in_train`` round R's evaluation rides on round R+1's
+train stage (:meth:`RemoteTrainer.deferred_metrics` says why that is exact);
+:meth:`Trainer.run` then writes round R's record one round later, and a
+checkpoint taken in between holds round R as pending.
 """
 
 from __future__ import annotations

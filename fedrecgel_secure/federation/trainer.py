@@ -171,6 +171,10 @@ class Trainer:
 
         With ``stop``, a signal ends the run after the round in progress, with a
         checkpoint of that round (:attr:`interrupted` then holds the signal).
+        Under :attr:`defers_evaluation` a round's record (and ``on_round``) comes
+        after the next round's client step, which evaluated it; the last round of
+        the call, an interrupted one, or one the privacy budget ends the run after,
+        is evaluated at once.
         Returns the summary as written to ``summary.json``, as a plain dict
         (:meth:`summary` gives it typed).
         """
