@@ -36,8 +36,8 @@ def _policy(tmp_path: Path, extra: str = "", separate: bool = False, nodes: int 
 def _deploy(policy_file: Path, out: Path, nodes: int = 3, key_holder: bool = False, down=None, on_round=None):
     """``run_server``'s steps, with the progress callback ``on_round`` (the ServerApp passes none)."""
     from fedrecgel_secure.data.shards import load_catalogue
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.deploy.stages import STAGES, FlowerStages
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.stages import STAGES, FlowerStages
     from fedrecgel_secure.policy import load_policy
 
     key_holder_dir = out / "nodes" / "keyholder" if key_holder else None
@@ -131,7 +131,7 @@ def test_a_server_killed_with_an_evaluation_pending_resumes_to_the_plain_paths_r
     # stage): it holds the round still to be evaluated. The server dies before the checkpoint of round 2; the
     # resumed one evaluates round 1 in its round 2 train stage, from the checkpoint's model: the same records.
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     _deploy(_policy(tmp_path, separate=True), tmp_path / "plain")
     policy_file = _policy(tmp_path)

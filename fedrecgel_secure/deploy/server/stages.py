@@ -7,7 +7,7 @@ stage timeout, so a late reply expires instead of arriving in a later stage.
 With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
 a line: its name, wall time, how many nodes were asked and answered, and
 ``evaluates``: the round whose model it evaluated. A round is one train stage
-(plus the protocol's: :mod:`.secagg_stages`, the key holder's decryption); its
+(plus the protocol's: :mod:`..masking_stages`, the key holder's decryption); its
 evaluation rides on the next round's train stage (:meth:`FlowerStages.train`),
 and only a round no train stage follows has an ``eval-R`` stage of its own.
 Before the first stage, :meth:`FlowerStages.connect` binds each shard (and the
@@ -229,7 +229,7 @@ class FlowerStages:
         return self.exchange(EVALUATE, f"eval-{round_idx}", payloads, evaluates=round_idx)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
-        """One stage of the secure-aggregation protocol (:mod:`.secagg_stages`) on the nodes that host its users."""
+        """One stage of the secure-aggregation protocol (:mod:`.masking_stages`) on the nodes that host its users."""
         return self.exchange(
             "query.secagg", f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
         )
