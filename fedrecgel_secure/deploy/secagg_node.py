@@ -25,7 +25,11 @@ out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSessio
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +221,21 @@ class MaskingNode(UserIdentities):
         strangers = sorted(set(messages) - set(self.users))
         if strangers:
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
+        with self._one_stage_at_a_time():
+            return self._step(stage, messages, inputs, round_idx, binding)
+
+    @contextlib.contextmanager
+    def _one_stage_at_a_time(self):
+        """Hold the node's stage lock: two messages answered at once (two ``flwr-clientapp`` processes) would both
+        read a user's attempt before either wrote it, and so could both mask, seal or confirm once."""
+        fd = os.open(self.dir / "stage.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _step(self, stage, messages, inputs, round_idx, binding) -> StageResult:
         users = sorted(messages)
         clients = {u: self._client(u) for u in users}
         if stage == "masked":
@@ -250,10 +269,12 @@ class MaskingNode(UserIdentities):
         inputs one by one (it could add those up itself), at one vector per node instead of one per user. Each
         user masks and seals once per attempt (also across messages: the attempt file records it), so two groups
         of one node that differ by a user (the sum of A minus the sum of A without u is u's masked input) cannot
-        both exist. Users of another attempt than the message's first user's refuse (``inconsistent``): a group
+        both exist. Users of another attempt than most of the message's users refuse (``inconsistent``): a group
         is of one attempt. A user refusing here drops out, as in :class:`SecAggSession`.
         """
-        contexts = [c._round.context for _, c in sorted(clients.items()) if c._round is not None]
+        # the attempt of most of the message's users (the first user's on a tie): a group is of one attempt
+        contexts = Counter(c._round.context for _, c in sorted(clients.items()) if c._round is not None)
+        attempt = contexts.most_common(1)[0][0] if contexts else None
         vectors, samples = {}, {}
         by_round: dict[int, list[int]] = {}
         for u, client in clients.items():
@@ -265,7 +286,7 @@ class MaskingNode(UserIdentities):
         out, masked = StageResult({}, {}), {}
         for u, client in sorted(clients.items()):
             try:
-                if client._round is not None and client._round.context != contexts[0]:
+                if client._round is not None and client._round.context != attempt:
                     raise client.abort(Reason.INCONSISTENT, "one message holds inboxes of two attempts")
                 if u not in vectors and client.attempt_round is not None:
                     raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")

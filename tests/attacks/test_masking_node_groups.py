@@ -191,3 +191,33 @@ def test_a_group_counts_each_user_once_and_equals_the_per_user_sum(tmp_path):
     header, per_user = 16, 4 + SIGNATURE_BYTES
     assert sizes == {n: header + 8 * DIM + per_user * len(us) for n, us in USERS_OF.items()}
     assert SETUP.dim == DIM
+
+
+def test_two_masked_messages_answered_at_once_give_one_group(tmp_path):
+    # Without resident engines Flower starts a process per message: a server sending node 0 the masked stage
+    # twice at once would have both processes read the users' attempts before either wrote it. The node's stage
+    # lock makes the second wait and find its users sealed.
+    import threading
+
+    nodes, driver = start(tmp_path)
+    answers: list[dict] = []
+
+    def exchange(stage, payloads):
+        out = nodes.exchange(stage, {n: p for n, p in payloads.items() if not (stage == "masked" and n == 0)})
+        if stage == "masked":
+            got = messages_of(from_record(to_record(payloads[0])))
+            run = lambda: answers.append(reply(nodes.node(0).step("masked", got, nodes.inputs)))  # noqa: E731
+            threads = [threading.Thread(target=run) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            out[0] = next(a for a in answers if "g" in a)
+        return out
+
+    driver.exchange = exchange
+    with pytest.raises(RoundSkipped):  # the users that refused the second message abort, as in the attack above
+        driver.run_round(1, ALL)
+    assert sorted("g" in a for a in answers) == [False, True]  # one group; the other message: every user refused
+    refused = next(a for a in answers if "g" not in a)
+    assert refused == {f"x:{u}": "already_answered" for u in USERS_OF[0]}
