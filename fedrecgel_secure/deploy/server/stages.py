@@ -198,7 +198,7 @@ class FlowerStages:
         return self.exchange("query.evaluate", f"eval-{round_idx}", payloads)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
-        """One stage of the secure-aggregation protocol (:mod:`.secagg_stages`) on the nodes that host its users."""
+        """One stage of the secure-aggregation protocol (:mod:`.masking_stages`) on the nodes that host its users."""
         return self.exchange(
             "query.secagg", f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
         )

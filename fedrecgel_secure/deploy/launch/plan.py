@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
-from fedrecgel_secure.deploy.node import KEY_HOLDER
+from fedrecgel_secure.deploy.launch.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
+from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
 from fedrecgel_secure.policy import Policy
 
 
@@ -47,7 +47,7 @@ def _engine(node_config: str) -> list[str]:
     return [
         "# its resident engine first, as the node's own account (it listens on engine.sock in the state directory,",
         "# which only that account can open); restart it after a crash: it resumes from the state directory",
-        f"python -m fedrecgel_secure.deploy.engine --node-config '{node_config}' &",
+        f"python -m fedrecgel_secure.deploy.node.engine --node-config '{node_config}' &",
     ]
 
 
@@ -148,7 +148,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         f"# task only to the SuperExec holding {SUPEREXEC_SECRET_FILE} (so does each node's, on its own machine)",
         f"(umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > {CONTROL_TOKEN_FILE})",
         MAKE_SECRET,
-        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
+        f"python -m fedrecgel_secure.deploy.launch.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
         + (" --enable-supernode-auth" if auth else "")
         + f" --host {s.host} --port {s.port} --disable-runtime-dependency-installation{ISOLATED}"
         + (" --database superlink.db   # registrations survive a restart" if auth else ""),
@@ -168,7 +168,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
     out += [
         f"# and the SuperLink's {CONTROL_TOKEN_FILE} (0600), into FLWR_HOME's credential store for this address:",
-        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} --store-for {address}",
+        f"python -m fedrecgel_secure.deploy.launch.superlink --control-token-file {CONTROL_TOKEN_FILE}"
+        f" --store-for {address}",
     ]
     if auth:
         section("Operator: register each node's public key before that node starts")

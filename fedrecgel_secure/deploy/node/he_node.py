@@ -69,7 +69,7 @@ class HENode:
     """A client node's users as BFV clients: they encrypt and sign their vectors in the train stage."""
 
     def __init__(self, state_dir: Path, users: list[int], setup: HESetup):
-        from fedrecgel_secure.deploy.secagg_node import UserIdentities
+        from fedrecgel_secure.deploy.node.masking_node import UserIdentities
 
         self.keys = UserIdentities(state_dir, users)
         self.dir, self.users, self.setup = self.keys.dir, self.keys.users, setup

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-from fedrecgel_secure.deploy.channel import socket_path
-from fedrecgel_secure.deploy.layout import (
+from fedrecgel_secure.deploy.launch.layout import (
     CONTROL_TOKEN_FILE,
     PER_MESSAGE,
     POLICY_FILE,
@@ -36,8 +35,7 @@ from fedrecgel_secure.deploy.layout import (
     write_app,
     write_connection,
 )
-from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
-from fedrecgel_secure.deploy.processes import (
+from fedrecgel_secure.deploy.launch.processes import (
     Processes,
     flower_bin,
     flower_path,
@@ -45,7 +43,9 @@ from fedrecgel_secure.deploy.processes import (
     stop_on_signals,
     wait_for_port,
 )
-from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
+from fedrecgel_secure.deploy.launch.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
+from fedrecgel_secure.deploy.node.channel import socket_path
+from fedrecgel_secure.deploy.node.shard import KEY_HOLDER, state_dir_for
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.rundir import METRICS, SUMMARY
 
@@ -140,7 +140,7 @@ class Deployment:
             # flwr's flower-superlink with the Control API closed to all but this deployment's token (superlink.py)
             sys.executable,
             "-m",
-            "fedrecgel_secure.deploy.superlink",
+            "fedrecgel_secure.deploy.launch.superlink",
             "--control-token-file",
             str(self.control_token),
             *sec,
@@ -200,7 +200,7 @@ class Deployment:
         """Node ``shard``'s resident engine (:mod:`.engine`): the same node config as its SuperNode."""
         state_dir = state_dir_for(self.policy, self.out, shard)
         config = node_config(self.policy_file, shard, state_dir, self.node_data(shard))
-        return [sys.executable, "-m", "fedrecgel_secure.deploy.engine", "--node-config", config]
+        return [sys.executable, "-m", "fedrecgel_secure.deploy.node.engine", "--node-config", config]
 
     def start_engine(self, shard: int | str) -> subprocess.Popen:
         """Start (or start again, after a crash) node ``shard``'s engine; it listens once torch and its shard are
@@ -261,7 +261,10 @@ class Deployment:
         return json.loads(result.stdout)["nodes"]
 
     def start(self) -> None:
-        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
+        from fedrecgel_secure.deploy.launch.superlink import (  # flwr: imported late
+            new_control_token,
+            store_control_token,
+        )
 
         d = self.policy.deployment
         # the policy's split, cut into one file per node: each node process is given only its own

@@ -18,8 +18,8 @@ app = ServerApp()
 
 def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: Path) -> dict:
     from fedrecgel_secure.data.shards import load_catalogue
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.deploy.stages import STAGES, FlowerStages
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.stages import STAGES, FlowerStages
     from fedrecgel_secure.errors import BadInputError
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.rundir import CHECKPOINT

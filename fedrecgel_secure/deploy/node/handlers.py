@@ -3,7 +3,7 @@
 node_config: ``shard``, ``state-dir``, ``policy``, ``data`` (its shard file); the key holder ``role="keyholder"``
 and ``catalogue``. This module imports torch and the node's engine as it needs them; the node's resident engine
 (:mod:`.engine`) runs :data:`app` in one long-lived process, fed by the Flower ClientApp :mod:`.clientapp`, a relay
-that imports neither. :class:`~.node.Node` objects (the shard, the model, the fresh state) are kept between
+that imports neither. :class:`~.shard.Node` objects (the shard, the model, the fresh state) are kept between
 messages in that process (:func:`_node`); the users' state still goes to disk at each committed round, so a
 restarted engine resumes from it exactly.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.server.stages import from_record, to_record
 
 app = ClientApp()
 _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy digest, its Node), in this process
@@ -28,7 +28,7 @@ def _not_the_key_holder(context: Context) -> None:
 
 
 def _node(context: Context, digest: str | None):
-    from fedrecgel_secure.deploy.node import Node, private_umask
+    from fedrecgel_secure.deploy.node.shard import Node, private_umask
     from fedrecgel_secure.policy import load_policy
 
     _not_the_key_holder(context)
@@ -50,7 +50,7 @@ def _commits(req: dict) -> dict[int, list[int]]:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
-    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
@@ -91,7 +91,7 @@ def train(msg: Message, context: Context) -> Message:
         masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
         masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
         # the round's first protocol stage rides on this message: the sampled users advertise their keys
-        from fedrecgel_secure.deploy.secagg_stages import reply, train_binding
+        from fedrecgel_secure.deploy.masking_stages import reply, train_binding
 
         # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
         # model and settings this node was sent: users sent another model than their peers get no sum
@@ -103,14 +103,14 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def _masking_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.secagg_node import MaskingNode
-    from fedrecgel_secure.deploy.secagg_summer import setup_of
+    from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+    from fedrecgel_secure.deploy.server.masking_summer import setup_of
 
     return MaskingNode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
 
 
 def _he_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.he_node import HENode, setup_of
+    from fedrecgel_secure.deploy.node.he_node import HENode, setup_of
 
     return HENode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
 
@@ -118,8 +118,8 @@ def _he_node(context: Context, policy, users: list[int], dim: int):
 @app.query("secagg")
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
-    masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
-    from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
+    masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`, :mod:`fedrecgel_secure.deploy.node.he_node`)."""
+    from fedrecgel_secure.deploy.masking_stages import messages_of, reply
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
@@ -151,8 +151,8 @@ def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
     import numpy as np
 
-    from fedrecgel_secure.deploy.he_node import KeyHolderNode, setup_of
-    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode, setup_of
+    from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
@@ -176,7 +176,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
             # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
             # aggregate's signed round; the request has no say
-            from fedrecgel_secure.deploy.node import key_holder_population
+            from fedrecgel_secure.deploy.node.shard import key_holder_population
             from fedrecgel_secure.federation.build import make_dp_mechanism
 
             population = key_holder_population(policy, context.node_config.get("catalogue"))

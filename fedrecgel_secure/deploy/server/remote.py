@@ -81,11 +81,11 @@ class RemoteTrainer(Trainer):
             return super().make_summer(dim)
         exchange = self._secagg_exchange(self.stages, dim)
         if scheme == "masking":
-            from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
+            from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum, setup_of
 
             return NodeMaskingSum(setup_of(self.policy, dim), exchange, self._users_of())
-        from fedrecgel_secure.deploy import he_node
-        from fedrecgel_secure.deploy.he_summer import NodeHESum
+        from fedrecgel_secure.deploy.node import he_node
+        from fedrecgel_secure.deploy.server.he_summer import NodeHESum
 
         setup = he_node.setup_of(self.policy, dim)
         key_holder = self._key_holder_call(self.stages, dim)
@@ -137,7 +137,7 @@ class RemoteTrainer(Trainer):
             # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
-            from fedrecgel_secure.deploy.secagg_stages import train_binding
+            from fedrecgel_secure.deploy.masking_stages import train_binding
 
             binding = train_binding(common["shared"], int(clients.size), clip_norm)  # the attempt is bound to it
             common.update(

@@ -7,7 +7,7 @@ node's state directory, under ``secagg/``:
 ``user-U.pem``      user U's Ed25519 identity key (made here, 0600, never sent; only its public key is)
 ``session.json``    the session's public facts: server key, session tag, every client's public key
 ``attempt-U.json``  user U's secrets of the current attempt and the last round it confirmed (0600,
-                    :mod:`.secagg_client_state`); a new session drops the attempt and keeps the round
+                    :mod:`.masking_client_state`); a new session drops the attempt and keeps the round
 ``inputs-R.npz``    the vectors the node's users of round R will mask (0600; written by the train stage;
                     a user's row goes once it confirmed round R, the file once no row is left)
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.secagg_client_state import end_attempt, load_attempt, save_attempt
+from fedrecgel_secure.deploy.node.masking_client_state import end_attempt, load_attempt, save_attempt
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, IdentityDirectory
@@ -211,7 +211,7 @@ class MaskingNode(UserIdentities):
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
         default). ``round_idx``: the round the node trained, when the announcement came with the train message;
         then a user refuses an announcement of any other round; ``binding``: the digest of the model it was
-        trained on (:func:`~fedrecgel_secure.deploy.secagg_stages.train_binding`), which the attempt is bound to.
+        trained on (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), which the attempt is bound to.
         Masked stage: a user whose signed cohort is larger than the sample its DP noise share was sized for
         (:meth:`sampled`), or smaller, refuses to upload: the server misstated the sample, so the shares would
         not add up to the planned noise.
