@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.secagg_node import MaskingNode, MaskingSetup
-from fedrecgel_secure.deploy.secagg_stages import MaskingDriver, messages_of, reply, reported_keys
-from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.deploy.node.masking_node import MaskingNode, MaskingSetup
+from fedrecgel_secure.deploy.server.stages import from_record, to_record
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
