@@ -84,14 +84,14 @@ def messages_of(payload: Mapping) -> dict[int, bytes]:
 
 def reply(result: StageResult) -> dict:
     """A node's answer to a stage: each user's reply (``r:U``) or refusal (``x:U``); in the masked stage, the one
-    group of its users' masked inputs (``g``) and the values the grid clipped over the group (``n``): one count
+    group of its users' masked inputs (``group``) and the values the grid clipped over it (``clipped``): one count
     per node, as the server only adds them up, so no user's own count leaves the node."""
     out: dict = {f"r:{u}": m for u, m in result.replies.items()}
     out.update({f"x:{u}": why for u, why in result.refused.items()})
     if result.group is not None:
-        out["g"] = result.group
+        out["group"] = result.group
     if result.clipped:
-        out["n"] = int(result.clipped)
+        out["clipped"] = int(result.clipped)
     return out
 
 
@@ -160,8 +160,8 @@ class NodeClients:
                     yield Reply(u, rep[f"r:{u}"])
             # the masked stage: one sum of the node's users' masked inputs, which may list only users asked here
             hosted = tuple(u for u in sorted(per_node.get(n, ())) if f"x:{u}" not in rep)
-            if "g" in rep and hosted:
-                yield Reply(hosted[0], rep["g"], clipped=int(rep.get("n", 0)), group=hosted)
+            if "group" in rep and hosted:
+                yield Reply(hosted[0], rep["group"], clipped=int(rep.get("clipped", 0)), group=hosted)
 
     def close(self) -> None:
         pass

@@ -56,7 +56,7 @@ def test_a_server_asking_a_node_twice_gets_no_second_group_to_subtract(tmp_path)
     driver.exchange = exchange
     with pytest.raises(RoundSkipped):  # the refusing users abort the attempt: the server that asked loses the round
         driver.run_round(1, ALL)
-    assert "g" not in second  # no second group: nothing to subtract
+    assert "group" not in second  # no second group: nothing to subtract
     assert second == {f"x:{u}": "already_answered" for u in USERS_OF[0] if u != VICTIM}
 
 
@@ -95,7 +95,7 @@ def _forging_node(nodes, forge):
     def exchange(stage, payloads):
         out = nodes.exchange(stage, payloads)
         if stage == "masked" and 0 in out:
-            out[0] = {**out[0], "g": forge(out[0]["g"])}
+            out[0] = {**out[0], "group": forge(out[0]["group"])}
         return out
 
     return exchange
@@ -135,8 +135,8 @@ def test_the_aggregator_alone_refuses_a_group_naming_a_user_it_cannot_verify(tmp
     def exchange(stage, payloads):
         out = nodes.exchange(stage, payloads)
         if stage == "masked":
-            users, _, _, seals = decode_group(out[0]["g"], 1, DIM)
-            forged = _relist(out[0]["g"], 1, [*users, 3], [*seals, seals[0]])
+            users, _, _, seals = decode_group(out[0]["group"], 1, DIM)
+            forged = _relist(out[0]["group"], 1, [*users, 3], [*seals, seals[0]])
             with pytest.raises(RejectedPayload) as err:
                 driver.agg.receive_group(forged)
             reasons.append(err.value.reason)
@@ -160,14 +160,14 @@ def test_a_group_replayed_from_another_attempt_is_refused(tmp_path, into):
             return {}  # nobody confirms: the attempt is skipped after the masked stage
         out = nodes.exchange(stage, payloads)
         if stage == "masked":
-            recorded["g"] = out[0]["g"]
+            recorded["group"] = out[0]["group"]
         return out
 
     driver.exchange = first_attempt
     with pytest.raises(RoundSkipped):
         driver.run_round(1, ALL)
     round_idx = 1 if into == "another_attempt" else 2
-    driver.exchange = _forging_node(nodes, lambda honest: recorded["g"])
+    driver.exchange = _forging_node(nodes, lambda honest: recorded["group"])
     out = driver.run_round(round_idx, ALL)
     kept = [u for u in ALL if u not in USERS_OF[0]]
     assert out.contributors == kept and np.array_equal(out.total, reference(kept, round_idx))
@@ -182,7 +182,7 @@ def test_a_group_counts_each_user_once_and_equals_the_per_user_sum(tmp_path):
     def exchange(stage, payloads):
         out = nodes.exchange(stage, payloads)
         if stage == "masked":
-            sizes.update({n: len(rep["g"]) for n, rep in out.items()})
+            sizes.update({n: len(rep["group"]) for n, rep in out.items()})
         return out
 
     driver.exchange = exchange
@@ -212,12 +212,12 @@ def test_two_masked_messages_answered_at_once_give_one_group(tmp_path):
                 t.start()
             for t in threads:
                 t.join()
-            out[0] = next(a for a in answers if "g" in a)
+            out[0] = next(a for a in answers if "group" in a)
         return out
 
     driver.exchange = exchange
     with pytest.raises(RoundSkipped):  # the users that refused the second message abort, as in the attack above
         driver.run_round(1, ALL)
-    assert sorted("g" in a for a in answers) == [False, True]  # one group; the other message: every user refused
-    refused = next(a for a in answers if "g" not in a)
+    assert sorted("group" in a for a in answers) == [False, True]  # one group; the other message: every user refused
+    refused = next(a for a in answers if "group" not in a)
     assert refused == {f"x:{u}": "already_answered" for u in USERS_OF[0]}
