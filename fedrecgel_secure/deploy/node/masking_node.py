@@ -20,7 +20,10 @@ different sets down to one user's upload.
 
 A stage takes the aggregator's message per user and returns each user's reply,
 or the reason the user refused it (:class:`ProtocolViolation`: that user drops
-out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`).
+out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`);
+the masked stage returns one group instead of a masked vector per user: their
+sum, signed by each user it lists (:meth:`MaskingNode._masked`). ``stage.lock``
+makes the node answer one stage message at a time.
 """
 
 from __future__ import annotations
