@@ -165,12 +165,13 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
 def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.node.he_node import HENode, HESetup, KeyHolderNode
+    from fedrecgel_secure.deploy.node.he_node import HENode, KeyHolderNode
+    from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
     from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
-    setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)
+    setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
     nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     seal = {n: node.sealing_key() for n, node in nodes.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}

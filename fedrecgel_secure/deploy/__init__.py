@@ -34,9 +34,11 @@ def check_deployable(policy) -> None:
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.
     """
+    from fedrecgel_secure.privacy.secagg.schemes import scheme_of
+
     secagg = policy.privacy.secure_aggregation
     dp = policy.privacy.dp
-    if secagg.scheme != "none":
+    if scheme_of(secagg).sealed:
         if secagg.cover != "shared":
             raise BadInputError(
                 "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"
