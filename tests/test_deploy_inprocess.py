@@ -241,7 +241,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
 
 
 def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_path):
-    from fedrecgel_secure.deploy.server.stages import from_record
+    from fedrecgel_secure.deploy.wire import from_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(
@@ -307,7 +307,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
 def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
     from flwr.app import Message
 
-    from fedrecgel_secure.deploy.server.stages import to_record
+    from fedrecgel_secure.deploy.wire import to_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(_policy(tmp_path, BFV), [out / "nodes" / "0"], None, out / "nodes" / "keyholder")

@@ -27,7 +27,7 @@ from fedrecgel_secure.privacy.secagg import (
 from fedrecgel_secure.privacy.secagg.session import SecAggSession
 
 pytest.importorskip("flwr")
-from fedrecgel_secure.deploy.server.stages import from_record, to_record
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 DIM = 7
 USERS_OF = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10, 11]}

@@ -13,11 +13,12 @@ code it loads:
               protocol roles (masking, BFV, the key holder)
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
 top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, :mod:`.masking_stages`),
-              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`) and
-              :func:`check_deployable`
+              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`), the scheme
+              table (:mod:`.schemes`) and :func:`check_deployable`
 
 Flower is imported only by :mod:`.server.serverapp`, :mod:`.server.stages`, :mod:`.node.clientapp`,
-:mod:`.node.handlers`, :mod:`.node.engine` and :mod:`.launch.superlink`; the rest imports without it.
+:mod:`.node.handlers`, :mod:`.node.engine`, :mod:`.launch.superlink` and, when called, the record
+functions of :mod:`.wire`; the rest imports without it.
 """
 
 from fedrecgel_secure.errors import BadInputError

@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
-from fedrecgel_secure.deploy.server.stages import from_record, to_record
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 app = ClientApp()
 _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy digest, its Node), in this process
