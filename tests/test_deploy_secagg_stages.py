@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
-from fedrecgel_secure.deploy.node.masking_node import MaskingNode, MaskingSetup
+from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
@@ -26,12 +27,12 @@ from fedrecgel_secure.privacy.secagg import (
 from fedrecgel_secure.privacy.secagg.session import SecAggSession
 
 pytest.importorskip("flwr")
-from fedrecgel_secure.deploy.server.stages import from_record, to_record
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 DIM = 7
 USERS_OF = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10, 11]}
 ALL = list(range(12))
-SETUP = MaskingSetup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
+SETUP = Setup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
 
 
 def vector(u: int, r: int) -> np.ndarray:
