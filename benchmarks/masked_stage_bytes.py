@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
-from fedrecgel_secure.deploy.node.masking_node import MaskingNode, MaskingSetup
-from fedrecgel_secure.deploy.server.stages import from_record, to_record
+from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
@@ -60,7 +61,7 @@ def vectors(users: list[int], dim: int) -> dict[int, np.ndarray]:
     return {u: np.random.default_rng(u).normal(scale=0.01, size=dim) for u in users}
 
 
-def per_user(users_of: dict[int, list[int]], setup: MaskingSetup, inputs: dict[int, np.ndarray]) -> dict:
+def per_user(users_of: dict[int, list[int]], setup: Setup, inputs: dict[int, np.ndarray]) -> dict:
     users = sorted(inputs)
     session = SecAggSession(
         "masking", setup.dim, users, min_clients=setup.min_clients, params=setup.params, encoding=setup.encoding
@@ -71,7 +72,7 @@ def per_user(users_of: dict[int, list[int]], setup: MaskingSetup, inputs: dict[i
     return {"total": out.total, "bytes": node_bytes}
 
 
-def grouped(users_of: dict[int, list[int]], setup: MaskingSetup, inputs: dict[int, np.ndarray], base: Path) -> dict:
+def grouped(users_of: dict[int, list[int]], setup: Setup, inputs: dict[int, np.ndarray], base: Path) -> dict:
     def node(n: int) -> MaskingNode:
         return MaskingNode(base / f"node-{n}", users_of[n], setup)
 
@@ -128,7 +129,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()
     users_of = {n: list(range(n * args.users, (n + 1) * args.users)) for n in range(args.nodes)}
-    setup = MaskingSetup(args.dim, MaskingParams(), FixedPoint(), min_clients=2)
+    setup = Setup(args.dim, MaskingParams(), FixedPoint(), min_clients=2)
     inputs = vectors([u for us in users_of.values() for u in us], args.dim)
     before = per_user(users_of, setup, inputs)
     with tempfile.TemporaryDirectory() as tmp:
