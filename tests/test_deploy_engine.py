@@ -75,7 +75,7 @@ class _Node:
         from flwr.common.config import parse_config_args
         from flwr.supercore.task_identity import TaskIdentity
 
-        from fedrecgel_secure.deploy.server.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         msg = Message(to_record(payload), dst_node_id=7, message_type=message_type, group_id="g", ttl=ttl)

@@ -165,12 +165,13 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
 def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.node.he_node import HENode, HESetup, KeyHolderNode
+    from fedrecgel_secure.deploy.node.he_node import HENode, KeyHolderNode
+    from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
     from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
-    setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)
+    setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
     nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     seal = {n: node.sealing_key() for n, node in nodes.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
@@ -240,7 +241,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
 
 
 def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_path):
-    from fedrecgel_secure.deploy.server.stages import from_record
+    from fedrecgel_secure.deploy.wire import from_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(
@@ -306,7 +307,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
 def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
     from flwr.app import Message
 
-    from fedrecgel_secure.deploy.server.stages import to_record
+    from fedrecgel_secure.deploy.wire import to_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(_policy(tmp_path, BFV), [out / "nodes" / "0"], None, out / "nodes" / "keyholder")

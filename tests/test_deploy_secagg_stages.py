@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
-from fedrecgel_secure.deploy.node.masking_node import MaskingNode, MaskingSetup
+from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
@@ -26,12 +27,12 @@ from fedrecgel_secure.privacy.secagg import (
 from fedrecgel_secure.privacy.secagg.session import SecAggSession
 
 pytest.importorskip("flwr")
-from fedrecgel_secure.deploy.server.stages import from_record, to_record
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 DIM = 7
 USERS_OF = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10, 11]}
 ALL = list(range(12))
-SETUP = MaskingSetup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
+SETUP = Setup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
 
 
 def vector(u: int, r: int) -> np.ndarray:
@@ -263,7 +264,8 @@ def test_a_users_kept_input_is_deleted_once_it_confirmed_the_round(tmp_path):
             messages = messages_of(from_record(to_record(payload)))
             nd = MaskingNode(tmp_path / f"node-{n}", USERS_OF[n], SETUP)
             kept = None if n == 0 else lambda r, us: {u: (vector(u, r), None) for u in us}  # node 0's own
-            parts = [{u: m for u, m in messages.items() if u != 0}, {0: messages[0]}] if n == 0 else [messages]
+            split = n == 0 and stage == "confirm"  # (a masked stage's reply holds one group: not split)
+            parts = [{u: m for u, m in messages.items() if u != 0}, {0: messages[0]}] if split else [messages]
             replies = {}
             for part in parts:
                 replies.update(reply(nd.step(stage, part, kept)))

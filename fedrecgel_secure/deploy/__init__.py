@@ -13,11 +13,12 @@ code it loads:
               protocol roles (masking, BFV, the key holder)
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
 top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, :mod:`.masking_stages`),
-              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`) and
-              :func:`check_deployable`
+              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`), the scheme
+              table (:mod:`.schemes`) and :func:`check_deployable`
 
 Flower is imported only by :mod:`.server.serverapp`, :mod:`.server.stages`, :mod:`.node.clientapp`,
-:mod:`.node.handlers`, :mod:`.node.engine` and :mod:`.launch.superlink`; the rest imports without it.
+:mod:`.node.handlers`, :mod:`.node.engine`, :mod:`.launch.superlink` and, when called, the record
+functions of :mod:`.wire`; the rest imports without it.
 """
 
 from fedrecgel_secure.errors import BadInputError
@@ -34,9 +35,11 @@ def check_deployable(policy) -> None:
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.
     """
+    from fedrecgel_secure.privacy.secagg.schemes import scheme_of
+
     secagg = policy.privacy.secure_aggregation
     dp = policy.privacy.dp
-    if secagg.scheme != "none":
+    if scheme_of(secagg).sealed:
         if secagg.cover != "shared":
             raise BadInputError(
                 "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"

@@ -62,7 +62,7 @@ class TamperingGrid(InProcessGrid):
         self.refusals: list[tuple[str, str]] = []  # (group, the node's reason), as the server logs them
 
     def push_messages(self, messages):
-        from fedrecgel_secure.deploy.server.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         for msg in messages:

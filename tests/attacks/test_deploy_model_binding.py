@@ -28,7 +28,7 @@ class PerNodeModels(TamperingGrid):
     """The server's transport: every train message but the victim node's carries an all-zero model."""
 
     def push_messages(self, messages):
-        from fedrecgel_secure.deploy.server.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         for msg in messages:

@@ -76,7 +76,7 @@ class Federation(InProcessGrid):
     def push_messages(self, messages) -> list[str]:
         from flwr.app import Message
 
-        from fedrecgel_secure.deploy.server.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         self.sent += [(m.metadata.dst_node_id, m.metadata.group_id) for m in messages]

@@ -13,6 +13,7 @@ from fedrecgel_secure.data.shards import MANIFEST, shard_name
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.launch.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
 from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
+from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 
 
@@ -68,8 +69,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
     state = {k: d.state_dir.format(shard=k) for k in shards}
     each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
-    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
-    keyed = shards + ([KEY_HOLDER] if bfv else [])  # every SuperNode: the client nodes, and the BFV key holder
+    key_holder = deployed(policy).scheme.key_holder  # BFV's: a SuperNode of its own
+    keyed = shards + ([KEY_HOLDER] if key_holder else [])  # every SuperNode: the client nodes, and the key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`",
@@ -126,7 +127,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         f"# the SuperLink machine: shards/{MANIFEST} only (public: the catalogue size and each node's user count)",
         *(
             [f"# the key holder's machine: shards/{MANIFEST} too (its DP noise needs the number of users)"]
-            if bfv
+            if key_holder
             else []
         ),
     ]
@@ -203,7 +204,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     out += each
-    if bfv:
+    if key_holder:
         kh = d.key_holder_dir
         section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
         out += [

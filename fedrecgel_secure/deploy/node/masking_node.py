@@ -20,25 +20,33 @@ different sets down to one user's upload.
 
 A stage takes the aggregator's message per user and returns each user's reply,
 or the reason the user refused it (:class:`ProtocolViolation`: that user drops
-out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`).
+out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`);
+the masked stage returns one group instead of a masked vector per user: their
+sum, signed by each user it lists (:meth:`MaskingNode._masked`). ``stage.lock``
+makes the node answer one stage message at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedrecgel_secure.deploy.node.masking_client_state import end_attempt, load_attempt, save_attempt
+from fedrecgel_secure.deploy.node.users import UserIdentities
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
-from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, IdentityDirectory
+from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
-from fedrecgel_secure.privacy.secagg.masking import MaskingParams
 from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
+from fedrecgel_secure.privacy.secagg.masking_wire import encode_group, group_statement
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
 # round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
@@ -46,58 +54,16 @@ STAGES = ("advertise", "share", "masked", "confirm", "unmask")
 Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
 
 
-@dataclass(frozen=True)
-class MaskingSetup:
-    """What every party derives from the policy: vector length, neighbourhoods, value grid, threshold."""
-
-    dim: int
-    params: MaskingParams
-    encoding: FixedPoint
-    min_clients: int
-
-
 @dataclass
 class StageResult:
     replies: dict[int, bytes]  # user -> its signed reply
     refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
-    clipped: dict[int, int] = field(default_factory=dict)  # user -> values the grid clipped (masked stage)
-
-
-class UserIdentities:
-    """The Ed25519 identity keys of a node's users (``secagg/user-U.pem``, 0600), used by masking and BFV alike."""
-
-    def __init__(self, state_dir: Path, users: list[int]):
-        self.dir = Path(state_dir) / "secagg"
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.users = [int(u) for u in users]
-
-    def _key_path(self, user: int) -> Path:
-        return self.dir / f"user-{user}.pem"
-
-    def identity(self, user: int) -> ClientIdentity:
-        """User ``user``'s identity key (private; it signs that user's protocol messages)."""
-        return ClientIdentity.load(user, self._key_path(user))
-
-    def public_keys(self) -> dict[int, bytes]:
-        """Each user's public identity key; the private halves are made here on first call and stay here."""
-        out = {}
-        for u in self.users:
-            path = self._key_path(u)
-            if not path.exists():
-                ClientIdentity.generate(u).save(path)
-            out[u] = ClientIdentity.load(u, path).public_bytes
-        return out
-
-    def check(self, directory: Mapping[int, bytes]) -> None:
-        """Refuse a directory (from the server) that misstates this node's own users' keys."""
-        mine = self.public_keys()
-        wrong = [u for u in self.users if directory.get(u) != mine[u]]
-        if wrong:
-            raise ValueError(f"the server's directory misstates the keys of users {wrong[:10]}")
+    group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking_wire)
+    clipped: int = 0  # masked stage: values the grid clipped, over the group (one count, no user's own)
 
 
 class MaskingNode(UserIdentities):
-    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup):
+    def __init__(self, state_dir: Path, users: list[int], setup: Setup):
         super().__init__(state_dir, users)
         self.setup = setup
 
@@ -112,6 +78,27 @@ class MaskingNode(UserIdentities):
         write_private_file(self.dir / "session.json", json.dumps(facts, sort_keys=True).encode())
         for path in self.dir.glob("attempt-*.json"):
             end_attempt(path)  # nothing of an old session's attempt may continue; its confirmed rounds stay closed
+
+    # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
+    def keys_reply(self) -> dict:
+        """The ``keys`` set-up stage: each user's public identity key."""
+        return {f"k:{u}": k for u, k in self.public_keys().items()}
+
+    def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
+        """The ``join`` set-up stage: the server's signing key and session tag, and every user's key."""
+        self.join(request["server_key"], request["session_tag"], directory)
+
+    def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
+        """What the train reply carries for masking: no vector (they stay here until the masked stage) but the
+        round's first protocol stage, the sampled users' adverts."""
+        from fedrecgel_secure.deploy.masking_stages import reply, train_binding
+
+        self.keep_inputs(round_idx, clients, vectors, shares, sampled)
+        # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
+        # model and settings this node was sent: users sent another model than their peers get no sum
+        binding = train_binding(request["shared"], request.get("participants"), request.get("clip_norm"))
+        announced = dict.fromkeys(clients.tolist(), request["announce"])
+        return reply(self.step("advertise", announced, round_idx=round_idx, binding=binding))
 
     def _client(self, user: int) -> MaskingClient:
         facts = json.loads((self.dir / "session.json").read_text())
@@ -215,50 +202,103 @@ class MaskingNode(UserIdentities):
         strangers = sorted(set(messages) - set(self.users))
         if strangers:
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
+        with self._one_stage_at_a_time():
+            return self._step(stage, messages, inputs, round_idx, binding)
+
+    @contextlib.contextmanager
+    def _one_stage_at_a_time(self):
+        """Hold the node's stage lock: two messages answered at once (two ``flwr-clientapp`` processes) would both
+        read a user's attempt before either wrote it, and so could both mask, seal or confirm once."""
+        fd = os.open(self.dir / "stage.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _step(self, stage, messages, inputs, round_idx, binding) -> StageResult:
         users = sorted(messages)
         clients = {u: self._client(u) for u in users}
-        vectors, samples = {}, {}
         if stage == "masked":
-            by_round: dict[int, list[int]] = {}
-            for u, client in clients.items():
-                if client.attempt_round is not None:
-                    by_round.setdefault(client.attempt_round, []).append(u)
-            for r, some in by_round.items():
-                vectors.update((inputs or self.inputs)(r, some))
-                samples[r] = self.sampled(r)
-        out = StageResult({}, {})
-        for u in users:
-            client = clients[u]
-            try:
-                if stage == "advertise":
-                    reply = client.advertise(messages[u], expect_round=round_idx, binding=binding)
-                elif stage == "share":
-                    reply = client.share_keys(messages[u])
-                elif stage == "masked":
-                    if u not in vectors and client.attempt_round is not None:
-                        raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
-                    sampled = None if client.attempt_round is None else samples.get(client.attempt_round)
-                    if sampled is not None and len(client.cohort) > sampled:
-                        raise client.abort(
-                            Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
-                        )
-                    x, noise = vectors.get(u, (None, None))
-                    if sampled is not None and noise is not None and len(client.cohort) < sampled:
-                        # shares sized for more users than signed in: the sum would carry less than the planned
-                        # noise (a server sampling a few and stating a large sample); the round is skipped instead
-                        raise client.abort(
-                            Reason.INCONSISTENT,
-                            f"noise shares sized for {sampled} sampled users, but the cohort has {len(client.cohort)}",
-                        )
-                    reply = client.masked_input(messages[u], x, noise)
-                    out.clipped[u] = client.last_clipped
-                elif stage == "confirm":
-                    reply = client.confirm(messages[u])
-                else:
-                    reply = client.unmask(messages[u])
-                out.replies[u] = reply
-            except RejectedPayload as exc:
-                out.refused[u] = exc.reason.value
+            out = self._masked(clients, messages, inputs or self.inputs)
+        else:
+            out = StageResult({}, {})
+            for u in users:
+                client = clients[u]
+                try:
+                    if stage == "advertise":
+                        reply = client.advertise(messages[u], expect_round=round_idx, binding=binding)
+                    elif stage == "share":
+                        reply = client.share_keys(messages[u])
+                    elif stage == "confirm":
+                        reply = client.confirm(messages[u])
+                    else:
+                        reply = client.unmask(messages[u])
+                    out.replies[u] = reply
+                except RejectedPayload as exc:
+                    out.refused[u] = exc.reason.value
+        for u, client in clients.items():
             save_attempt(client, self.dir / f"attempt-{u}.json")
         self._forget_inputs({u: c.confirmed_round for u, c in clients.items()})
+        return out
+
+    def _masked(self, clients: Mapping[int, MaskingClient], messages: Mapping[int, bytes], inputs: Inputs):
+        """The masked stage: each user masks its input once (:meth:`MaskingClient.mask`), and the node sends ONE
+        group, the sum of those masked inputs, signed by every user it lists (:meth:`MaskingClient.seal_group`).
+
+        The node holds its users' inputs anyway, so their sum gives the server strictly less than their masked
+        inputs one by one (it could add those up itself), at one vector per node instead of one per user. Each
+        user masks and seals once per attempt (also across messages: the attempt file records it), so two groups
+        of one node that differ by a user (the sum of A minus the sum of A without u is u's masked input) cannot
+        both exist. Users of another attempt than most of the message's users refuse (``inconsistent``): a group
+        is of one attempt. A user refusing here drops out, as in :class:`SecAggSession`.
+        """
+        # the attempt of most of the message's users (the first user's on a tie): a group is of one attempt
+        contexts = Counter(c._round.context for _, c in sorted(clients.items()) if c._round is not None)
+        attempt = contexts.most_common(1)[0][0] if contexts else None
+        vectors, samples = {}, {}
+        by_round: dict[int, list[int]] = {}
+        for u, client in clients.items():
+            if client.attempt_round is not None:
+                by_round.setdefault(client.attempt_round, []).append(u)
+        for r, some in by_round.items():
+            vectors.update(inputs(r, some))
+            samples[r] = self.sampled(r)
+        out, masked = StageResult({}, {}), {}
+        for u, client in sorted(clients.items()):
+            try:
+                if client._round is not None and client._round.context != attempt:
+                    raise client.abort(Reason.INCONSISTENT, "one message holds inboxes of two attempts")
+                if u not in vectors and client.attempt_round is not None:
+                    raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
+                sampled = None if client.attempt_round is None else samples.get(client.attempt_round)
+                if sampled is not None and len(client.cohort) > sampled:
+                    raise client.abort(
+                        Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
+                    )
+                x, noise = vectors.get(u, (None, None))
+                if sampled is not None and noise is not None and len(client.cohort) < sampled:
+                    # shares sized for more users than signed in: the sum would carry less than the planned
+                    # noise (a server sampling a few and stating a large sample); the round is skipped instead
+                    raise client.abort(
+                        Reason.INCONSISTENT,
+                        f"noise shares sized for {sampled} sampled users, but the cohort has {len(client.cohort)}",
+                    )
+                masked[u] = client.mask(messages[u], x, noise)
+                out.clipped += client.last_clipped
+            except RejectedPayload as exc:
+                out.refused[u] = exc.reason.value
+        if masked:
+            total = np.zeros(self.setup.dim, dtype=np.uint64)
+            for y in masked.values():
+                total += y  # mod 2^64, the protocol's ring
+            statement = group_statement(clients[min(masked)].attempt_round, sorted(masked), total)
+            signatures = []
+            for u in sorted(masked):
+                try:
+                    signatures.append(clients[u].seal_group(statement))
+                except RejectedPayload as exc:  # not with the checks above; the group then goes unsent
+                    out.refused.update(dict.fromkeys(masked, exc.reason.value))
+                    return out
+            out.group = encode_group(statement, signatures)
         return out

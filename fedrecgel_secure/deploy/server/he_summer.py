@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.deploy.masking_stages import reported_keys
-from fedrecgel_secure.deploy.node.he_node import HESetup
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
@@ -44,7 +44,7 @@ KeyHolderCall = Callable[[str, dict], "dict | None"]
 class NodeHESum:
     def __init__(
         self,
-        setup: HESetup,
+        setup: Setup,
         exchange: Exchange,
         key_holder: KeyHolderCall,
         users_of: dict[int, list[int]],
