@@ -14,7 +14,7 @@ pull sleep: what a round waits at worst on Flower's poll alone), and a table tha
 splits each stage into pull wait, process start, imports, the node's work and
 push wait (:mod:`fedrecgel_secure.deploy.timing`). ``--report-only`` summarizes the runs already in ``--out``.
 
-Each node's messages go to its resident engine (``deploy/engine.py``); with ``--per-message`` each scheme also
+Each node's messages go to its resident engine (``deploy/node/engine.py``); with ``--per-message`` each scheme also
 runs the plain way, Flower starting a process per message that imports torch and rebuilds the node (the
 deployment before the engines), so the before/after ratio comes from one run on one machine state. Under the
 engines a stage's ``process_start`` is the relay's (flwr's own process, without torch), ``imports`` the relay's
@@ -31,8 +31,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from fedrecgel_secure.deploy.layout import resolve_policy
-from fedrecgel_secure.deploy.local import Deployment
+from fedrecgel_secure.deploy.launch.layout import resolve_policy
+from fedrecgel_secure.deploy.launch.local import Deployment
 from fedrecgel_secure.deploy.timing import PARTS
 
 SUPERNODE_POLL = 3.0  # seconds: time.sleep(3) in flwr 1.42's supernode/start_client_internal.py
@@ -111,7 +111,7 @@ def main() -> None:
         "--per-message",
         action="store_true",
         help="Also run each scheme the plain way: no resident engines, Flower's own process per message runs the"
-        " node's handlers (the path before deploy/engine.py), for the before/after ratio in one run.",
+        " node's handlers (the path before deploy/node/engine.py), for the before/after ratio in one run.",
     )
     args = ap.parse_args()
     results = []

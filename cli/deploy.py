@@ -30,9 +30,9 @@ def deploy_local_cmd(
     ] = False,
 ):
     """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.processes import Terminated, stop_on_signals
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.processes import Terminated, stop_on_signals
     from fedrecgel_secure.rundir import METRICS, read_summary
 
     policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
@@ -87,7 +87,7 @@ def deploy_plan_cmd(
 ):
     """Print the commands and files of a multi-machine deployment: certificates, SuperLink, node keys and configs, \
 the run."""
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     typer.echo(plan(load_policy(policy, set_), policy.name))

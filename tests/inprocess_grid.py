@@ -1,7 +1,7 @@
 """A Flower Grid whose SuperNodes are this process, for fast end-to-end tests of the deployment's code.
 
 :class:`InProcessGrid` hands each pushed message, as bytes, to a resident engine
-object per node (:class:`fedrecgel_secure.deploy.engine.Engine`, the node's
+object per node (:class:`fedrecgel_secure.deploy.node.engine.Engine`, the node's
 handlers with their Node kept between messages) and makes its answer the reply as
 the relay ClientApp does, so the ServerApp's ``run_server``, ``FlowerStages``, the
 record encoding and every node handler run unchanged; only the SuperLink and
@@ -29,7 +29,7 @@ from flwr.app import Error, Message
 from flwr.common.serde import message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedrecgel_secure.deploy.clientapp import reply_of
+from fedrecgel_secure.deploy.node.clientapp import reply_of
 
 FIRST_NODE_ID = 1000
 
@@ -38,7 +38,7 @@ FIRST_NODE_ID = 1000
 def server_killed_before_checkpoint(round_idx: int):
     """Inside, the server dies (KeyboardInterrupt) when it is about to checkpoint round ``round_idx``: after that
     round's release, before any record of it is saved; the block must end that way."""
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
 
     state_dict = RemoteTrainer.state_dict
 
@@ -65,15 +65,15 @@ class InProcessGrid:
         shards: Path | None = None,
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-        from fedrecgel_secure.deploy import node_app
-        from fedrecgel_secure.deploy.engine import Engine
-        from fedrecgel_secure.deploy.layout import node_config
-        from fedrecgel_secure.deploy.node import KEY_HOLDER
+        from fedrecgel_secure.deploy.launch.layout import node_config
+        from fedrecgel_secure.deploy.node import handlers
+        from fedrecgel_secure.deploy.node.engine import Engine
+        from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        node_app._RESIDENT.clear()  # another test's nodes
+        handlers._RESIDENT.clear()  # another test's nodes
         shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
         self.shards = shards
         self.catalogue = write_shards(load_policy(policy_file), shards)

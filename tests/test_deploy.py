@@ -52,8 +52,8 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
 
     extra = {
         "masking-seeded-distributed-dp": MASKING + SEEDED_CENTRAL_DP.replace('"central"', '"distributed"'),
@@ -107,8 +107,8 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     # them, so the round completes only through the protocol's recovery (their masks are rebuilt from shares),
     # or is skipped if too few remain; either way within the stage timeouts, never a hang. The SuperNode dies,
     # or its resident engine (the relay's wait for it ends at the message's TTL: node 1 drops out).
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
 
     out = tmp_path / "deployed"
     policy = _policy(tmp_path, rounds=1, nodes=4, timeout=TIMEOUT, extra=MASKING)
@@ -141,8 +141,8 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
 
 
 def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
 
     policy_file = _policy(tmp_path, rounds=3)
     sim = tmp_path / "sim"

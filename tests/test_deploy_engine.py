@@ -1,6 +1,7 @@
-"""A node's resident engine (deploy/engine.py) as a real process, reached through the real relay (deploy/clientapp.py).
+"""A node's resident engine (deploy/node/engine.py) as a real process, reached through the real relay
+(deploy/node/clientapp.py).
 
-The oracle is the plain path: the same handlers run in this process (``node_app.app``) on a twin state directory.
+The oracle is the plain path: the same handlers run in this process (``handlers.app``) on a twin state directory.
 Every wait is bounded; every engine is stopped by PID in a ``finally``.
 """
 
@@ -27,9 +28,10 @@ ENGINE_START = 120  # torch's import and the shard's load, on a loaded 2-core ma
 
 def test_the_relay_imports_no_torch_and_no_node_engine():
     code = (
-        "import json, sys; import fedrecgel_secure.deploy.clientapp; "
+        "import json, sys; import fedrecgel_secure.deploy.node.clientapp; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tenseal', 'opacus')"
-        " or m in ('fedrecgel_secure.deploy.node', 'fedrecgel_secure.deploy.node_app', 'fedrecgel_secure.policy'))))"
+        " or m in ('fedrecgel_secure.deploy.node.shard', 'fedrecgel_secure.deploy.node.handlers',"
+        " 'fedrecgel_secure.policy'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(out.stdout) == []
@@ -40,8 +42,8 @@ class _Node:
 
     def __init__(self, tmp_path: Path, name: str):
         from fedrecgel_secure.data.shards import shard_name, write_shards
-        from fedrecgel_secure.deploy.layout import node_config
-        from fedrecgel_secure.deploy.processes import Processes
+        from fedrecgel_secure.deploy.launch.layout import node_config
+        from fedrecgel_secure.deploy.launch.processes import Processes
         from fedrecgel_secure.policy import load_policy
 
         self.policy_file = write_deploy_policy(tmp_path, rounds=2, nodes=2)
@@ -55,9 +57,9 @@ class _Node:
         self.procs = Processes(tmp_path / name / "logs")
 
     def start(self) -> int:
-        from fedrecgel_secure.deploy.channel import socket_path
+        from fedrecgel_secure.deploy.node.channel import socket_path
 
-        argv = [sys.executable, "-m", "fedrecgel_secure.deploy.engine", "--node-config", self.config_text]
+        argv = [sys.executable, "-m", "fedrecgel_secure.deploy.node.engine", "--node-config", self.config_text]
         socket_path(self.state_dir).unlink(missing_ok=True)
         proc = self.procs.start("engine", argv)
         deadline = time.monotonic() + ENGINE_START
@@ -73,7 +75,7 @@ class _Node:
         from flwr.common.config import parse_config_args
         from flwr.supercore.task_identity import TaskIdentity
 
-        from fedrecgel_secure.deploy.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
         msg = Message(to_record(payload), dst_node_id=7, message_type=message_type, group_id="g", ttl=ttl)
@@ -113,12 +115,12 @@ def _same(a: dict, b: dict) -> bool:
 def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
     # The engine answers round 1 (train, evaluation), is killed (SIGKILL: nothing in memory survives), and a new
     # one answers round 2 from the state directory alone: exactly what the in-process handlers answer in one go.
-    from fedrecgel_secure.deploy import clientapp, node_app
+    from fedrecgel_secure.deploy.node import clientapp, handlers
 
     node, twin = _Node(tmp_path, "engine"), _Node(tmp_path, "oracle")
     messages = _round_messages(node)
-    node_app._RESIDENT.clear()
-    expected = [twin.ask(node_app.app, kind, payload) for kind, payload in messages]
+    handlers._RESIDENT.clear()
+    expected = [twin.ask(handlers.app, kind, payload) for kind, payload in messages]
     try:
         node.start()
         got = [node.ask(clientapp.relay, kind, payload) for kind, payload in messages[:2]]

@@ -33,7 +33,7 @@ def _policy(tmp_path: Path, extra: str, rounds: int = 2, nodes: int = 3) -> Path
 
 
 def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder: bool = False) -> InProcessGrid:
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     key_holder_dir = out / "nodes" / "keyholder" if key_holder else None
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down, key_holder_dir)
@@ -87,7 +87,7 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
 def test_distributed_noise_shares_are_drawn_on_the_nodes_not_by_the_server(tmp_path, monkeypatch):
     # The server's DPFedAvg must never draw a client's share: count the draws by purpose in the server's process
     # while the nodes' draws go through Node.protect.
-    from fedrecgel_secure.deploy.node import Node
+    from fedrecgel_secure.deploy.node.shard import Node
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 
     purposes: list[tuple[str, bool]] = []
@@ -165,12 +165,13 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
 def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.he_node import HENode, HESetup, KeyHolderNode
+    from fedrecgel_secure.deploy.node.he_node import HENode, KeyHolderNode
+    from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
     from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
-    setup = HESetup(dim, BFVParams(), FixedPoint(), min_clients=2)
+    setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
     nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     seal = {n: node.sealing_key() for n, node in nodes.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
@@ -202,7 +203,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     # fresh central noise average the noise away. The record of what was released survives on disk.
     import numpy as np
 
-    from fedrecgel_secure.deploy.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import RejectedPayload
 
     setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
@@ -230,7 +231,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    from fedrecgel_secure.deploy.he_node import _INFO, _suite
+    from fedrecgel_secure.deploy.node.he_node import _INFO, _suite
 
     _, nodes, directory, context, tag, sealed = _he_world(tmp_path)
     with pytest.raises(InvalidTag):
@@ -240,7 +241,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
 
 
 def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_path):
-    from fedrecgel_secure.deploy.stages import from_record
+    from fedrecgel_secure.deploy.wire import from_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(
@@ -249,7 +250,7 @@ def test_under_bfv_the_train_reply_carries_a_ciphertext_sum_and_no_vector(tmp_pa
     seen = []
     pull = grid.pull_messages
     grid.pull_messages = lambda ids: [seen.append(m) or m for m in pull(ids)]
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     run_server(grid, tmp_path / "policy.toml", out, resume=False, catalogue=grid.catalogue)
     train = [from_record(m.content) for m in seen if m.metadata.group_id == "round-1"]
@@ -264,7 +265,7 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path, BFV + DP.format(mode="central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
@@ -306,7 +307,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
 def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
     from flwr.app import Message
 
-    from fedrecgel_secure.deploy.stages import to_record
+    from fedrecgel_secure.deploy.wire import to_record
 
     out = tmp_path / "deployed"
     grid = InProcessGrid(_policy(tmp_path, BFV), [out / "nodes" / "0"], None, out / "nodes" / "keyholder")
@@ -319,7 +320,7 @@ def test_the_key_holder_answers_only_its_own_stages(tmp_path, message_type):
 
 
 def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment
+    from fedrecgel_secure.deploy.launch.local import Deployment
     from fedrecgel_secure.policy import load_policy
 
     bfv = load_policy(_policy(tmp_path, BFV + DP.format(mode="distributed")))
@@ -331,7 +332,7 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
 
 
 def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_key(tmp_path):
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     policy = load_policy(
@@ -348,7 +349,7 @@ def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_ke
 def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hold(tmp_path, monkeypatch):
     # Secure noise, central DP: the key holder draws the noise it adds after decryption from a CSPRNG secret of
     # its own, so the server, which knows the exact sum's release only, cannot subtract the noise.
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.federation import build as build_module
 
     made = []  # (what was drawn, the randomness secret it was drawn from)
@@ -394,7 +395,7 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
 
     import numpy as np
 
-    from fedrecgel_secure.deploy.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
     from fedrecgel_secure.privacy.secagg.he import EncryptedAggregate, HEAggregator
     from fedrecgel_secure.privacy.secagg.he_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
@@ -495,7 +496,7 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     import torch
 
     from fedrecgel_secure.checkpoint import load_checkpoint
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path, MASKING + DP.format(mode="central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")

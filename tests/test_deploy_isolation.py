@@ -97,9 +97,9 @@ def _stranger(tmp_path: Path, address: str) -> tuple[Path, dict, Path]:
 
 
 def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deployment(tmp_path):
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.processes import flower_bin
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.processes import flower_bin
 
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
@@ -170,9 +170,9 @@ open(out, "w").write(json.dumps(got))
 
 
 def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis(tmp_path):
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.processes import wait_for_port
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.processes import wait_for_port
 
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
@@ -205,7 +205,7 @@ def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis
 
 def _descendants(pid: int) -> dict[int, str]:
     """Every process below ``pid`` (by /proc parent links), with its command line."""
-    from fedrecgel_secure.deploy.processes import Processes
+    from fedrecgel_secure.deploy.launch.processes import Processes
 
     found, todo = {}, [pid]
     while todo:
@@ -235,8 +235,8 @@ def _of_the_deployment(flwr_home: Path) -> list[int]:
     return found
 
 
-# and Flower's SuperExecs; "deploy.engine": each node's resident engine
-KINDS = {"deploy.superlink": 1, "deploy.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
+# and Flower's SuperExecs; "node.engine": each node's resident engine
+KINDS = {"launch.superlink": 1, "node.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -280,7 +280,7 @@ def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
     assert signal.Signals(sig).name in stderr and "every process stopped" in stderr
 
 
-# Another account's program against a node's resident engine (deploy/engine.py): it dials the engine's Unix
+# Another account's program against a node's resident engine (deploy/node/engine.py): it dials the engine's Unix
 # socket, as the node's relay does, and writes what happened. Standard library only: it runs as that account.
 SOCKET_THIEF = """import json, os, socket, sys
 path = sys.argv[1]
@@ -303,7 +303,7 @@ def test_another_account_cannot_connect_to_a_nodes_engine(tmp_path):
 
     from test_deploy_engine import _Node
 
-    from fedrecgel_secure.deploy.channel import socket_path
+    from fedrecgel_secure.deploy.node.channel import socket_path
 
     # a base every account can walk through (pytest's own tmp root is 0700, which would keep the stranger out
     # on its own): only the node's 0700 state directory and its 0600 socket stand in the way

@@ -12,7 +12,7 @@ BARE_PATH = os.pathsep.join(["/usr/bin", "/bin"])  # no venv on it
 
 
 def test_flower_scripts_are_found_beside_the_interpreter_and_put_first_on_the_path(monkeypatch):
-    from fedrecgel_secure.deploy.processes import flower_bin, flower_path, flower_scripts
+    from fedrecgel_secure.deploy.launch.processes import flower_bin, flower_path, flower_scripts
 
     monkeypatch.setenv("PATH", BARE_PATH)
     folder = flower_scripts()
@@ -31,7 +31,7 @@ def test_a_launcher_started_without_the_venv_on_path_spawns_flowers_apps_by_bare
         import shutil, subprocess, sys
         from pathlib import Path
         assert shutil.which("flwr-clientapp") is None, "the venv is still on PATH"
-        from fedrecgel_secure.deploy.local import Deployment
+        from fedrecgel_secure.deploy.launch.local import Deployment
         from fedrecgel_secure.policy import load_policy
         dep = Deployment(load_policy(None), Path({str(tmp_path / "run")!r}))
         done = subprocess.run(["flwr-clientapp", "--help"], env=dep.env, capture_output=True, text=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrecgel_secure.deploy.processes import Processes, Terminated, _signals_held, stop_on_signals
+from fedrecgel_secure.deploy.launch.processes import Processes, Terminated, _signals_held, stop_on_signals
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
@@ -76,7 +76,7 @@ def test_the_control_api_admits_the_token_the_deployments_flwr_cli_sends_and_nob
     from flwr.cli.auth_plugin import OidcCliPlugin
     from flwr.common.constant import ACCESS_TOKEN_KEY
 
-    from fedrecgel_secure.deploy import superlink
+    from fedrecgel_secure.deploy.launch import superlink
 
     home, address = tmp_path / ".flwr", "127.0.0.1:9999"
     superlink.new_control_token(home / "control-token")
@@ -102,11 +102,13 @@ def test_the_control_api_admits_the_token_the_deployments_flwr_cli_sends_and_nob
 
 
 def test_the_plan_starts_the_superlink_with_its_control_token_and_gives_it_to_the_operator():
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     text = plan(load_policy(None))
-    link = next(line for line in text.splitlines() if "fedrecgel_secure.deploy.superlink" in line and "--host" in line)
-    assert link.startswith("python -m fedrecgel_secure.deploy.superlink --control-token-file control-token ")
+    link = next(
+        line for line in text.splitlines() if "fedrecgel_secure.deploy.launch.superlink" in line and "--host" in line
+    )
+    assert link.startswith("python -m fedrecgel_secure.deploy.launch.superlink --control-token-file control-token ")
     assert "(umask 077; python -c 'import secrets" in text and "--store-for 127.0.0.1:9091" in text
     assert not any(line.startswith("flower-superlink") for line in text.splitlines())

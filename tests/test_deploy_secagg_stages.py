@@ -1,6 +1,5 @@
-"""Masking as node stages (deploy/secagg_node.py, deploy/secagg_stages.py), in one process but across "processes":
-
-every stage builds a fresh :class:`MaskingNode` from its state directory, as a
+"""Masking as node stages (deploy/node/masking_node.py, deploy/masking_stages.py), in one process but
+across "processes": every stage builds a fresh :class:`MaskingNode` from its state directory, as a
 new ``flwr-clientapp`` process would, and the payloads go through the Flower
 record encoding. The released sum must equal the exact fixed-point sum that
 :class:`SecAggSession` releases for the same inputs.
@@ -14,8 +13,9 @@ import stat
 import numpy as np
 import pytest
 
-from fedrecgel_secure.deploy.secagg_node import MaskingNode, MaskingSetup
-from fedrecgel_secure.deploy.secagg_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
@@ -27,12 +27,12 @@ from fedrecgel_secure.privacy.secagg import (
 from fedrecgel_secure.privacy.secagg.session import SecAggSession
 
 pytest.importorskip("flwr")
-from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 DIM = 7
 USERS_OF = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10, 11]}
 ALL = list(range(12))
-SETUP = MaskingSetup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
+SETUP = Setup(DIM, MaskingParams(degree="all"), FixedPoint(), min_clients=4)
 
 
 def vector(u: int, r: int) -> np.ndarray:
@@ -201,7 +201,7 @@ def test_masking_with_or_without_dp_is_deployable(dp):
 
 
 def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
-    from fedrecgel_secure.deploy.secagg_stages import request
+    from fedrecgel_secure.deploy.masking_stages import request
 
     nodes, driver = start(tmp_path)
     announcement = driver.begin(1)
@@ -239,7 +239,7 @@ def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(t
 def test_the_train_stages_users_advertise_only_for_the_round_trained(tmp_path):
     # The node kept its inputs for the round it trained (the train payload's round); an announcement signed for
     # another round, riding on that train message, is refused by every user, so no attempt starts.
-    from fedrecgel_secure.deploy.secagg_stages import request
+    from fedrecgel_secure.deploy.masking_stages import request
 
     nodes, driver = start(tmp_path)
     announcement = driver.begin(2)

@@ -100,8 +100,8 @@ def test_a_shard_or_manifest_made_for_another_policy_is_refused_with_the_field(t
 
 
 def test_each_node_is_given_its_own_shard_and_the_server_the_manifest(tmp_path):
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.plan import plan
 
     policy = load_policy(_policy(tmp_path), ["privacy.secure_aggregation.scheme=bfv"])
     dep = Deployment(policy, tmp_path / "deployed")

@@ -27,10 +27,10 @@ def _mode(path: Path) -> int:
 
 
 def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_refuses_the_others(tmp_path):
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.processes import free_ports
-    from fedrecgel_secure.deploy.tls import NODE_KEY, make_node_key
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.processes import free_ports
+    from fedrecgel_secure.deploy.launch.tls import NODE_KEY, make_node_key
 
     out = tmp_path / "deployed"
     said: list[str] = []
@@ -81,9 +81,9 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
 
     With the operator's own certificate files this time (the first test covers the generated ones).
     """
-    from fedrecgel_secure.deploy.layout import resolve_policy
-    from fedrecgel_secure.deploy.local import Deployment
-    from fedrecgel_secure.deploy.tls import make_throwaway_tls
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.launch.tls import make_throwaway_tls
 
     own = make_throwaway_tls(tmp_path / "own-certs", ["127.0.0.1"])
     files = f'ca_cert = "{own.ca_cert}"\nserver_cert = "{own.server_cert}"\nserver_key = "{own.server_key}"\n'
@@ -124,14 +124,16 @@ def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_
     from cryptography.hazmat.primitives.asymmetric import ec
     from flwr.cli.supernode.register import try_load_public_key
 
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     if not (shutil.which("openssl") and shutil.which("ssh-keygen")):
         pytest.skip("needs openssl and ssh-keygen")
     sets = ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true", "deployment.nodes=2"]
     text = plan(load_policy(None, [*sets, "deployment.superlink.host=10.1.2.3"]), "policy.toml")
-    link = next(line for line in text.splitlines() if line.startswith("python -m fedrecgel_secure.deploy.superlink "))
+    link = next(
+        line for line in text.splitlines() if line.startswith("python -m fedrecgel_secure.deploy.launch.superlink ")
+    )
     assert "--ssl-ca-certfile ca.pem --ssl-certfile server.pem --ssl-keyfile server.key" in link
     local = "flower-superexec --insecure --runtime-api-address 127.0.0.1:9094"  # a node's own Runtime API, loopback
     assert "--enable-supernode-auth" in link and "--insecure" not in text.replace(local, "")

@@ -91,7 +91,7 @@ def test_binding_takes_the_pinned_key_refuses_the_rest_and_never_picks_between_u
 
 
 def test_the_plan_has_each_node_print_its_identity_key_and_the_operator_pin_it():
-    from fedrecgel_secure.deploy.plan import plan
+    from fedrecgel_secure.deploy.launch.plan import plan
     from fedrecgel_secure.policy import load_policy
 
     bfv = 'privacy.secure_aggregation.scheme="bfv"'
@@ -105,7 +105,7 @@ def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
     from typer.testing import CliRunner
 
     from fedrecgel_secure.cli.main import app
-    from fedrecgel_secure.deploy.node import IDENTITY
+    from fedrecgel_secure.deploy.node.shard import IDENTITY
     from fedrecgel_secure.deploy.node_pins import check_hello, signed_hello
 
     result = CliRunner().invoke(app, ["deploy", "identity", str(tmp_path / "node")])

@@ -331,7 +331,7 @@ def test_a_deployed_run_is_logged_by_its_server_like_a_simulated_one(tmp_path):
     pytest.importorskip("flwr")
     from inprocess_grid import InProcessGrid
 
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy = write_deploy_policy(
         tmp_path, "[tracking]\ntensorboard = true\nmlflow = true\n", timeout=1.0, heartbeat=0.05

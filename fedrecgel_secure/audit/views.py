@@ -28,6 +28,7 @@ import torch
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.summers import grid_sum
 from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.secagg.schemes import scheme_of
 
 VIEWS = ("upload", "clipped-upload", "dp-upload", "sum", "dp-sum", "released")
 INDIVIDUAL = ("upload", "clipped-upload", "dp-upload")
@@ -35,7 +36,7 @@ INDIVIDUAL = ("upload", "clipped-upload", "dp-upload")
 
 def server_view(policy) -> str:
     """The view the policy gives the server of one client's upload (the table above)."""
-    secure = policy.privacy.secure_aggregation.scheme != "none"
+    secure = scheme_of(policy.privacy.secure_aggregation).sealed  # the server sees only the sum
     dp = policy.privacy.dp
     if not dp.enabled:
         return "sum" if secure else "upload"

@@ -1,11 +1,24 @@
 """A real deployment on Flower 1.42 (Message API): a SuperLink, one SuperNode per shard of users, a ServerApp.
 
 The algorithm is the simulator's: the server runs :class:`~fedrecgel_secure.federation.trainer.Trainer`'s
-round loop (:mod:`.remote` only replaces where the clients' local training and
-evaluation happen), and each node runs the same engine on its own users
-(:mod:`.node`), in one resident engine process per node (:mod:`.engine`) that the node's Flower ClientApp
-relays each message to (:mod:`.clientapp`). Flower is imported only by :mod:`.serverapp`, :mod:`.clientapp`,
-:mod:`.node_app`, :mod:`.engine`, :mod:`.stages` and :mod:`.superlink`; the rest imports without it.
+round loop (:mod:`.server.remote` only replaces where the clients' local training and evaluation happen),
+and each node runs the same engine on its own users (:mod:`.node.shard`), in one resident engine process
+per node (:mod:`.node.engine`) that the node's Flower ClientApp relays each message to
+(:mod:`.node.clientapp`). The code is laid out by the role that runs it, so a machine's role names the
+code it loads:
+
+``server/``   the ServerApp and what it drives: the round loop, the stages over Flower's Grid, the protocols'
+              server sides (masking's and BFV's summers)
+``node/``     a SuperNode's side: the relay, the resident engine, the handlers, the shard's users and their
+              protocol roles (masking, BFV, the key holder)
+``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
+top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, :mod:`.masking_stages`),
+              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`), the scheme
+              table (:mod:`.schemes`) and :func:`check_deployable`
+
+Flower is imported only by :mod:`.server.serverapp`, :mod:`.server.stages`, :mod:`.node.clientapp`,
+:mod:`.node.handlers`, :mod:`.node.engine`, :mod:`.launch.superlink` and, when called, the record
+functions of :mod:`.wire`; the rest imports without it.
 """
 
 from fedrecgel_secure.errors import BadInputError
@@ -14,17 +27,19 @@ from fedrecgel_secure.errors import BadInputError
 def check_deployable(policy) -> None:
     """Refuse what the deployment cannot yet run faithfully.
 
-    Masking runs as stages on the nodes (:mod:`.secagg_stages`), and under DP
+    Masking runs as stages on the nodes (:mod:`.masking_stages`), and under DP
     each node clips its users' uploads and draws their noise shares
-    (:meth:`.node.Node.protect`); under BFV the nodes encrypt and the key
+    (:meth:`.shard.Node.protect`); under BFV the nodes encrypt and the key
     holder is a node of its own (:mod:`.he_node`). Running a protocol on the
     server over plaintext uploads would look like a secure run while the server
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.
     """
+    from fedrecgel_secure.privacy.secagg.schemes import scheme_of
+
     secagg = policy.privacy.secure_aggregation
     dp = policy.privacy.dp
-    if secagg.scheme != "none":
+    if scheme_of(secagg).sealed:
         if secagg.cover != "shared":
             raise BadInputError(
                 "privacy.secure_aggregation.cover = 'item_embeddings' cannot be deployed: the uncovered part would"

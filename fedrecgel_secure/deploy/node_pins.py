@@ -1,7 +1,7 @@
 """Nodes bound to their shards: each node signs its ``hello`` with its identity key, the server pins the keys.
 
 A node's identity is the Ed25519 key in its state directory (``identity.pem``,
-made 0600 on first start, :func:`~fedrecgel_secure.deploy.node.ensure_identity`).
+made 0600 on first start, :func:`~fedrecgel_secure.deploy.node.shard.ensure_identity`).
 Its ``hello`` reply carries, besides what it claims (``shard`` or
 ``role = "keyholder"``), a signed statement: an envelope of kind
 :attr:`~fedrecgel_secure.privacy.secagg.identity.Kind.NODE_HELLO` over the
@@ -52,14 +52,14 @@ def _statement(who: str, digest: str, public: bytes) -> bytes:
 
 def identity_key(state_dir: Path) -> str:
     """The node's identity public key (hex) of ``state_dir``, making the key (0600) on first use."""
-    from fedrecgel_secure.deploy.node import ensure_identity
+    from fedrecgel_secure.deploy.node.shard import ensure_identity
 
     return ensure_identity(Path(state_dir), 0).hex()
 
 
 def signed_hello(state_dir: Path, who: int | str, digest: str, nonce: bytes) -> dict:
     """The node's part of ``hello``: who it is, its policy digest and identity key, signed over ``nonce``."""
-    from fedrecgel_secure.deploy.node import IDENTITY, ensure_identity
+    from fedrecgel_secure.deploy.node.shard import IDENTITY, ensure_identity
     from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, Kind
 
     public = ensure_identity(Path(state_dir), 0)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.privacy.secagg.settings import bfv_params, encoding, masking_params
+from fedrecgel_secure.privacy.secagg.schemes import scheme_of
+from fedrecgel_secure.privacy.secagg.settings import encoding
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -201,7 +202,7 @@ class SecureSum:
     def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         self.grid = encoding(settings)
-        self.params = bfv_params(settings.bfv) if settings.scheme == "bfv" else masking_params(settings.masking)
+        self.params = scheme_of(settings).params(settings)
         self.arithmetic = settings.simulation == "arithmetic"
         self.session = None
         if not self.arithmetic:
@@ -322,8 +323,10 @@ class SecureSum:
 
 
 def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:
-    """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate."""
-    if settings.scheme == "none":
+    """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate.
+
+    An unsealed scheme sums in the clear (:class:`PlainSum`, on the same grid); a sealed one runs its protocol."""
+    if not scheme_of(settings).sealed:
         return PlainSum(encoding(settings))
     covered = dim if settings.cover == "shared" else n_item_values
     return SecureSum(settings, n_clients, dim, covered, seed)

@@ -30,6 +30,7 @@ from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.secagg.schemes import scheme_of
 from fedrecgel_secure.rundir import (
     CHECKPOINT,
     RESOLVED,
@@ -238,7 +239,7 @@ class Trainer:
 
     def secure_aggregation_summary(self) -> SecureAggregationRun | None:
         secagg = self.policy.privacy.secure_aggregation
-        if secagg.scheme == "none":
+        if not scheme_of(secagg).sealed:
             return None
         protocol = secagg.simulation == "protocol"
         return SecureAggregationRun(

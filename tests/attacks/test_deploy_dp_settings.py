@@ -62,7 +62,7 @@ class TamperingGrid(InProcessGrid):
         self.refusals: list[tuple[str, str]] = []  # (group, the node's reason), as the server logs them
 
     def push_messages(self, messages):
-        from fedrecgel_secure.deploy.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         for msg in messages:
@@ -81,9 +81,9 @@ class Observed:
     """What the attack is measured on: the clipped vectors the nodes handed over, and the sums the server released."""
 
     def __init__(self, monkeypatch):
-        from fedrecgel_secure.deploy.he_summer import NodeHESum
-        from fedrecgel_secure.deploy.node import Node
-        from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum
+        from fedrecgel_secure.deploy.node.shard import Node
+        from fedrecgel_secure.deploy.server.he_summer import NodeHESum
+        from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
 
         self.vectors: dict[tuple[int, int], np.ndarray] = {}  # (round, client) -> its clipped vector
         self.releases: list[tuple[int, np.ndarray, np.ndarray]] = []  # (round, contributor ids, released total)
@@ -119,7 +119,7 @@ class Observed:
 
 
 def _deploy(tmp_path: Path, extra: str, tamper, rounds: int = 1, key_holder: bool = False) -> TamperingGrid:
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = write_deploy_policy(tmp_path, extra, rounds, 3, timeout=1.0, heartbeat=0.05)
     out = tmp_path / "deployed"
@@ -265,7 +265,7 @@ def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_pat
     # each share is sized for the bound, so the release carried z*C*sqrt(2/bound). Found by a hostile review:
     # no node refused, and the noise was 0.144 for a planned 0.5. Each user now checks the stated sample against
     # the cohort it signed in, at the masked stage, and refuses when it is larger: the round is skipped.
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.federation.build import make_dp_mechanism
     from fedrecgel_secure.policy import load_policy
 

@@ -6,7 +6,7 @@ training moves almost nothing, and samples the victim alone on its node: the rel
 victim's upload. Found by a hostile review of the deployment: before the fix nothing bound the train message's
 model to the signed announcement, and the released sum equalled the victim's upload in all but 1 of 2281
 coordinates (the output bias). Now each masking attempt is bound to a digest of the model and the DP settings
-each user was sent (:func:`~fedrecgel_secure.deploy.secagg_stages.train_binding`): users sent different models
+each user was sent (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`): users sent different models
 cannot verify each other's adverts, so nothing is masked and nothing released.
 """
 
@@ -28,7 +28,7 @@ class PerNodeModels(TamperingGrid):
     """The server's transport: every train message but the victim node's carries an all-zero model."""
 
     def push_messages(self, messages):
-        from fedrecgel_secure.deploy.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         for msg in messages:
@@ -40,8 +40,8 @@ class PerNodeModels(TamperingGrid):
 
 
 def test_a_model_sent_to_one_node_only_gets_the_server_no_sum(tmp_path, monkeypatch):
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     sample = RemoteTrainer.client_updates
 

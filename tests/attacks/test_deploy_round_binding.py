@@ -45,10 +45,10 @@ class Deployed:
     every sum the server's masking driver released."""
 
     def __init__(self, tmp_path: Path, monkeypatch, extra: str, rounds: int = 1):
-        from fedrecgel_secure.deploy.remote import RemoteTrainer
-        from fedrecgel_secure.deploy.secagg_node import MaskingNode
-        from fedrecgel_secure.deploy.secagg_stages import MaskingDriver
-        from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum
+        from fedrecgel_secure.deploy.masking_stages import MaskingDriver
+        from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+        from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
+        from fedrecgel_secure.deploy.server.remote import RemoteTrainer
 
         self.policy = write_deploy_policy(tmp_path, extra, rounds, 3, timeout=1.0, heartbeat=0.05)
         self.out = tmp_path / "deployed"
@@ -90,7 +90,7 @@ class Deployed:
         return InProcessGrid(self.policy, [self.out / "nodes" / str(s) for s in range(3)], down, key_holder_dir)
 
     def run(self, resume: bool = False, down=None):
-        from fedrecgel_secure.deploy.serverapp import run_server
+        from fedrecgel_secure.deploy.server.serverapp import run_server
 
         grid = self.grid(down)
         run_server(grid, self.policy, self.out, resume=resume, catalogue=grid.catalogue)
@@ -137,7 +137,7 @@ def test_a_train_message_announcing_another_round_than_it_trains_gets_no_advert(
     summer = server.aggregation.summer
     users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
     common = server._common(1)
-    from fedrecgel_secure.deploy.secagg_stages import train_binding
+    from fedrecgel_secure.deploy.masking_stages import train_binding
 
     binding = train_binding(common["shared"], int(users.size), None)  # bound to the model, as an honest one is
     common.update(announce=summer.driver.begin(3, binding=binding), dim=summer.setup.dim, participants=int(users.size))

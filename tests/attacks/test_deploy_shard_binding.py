@@ -48,7 +48,7 @@ class Federation(InProcessGrid):
         forge=None,
     ):
         from fedrecgel_secure.data.shards import shard_name
-        from fedrecgel_secure.deploy.layout import node_config
+        from fedrecgel_secure.deploy.launch.layout import node_config
 
         kh = out / "nodes" / "keyholder" if key_holder else None
         super().__init__(policy_file, [out / "nodes" / str(s) for s in range(3)], None, kh)
@@ -76,7 +76,7 @@ class Federation(InProcessGrid):
     def push_messages(self, messages) -> list[str]:
         from flwr.app import Message
 
-        from fedrecgel_secure.deploy.stages import from_record, to_record
+        from fedrecgel_secure.deploy.wire import from_record, to_record
 
         messages = list(messages)
         self.sent += [(m.metadata.dst_node_id, m.metadata.group_id) for m in messages]
@@ -96,7 +96,7 @@ def _policy(tmp_path: Path, extra: str = "", rounds: int = 2) -> Path:
 
 def _killed_after_round_1(policy_file: Path, out: Path, key_holder: bool = False) -> None:
     """An honest first server run (its hello pins every node's key), killed before its checkpoint of round 2."""
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     with server_killed_before_checkpoint(2):
         federation = Federation(policy_file, out, key_holder=key_holder)
@@ -112,7 +112,7 @@ def test_a_node_claiming_a_pinned_shard_while_its_node_is_late_is_refused_and_th
     # Masking: shard 1 was pinned by the first server run; the resumed server hears the attacker's claim first,
     # while node 1 has not connected yet. Before: the attacker's node was bound to shard 1, trained users 8-15
     # and put its own keys for them into the session's directory.
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path, MASKING)
     sim = tmp_path / "sim"
@@ -137,7 +137,7 @@ def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
     # in [deployment] node_keys before the first run. The attacker answers first, node 1 is late: refused.
     # Before: there was no way to pin a key (no such field), and the first node to claim shard 1 took it.
     from fedrecgel_secure.deploy.node_pins import identity_key
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     out = tmp_path / "deployed"
     key = identity_key(out / "nodes" / "1")
@@ -160,7 +160,7 @@ def test_two_nodes_claiming_an_unpinned_shard_at_first_contact_are_both_refused(
     # First contact, nothing pinned: node 1 and the attacker both claim shard 1 with valid signatures. Nothing
     # tells them apart, and taking the first to answer would let the faster win: both are refused, shard 1's
     # users drop out, and shard 1 stays unpinned. Before: the server stopped with "two nodes claim shard 1".
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path)
     out = tmp_path / "deployed"
@@ -177,8 +177,8 @@ def test_two_nodes_claiming_an_unpinned_shard_at_first_contact_are_both_refused(
 def test_a_node_whose_key_changed_is_refused_after_a_resume(tmp_path, capsys):
     # Someone with node 1's configuration but not its key (a reinstalled machine, a copied node_config) answers
     # for shard 1 after the server resumes: refused, shard 1's users drop out of round 2. Before: accepted.
-    from fedrecgel_secure.deploy.node import IDENTITY
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.node.shard import IDENTITY
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path)
     out = tmp_path / "deployed"
@@ -200,7 +200,7 @@ def test_a_forged_or_replayed_hello_is_refused(tmp_path, capsys, forgery):
     # the first server run (signed over that run's nonce). Before: no signature was checked, and its claim of
     # shard 1 with node 1's key was taken while node 1 was late.
     from fedrecgel_secure.deploy.node_pins import signed_hello
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, Envelope
 
     policy_file = _policy(tmp_path)
@@ -239,7 +239,7 @@ def _digest(policy_file: Path) -> str:
 def test_under_bfv_a_node_claiming_to_be_the_pinned_key_holder_is_refused(tmp_path, capsys):
     # The key holder is pinned as "keyholder". A node with role="keyholder" of its own answers first while the
     # real key holder is late. Before: it became the key holder; the nodes would have encrypted under its key.
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path, BFV)
     out = tmp_path / "deployed"
@@ -257,7 +257,7 @@ def test_under_node_authentication_a_registered_node_cannot_claim_another_shard_
     # The attacker's SuperNode holds a registered key of its own (registered as node-3), nothing is pinned yet,
     # and node 1 is late. The SuperLink's registry says which key the operator registered for shard 1: the
     # attacker's node is not it. Before: the attacker's node took shard 1.
-    from fedrecgel_secure.deploy.serverapp import run_server
+    from fedrecgel_secure.deploy.server.serverapp import run_server
 
     auth = "[deployment.tls]\nenabled = true\nnode_authentication = true\n"
     policy_file = _policy(tmp_path, auth)

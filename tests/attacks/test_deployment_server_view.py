@@ -59,8 +59,8 @@ sys.addaudithook(_audit)
 
 def _serve(tmp_path: Path, extra: str, rounds: int = 1, watch_opens: bool = False, on_grid=None):
     """Run the deployed server to the end; every reply it pulled, by stage group."""
-    from fedrecgel_secure.deploy.serverapp import run_server
-    from fedrecgel_secure.deploy.stages import from_record
+    from fedrecgel_secure.deploy.server.serverapp import run_server
+    from fedrecgel_secure.deploy.wire import from_record
 
     policy_file = write_deploy_policy(tmp_path, extra, rounds, nodes=3, timeout=1.0, heartbeat=0.05)
     out = tmp_path / "deployed"

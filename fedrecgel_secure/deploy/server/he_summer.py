@@ -6,7 +6,7 @@ stands in the aggregation rule and releases the same exact fixed-point sum
 nodes' sums of their users' ciphertexts arrive with the train replies (with
 each user's signed contribution proof), the server's :class:`HEAggregator`
 checks the proofs and adds the sums, and the key holder, a SuperNode of
-its own (:class:`~fedrecgel_secure.deploy.he_node.KeyHolderNode`), receives the
+its own (:class:`~fedrecgel_secure.deploy.node.he_node.KeyHolderNode`), receives the
 one summed aggregate of the round, checks its proofs and tags, adds the central
 DP noise it draws itself, sized from its own policy (C, under adaptive clipping
 replayed over the released counts the server sends, and N), and returns the sum.
@@ -27,8 +27,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.he_node import HESetup
-from fedrecgel_secure.deploy.secagg_stages import reported_keys
+from fedrecgel_secure.deploy.masking_stages import reported_keys
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
@@ -44,7 +44,7 @@ KeyHolderCall = Callable[[str, dict], "dict | None"]
 class NodeHESum:
     def __init__(
         self,
-        setup: HESetup,
+        setup: Setup,
         exchange: Exchange,
         key_holder: KeyHolderCall,
         users_of: dict[int, list[int]],

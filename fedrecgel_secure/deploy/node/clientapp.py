@@ -15,12 +15,12 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedrecgel_secure.deploy.channel import ERROR, request
+from fedrecgel_secure.deploy.node.channel import ERROR, request
 from fedrecgel_secure.deploy.timing import process_started
 
 LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
 STARTED = process_started() or LOADED
-# every message type the node answers (:mod:`.node_app`): train, and the queries
+# every message type the node answers (:mod:`.handlers`): train, and the queries
 QUERIES = ("hello", "secagg", "keyholder", "evaluate")
 
 app = ClientApp()

@@ -15,7 +15,7 @@ local`` for each start, 0600 in the deployment's FLWR_HOME, never on a command l
 answered 401 before any handler runs. The Fleet API (the nodes) and the Runtime API (the SuperExec) are
 not touched.
 
-Usage: ``python -m fedrecgel_secure.deploy.superlink --control-token-file FILE [flower-superlink arguments]``;
+Usage: ``python -m fedrecgel_secure.deploy.launch.superlink --control-token-file FILE [flower-superlink arguments]``;
 on the operator's machine ``... --control-token-file FILE --store-for HOST:PORT`` stores the token for ``flwr``.
 """
 
@@ -34,7 +34,7 @@ from flwr.common.constant import ACCESS_TOKEN_KEY, NOOP_ACCOUNT_NAME, NOOP_FLWR_
 from flwr.supercore.auth.typing import AccountAuthCredentials, AccountAuthLoginDetails, AccountInfo
 from flwr.superlink.auth_plugin import ControlAuthnPlugin
 
-from fedrecgel_secure.deploy.tls import write_private
+from fedrecgel_secure.deploy.launch.tls import write_private
 
 CREDENTIALS = "credentials.yaml"  # flwr's FileCredentialStore file in FLWR_HOME
 _UNUSED_REFRESH = "none"  # flwr's CLI wants a refresh token stored; ours refreshes nothing (a wrong token stays 401)
@@ -98,7 +98,7 @@ def store_control_token(flwr_home: Path, address: str, token_file: Path) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.superlink", add_help=False)
+    parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.launch.superlink", add_help=False)
     parser.add_argument("--control-token-file", type=Path, required=True)
     parser.add_argument("--store-for", metavar="ADDRESS", help="only store the token for the flwr CLI (operator)")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)

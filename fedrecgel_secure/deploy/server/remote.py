@@ -22,6 +22,7 @@ from torch.nn.utils import parameters_to_vector
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply
+from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
@@ -61,7 +62,7 @@ class RemoteTrainer(Trainer):
     def __init__(self, policy: Policy, catalogue: Catalogue, stages: Stages):
         check_deployable(policy)
         self.stages = stages  # before Trainer.__init__, which builds the summer through make_summer
-        self.sealed = policy.privacy.secure_aggregation.scheme != "none"  # the uploads never reach the server
+        self.sealed = deployed(policy).scheme.sealed  # the uploads never reach the server
         super().__init__(policy, catalogue)
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
         self.checkpointed = 0
@@ -76,20 +77,11 @@ class RemoteTrainer(Trainer):
     def make_summer(self, dim: int):
         """Under secure aggregation the summer runs the protocol's stages on the nodes (``dim`` counts the
         clipped bit of adaptive clipping, one more coordinate); in the clear, the simulator's plain sum."""
-        scheme = self.policy.privacy.secure_aggregation.scheme
-        if scheme == "none":
+        name = deployed(self.policy).server_summer
+        if name is None:
             return super().make_summer(dim)
-        exchange = self._secagg_exchange(self.stages, dim)
-        if scheme == "masking":
-            from fedrecgel_secure.deploy.secagg_summer import NodeMaskingSum, setup_of
-
-            return NodeMaskingSum(setup_of(self.policy, dim), exchange, self._users_of())
-        from fedrecgel_secure.deploy import he_node
-        from fedrecgel_secure.deploy.he_summer import NodeHESum
-
-        setup = he_node.setup_of(self.policy, dim)
-        key_holder = self._key_holder_call(self.stages, dim)
-        return NodeHESum(setup, exchange, key_holder, self._users_of())
+        exchange, key_holder = self._secagg_exchange(self.stages, dim), self._key_holder_call(self.stages, dim)
+        return part(name)(setup_of(self.policy, dim), exchange, key_holder, self._users_of())
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
         keep = getattr(self.aggregation.summer, "keep_releases", None)
@@ -137,7 +129,7 @@ class RemoteTrainer(Trainer):
             # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
-            from fedrecgel_secure.deploy.secagg_stages import train_binding
+            from fedrecgel_secure.deploy.masking_stages import train_binding
 
             binding = train_binding(common["shared"], int(clients.size), clip_norm)  # the attempt is bound to it
             common.update(

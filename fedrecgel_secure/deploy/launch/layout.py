@@ -27,8 +27,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.node import KEY_HOLDER
-from fedrecgel_secure.deploy.tls import TlsFiles
+from fedrecgel_secure.deploy.launch.tls import TlsFiles
+from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT
@@ -56,7 +56,7 @@ packages = ["."]
 publisher = "fedrecgel"
 
 [tool.flwr.app.components]
-serverapp = "fedrecgel_secure.deploy.serverapp:app"
+serverapp = "fedrecgel_secure.deploy.server.serverapp:app"
 clientapp = "{clientapp}"
 
 [tool.flwr.app.config]
@@ -67,8 +67,8 @@ catalogue = ""
 """
 
 
-RELAY = "fedrecgel_secure.deploy.clientapp:app"  # to the node's resident engine (deploy/engine.py)
-PER_MESSAGE = "fedrecgel_secure.deploy.node_app:app"  # the handlers themselves: Flower's process per message
+RELAY = "fedrecgel_secure.deploy.node.clientapp:app"  # to the node's resident engine (deploy/node/engine.py)
+PER_MESSAGE = "fedrecgel_secure.deploy.node.handlers:app"  # the handlers themselves: Flower's process per message
 
 
 def write_app(app_dir: Path, clientapp: str = RELAY) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
-from fedrecgel_secure.deploy.node import KEY_HOLDER
+from fedrecgel_secure.deploy.launch.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
+from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
+from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 
 
@@ -47,7 +48,7 @@ def _engine(node_config: str) -> list[str]:
     return [
         "# its resident engine first, as the node's own account (it listens on engine.sock in the state directory,",
         "# which only that account can open); restart it after a crash: it resumes from the state directory",
-        f"python -m fedrecgel_secure.deploy.engine --node-config '{node_config}' &",
+        f"python -m fedrecgel_secure.deploy.node.engine --node-config '{node_config}' &",
     ]
 
 
@@ -68,8 +69,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
     state = {k: d.state_dir.format(shard=k) for k in shards}
     each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
-    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
-    keyed = shards + ([KEY_HOLDER] if bfv else [])  # every SuperNode: the client nodes, and the BFV key holder
+    key_holder = deployed(policy).scheme.key_holder  # BFV's: a SuperNode of its own
+    keyed = shards + ([KEY_HOLDER] if key_holder else [])  # every SuperNode: the client nodes, and the key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
         "every machine needs `pip install 'fedrecgel-secure[flower]'`",
@@ -126,7 +127,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         f"# the SuperLink machine: shards/{MANIFEST} only (public: the catalogue size and each node's user count)",
         *(
             [f"# the key holder's machine: shards/{MANIFEST} too (its DP noise needs the number of users)"]
-            if bfv
+            if key_holder
             else []
         ),
     ]
@@ -148,7 +149,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         f"# task only to the SuperExec holding {SUPEREXEC_SECRET_FILE} (so does each node's, on its own machine)",
         f"(umask 077; python -c 'import secrets; print(secrets.token_urlsafe(32))' > {CONTROL_TOKEN_FILE})",
         MAKE_SECRET,
-        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
+        f"python -m fedrecgel_secure.deploy.launch.superlink --control-token-file {CONTROL_TOKEN_FILE} {link_sec}"
         + (" --enable-supernode-auth" if auth else "")
         + f" --host {s.host} --port {s.port} --disable-runtime-dependency-installation{ISOLATED}"
         + (" --database superlink.db   # registrations survive a restart" if auth else ""),
@@ -168,7 +169,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         out.append(f'root-certificates = "/absolute/path/to/{Path(ca).name}"')
     out += [
         f"# and the SuperLink's {CONTROL_TOKEN_FILE} (0600), into FLWR_HOME's credential store for this address:",
-        f"python -m fedrecgel_secure.deploy.superlink --control-token-file {CONTROL_TOKEN_FILE} --store-for {address}",
+        f"python -m fedrecgel_secure.deploy.launch.superlink --control-token-file {CONTROL_TOKEN_FILE}"
+        f" --store-for {address}",
     ]
     if auth:
         section("Operator: register each node's public key before that node starts")
@@ -202,7 +204,7 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
             *_superexec("127.0.0.1", 9094, "--insecure"),
         ]
     out += each
-    if bfv:
+    if key_holder:
         kh = d.key_holder_dir
         section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
         out += [

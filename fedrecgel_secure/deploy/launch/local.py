@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-from fedrecgel_secure.deploy.channel import socket_path
-from fedrecgel_secure.deploy.layout import (
+from fedrecgel_secure.deploy.launch.layout import (
     CONTROL_TOKEN_FILE,
     PER_MESSAGE,
     POLICY_FILE,
@@ -36,8 +35,7 @@ from fedrecgel_secure.deploy.layout import (
     write_app,
     write_connection,
 )
-from fedrecgel_secure.deploy.node import KEY_HOLDER, state_dir_for
-from fedrecgel_secure.deploy.processes import (
+from fedrecgel_secure.deploy.launch.processes import (
     Processes,
     flower_bin,
     flower_path,
@@ -45,7 +43,10 @@ from fedrecgel_secure.deploy.processes import (
     stop_on_signals,
     wait_for_port,
 )
-from fedrecgel_secure.deploy.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
+from fedrecgel_secure.deploy.launch.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
+from fedrecgel_secure.deploy.node.channel import socket_path
+from fedrecgel_secure.deploy.node.shard import KEY_HOLDER, state_dir_for
+from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.rundir import METRICS, SUMMARY
 
@@ -94,14 +95,11 @@ class Deployment:
     def describe(self) -> str:
         """One line: which processes start, how they talk, what the server sees, the DP noise."""
         p = self.policy
-        tls, scheme, dp = p.deployment.tls, p.privacy.secure_aggregation.scheme, p.privacy.dp
-        nodes = f"{p.deployment.nodes} client SuperNodes" + (" and the BFV key holder's" if scheme == "bfv" else "")
+        tls, row, dp = p.deployment.tls, deployed(p), p.privacy.dp
+        holder = " and the BFV key holder's" if row.scheme.key_holder else ""
+        nodes = f"{p.deployment.nodes} client SuperNodes{holder}"
         transport = "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "no TLS"
-        sees = {
-            "none": "the server sees every upload",
-            "masking": "masking: the server sees the sum only",
-            "bfv": "bfv: the server sees ciphertexts and the sum only",
-        }[scheme]
+        sees = row.server_sees
         seeded = ", SEEDED noise (research mode: predictable from the policy)" if dp.noise == "seeded" else ""
         noise = f"; DP {dp.mode}{seeded}" if dp.enabled else ""
         # what another account of this machine can still do (see superlink.py for what it cannot)
@@ -140,7 +138,7 @@ class Deployment:
             # flwr's flower-superlink with the Control API closed to all but this deployment's token (superlink.py)
             sys.executable,
             "-m",
-            "fedrecgel_secure.deploy.superlink",
+            "fedrecgel_secure.deploy.launch.superlink",
             "--control-token-file",
             str(self.control_token),
             *sec,
@@ -200,7 +198,7 @@ class Deployment:
         """Node ``shard``'s resident engine (:mod:`.engine`): the same node config as its SuperNode."""
         state_dir = state_dir_for(self.policy, self.out, shard)
         config = node_config(self.policy_file, shard, state_dir, self.node_data(shard))
-        return [sys.executable, "-m", "fedrecgel_secure.deploy.engine", "--node-config", config]
+        return [sys.executable, "-m", "fedrecgel_secure.deploy.node.engine", "--node-config", config]
 
     def start_engine(self, shard: int | str) -> subprocess.Popen:
         """Start (or start again, after a crash) node ``shard``'s engine; it listens once torch and its shard are
@@ -261,12 +259,15 @@ class Deployment:
         return json.loads(result.stdout)["nodes"]
 
     def start(self) -> None:
-        from fedrecgel_secure.deploy.superlink import new_control_token, store_control_token  # flwr: imported late
+        from fedrecgel_secure.deploy.launch.superlink import (  # flwr: imported late
+            new_control_token,
+            store_control_token,
+        )
 
         d = self.policy.deployment
         # the policy's split, cut into one file per node: each node process is given only its own
         write_shards(self.policy, self.shards)
-        roles = list(range(d.nodes)) + ([KEY_HOLDER] if self.policy.privacy.secure_aggregation.scheme == "bfv" else [])
+        roles = list(range(d.nodes)) + ([KEY_HOLDER] if deployed(self.policy).scheme.key_holder else [])
         n = len(roles)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
         self.port, *node_ports = free_ports(1 + n)
@@ -318,8 +319,7 @@ class Deployment:
     def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
         """Until the run's summary appears (bounded: each stage of a round at the stage timeout, plus start-up)."""
         d = self.policy.deployment
-        scheme = self.policy.privacy.secure_aggregation.scheme
-        stages = 2 + {"none": 0, "masking": 4, "bfv": 1}[scheme]  # train and evaluate, plus the protocol's
+        stages = 2 + deployed(self.policy).round_stages  # train and evaluate, plus the protocol's
         setup = 2 * stages * d.stage_timeout  # hello, and the protocol's once-per-server stages
         deadline = time.monotonic() + 120 + setup + rounds_to_go * stages * (d.stage_timeout + 10)
         started = time.time()

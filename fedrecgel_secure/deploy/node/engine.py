@@ -1,6 +1,6 @@
 """A node's resident engine: one long-lived process per node that answers the server's messages.
 
-``python -m fedrecgel_secure.deploy.engine --node-config '<the SuperNode's --node-config>'``
+``python -m fedrecgel_secure.deploy.node.engine --node-config '<the SuperNode's --node-config>'``
 
 Why: flwr 1.42 starts a fresh ``flwr-clientapp`` process for every message, which handles that one task and
 exits (``flwr/supernode/runtime/run_clientapp.py``: it pulls one task with its token, runs the ClientApp once,
@@ -8,12 +8,12 @@ pushes the reply and calls ``flwr_exit``); 1.42 has no supported setting that ke
 run. Started that way, every stage of every round imported torch, read the shard and rebuilt the model on every
 node. Here the ClientApp (:mod:`.clientapp`) is a relay that imports none of that and forwards each message over
 the node's local channel (:mod:`.channel`) to this process, which holds torch, the shard, the policy, the model
-and the protocol code in memory and runs the very handlers a ClientApp would (:data:`.node_app.app`), one
+and the protocol code in memory and runs the very handlers a ClientApp would (:data:`.handlers.app`), one
 request at a time.
 
 What it guarantees: it serves only its own account (the socket is in the node's 0700 state directory, 0600, and
 every peer's uid is checked); the users' state reaches disk at each committed round exactly as before
-(:class:`~.node.Node`), so an engine killed at any point and started again resumes from disk; while it is down,
+(:class:`~.shard.Node`), so an engine killed at any point and started again resumes from disk; while it is down,
 the relay's bounded wait ends in an error reply, which the server treats as this node dropping out.
 """
 
@@ -27,9 +27,9 @@ import struct
 import time
 from pathlib import Path
 
-from fedrecgel_secure.deploy.channel import ERROR, MESSAGE, reachable, receive, send, socket_path
+from fedrecgel_secure.deploy.node.channel import ERROR, MESSAGE, reachable, receive, send, socket_path
 
-log = logging.getLogger("fedrecgel_secure.deploy.engine")
+log = logging.getLogger("fedrecgel_secure.deploy.node.engine")
 READ_TIMEOUT = 60.0  # a peer that connects and sends nothing holds the engine this long at most
 
 
@@ -41,15 +41,15 @@ def parse_node_config(text: str) -> dict:
 
 
 class Engine:
-    """Answers serialized Flower Messages for one node (``node_config``), with :data:`.node_app.app`."""
+    """Answers serialized Flower Messages for one node (``node_config``), with :data:`.handlers.app`."""
 
     def __init__(self, node_config: dict):
         from flwr.app import Context, RecordDict
 
         # torch, the model, the protocols: imported once, here
-        import fedrecgel_secure.deploy.node
+        import fedrecgel_secure.deploy.node.shard
         import fedrecgel_secure.privacy.secagg.session  # noqa: F401  every protocol (the package imports them lazily)
-        from fedrecgel_secure.deploy.node_app import app
+        from fedrecgel_secure.deploy.node.handlers import app
 
         self.node_config, self.app = node_config, app
         self._context = lambda msg: Context(
@@ -109,7 +109,7 @@ class Engine:
 
 def main(argv: list[str] | None = None) -> None:
     doc = __doc__.split("\n")[0]
-    parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.engine", description=doc)
+    parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.node.engine", description=doc)
     parser.add_argument("--node-config", required=True, help="the same string as the node's flower-supernode")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -21,38 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from fedrecgel_secure.deploy.timing import mean_parts, reply_parts
-from fedrecgel_secure.deploy.wire import pack, pack_json, unpack, unpack_json
+from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.policy import DeploymentPolicy
 
 KEY_HOLDER = -1  # the key holder's place among the shards in one exchange
 STAGES = "stages.jsonl"
-
-
-def to_record(payload: dict):
-    """A payload of arrays, ints, strings and JSON-able dicts as one Flower RecordDict."""
-    from flwr.app import ConfigRecord, RecordDict
-
-    cfg = {}
-    for k, v in payload.items():
-        if isinstance(v, np.ndarray):
-            cfg["a:" + k] = pack(v)
-        elif isinstance(v, dict):
-            cfg["j:" + k] = pack_json(v)
-        else:
-            cfg[k] = v
-    return RecordDict({"payload": ConfigRecord(cfg)})
-
-
-def from_record(content) -> dict:
-    out = {}
-    for k, v in content["payload"].items():
-        if k.startswith("a:"):
-            out[k[2:]] = unpack(v)
-        elif k.startswith("j:"):
-            out[k[2:]] = unpack_json(v)
-        else:
-            out[k] = v
-    return out
 
 
 @dataclass
@@ -198,7 +171,7 @@ class FlowerStages:
         return self.exchange("query.evaluate", f"eval-{round_idx}", payloads)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
-        """One stage of the secure-aggregation protocol (:mod:`.secagg_stages`) on the nodes that host its users."""
+        """One stage of the secure-aggregation protocol (:mod:`.masking_stages`) on the nodes that host its users."""
         return self.exchange(
             "query.secagg", f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
         )

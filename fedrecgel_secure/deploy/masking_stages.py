@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from fedrecgel_secure.deploy.secagg_node import StageResult
+from fedrecgel_secure.deploy.node.masking_node import StageResult
 from fedrecgel_secure.privacy.secagg.clients import Reply
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
 from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
@@ -64,7 +64,7 @@ def request(stage: str, messages: Mapping[int, bytes], broadcast: bytes | None =
     """One node's message of a stage: the users it addresses, and either one broadcast or a message per user.
 
     No round travels beside them: a node acts on the round of its users'
-    signed announcement only (:class:`~fedrecgel_secure.deploy.secagg_node.MaskingNode`).
+    signed announcement only (:class:`~fedrecgel_secure.deploy.node.masking_node.MaskingNode`).
     """
     out: dict = {"stage": stage, "users": np.asarray(sorted(messages), dtype=np.int64)}
     if broadcast is not None:

@@ -18,8 +18,9 @@ app = ServerApp()
 
 def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: Path) -> dict:
     from fedrecgel_secure.data.shards import load_catalogue
-    from fedrecgel_secure.deploy.remote import RemoteTrainer
-    from fedrecgel_secure.deploy.stages import STAGES, FlowerStages
+    from fedrecgel_secure.deploy.schemes import deployed
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
+    from fedrecgel_secure.deploy.server.stages import STAGES, FlowerStages
     from fedrecgel_secure.errors import BadInputError
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.rundir import CHECKPOINT
@@ -29,7 +30,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
     if (out_dir / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    with_key_holder = policy.privacy.secure_aggregation.scheme == "bfv"
+    with_key_holder = deployed(policy).scheme.key_holder
     stages = FlowerStages(
         grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES, run_dir=out_dir
     )

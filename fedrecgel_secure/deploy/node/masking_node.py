@@ -7,7 +7,7 @@ node's state directory, under ``secagg/``:
 ``user-U.pem``      user U's Ed25519 identity key (made here, 0600, never sent; only its public key is)
 ``session.json``    the session's public facts: server key, session tag, every client's public key
 ``attempt-U.json``  user U's secrets of the current attempt and the last round it confirmed (0600,
-                    :mod:`.secagg_client_state`); a new session drops the attempt and keeps the round
+                    :mod:`.masking_client_state`); a new session drops the attempt and keeps the round
 ``inputs-R.npz``    the vectors the node's users of round R will mask (0600; written by the train stage;
                     a user's row goes once it confirmed round R, the file once no row is left)
 
@@ -32,28 +32,18 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.secagg_client_state import end_attempt, load_attempt, save_attempt
+from fedrecgel_secure.deploy.node.masking_client_state import end_attempt, load_attempt, save_attempt
+from fedrecgel_secure.deploy.node.users import UserIdentities
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
-from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, IdentityDirectory
+from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
-from fedrecgel_secure.privacy.secagg.masking import MaskingParams
 from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
 # round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
 # the "masked" stage only, with the round of each user's signed announcement
 Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
-
-
-@dataclass(frozen=True)
-class MaskingSetup:
-    """What every party derives from the policy: vector length, neighbourhoods, value grid, threshold."""
-
-    dim: int
-    params: MaskingParams
-    encoding: FixedPoint
-    min_clients: int
 
 
 @dataclass
@@ -63,41 +53,8 @@ class StageResult:
     clipped: dict[int, int] = field(default_factory=dict)  # user -> values the grid clipped (masked stage)
 
 
-class UserIdentities:
-    """The Ed25519 identity keys of a node's users (``secagg/user-U.pem``, 0600), used by masking and BFV alike."""
-
-    def __init__(self, state_dir: Path, users: list[int]):
-        self.dir = Path(state_dir) / "secagg"
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.users = [int(u) for u in users]
-
-    def _key_path(self, user: int) -> Path:
-        return self.dir / f"user-{user}.pem"
-
-    def identity(self, user: int) -> ClientIdentity:
-        """User ``user``'s identity key (private; it signs that user's protocol messages)."""
-        return ClientIdentity.load(user, self._key_path(user))
-
-    def public_keys(self) -> dict[int, bytes]:
-        """Each user's public identity key; the private halves are made here on first call and stay here."""
-        out = {}
-        for u in self.users:
-            path = self._key_path(u)
-            if not path.exists():
-                ClientIdentity.generate(u).save(path)
-            out[u] = ClientIdentity.load(u, path).public_bytes
-        return out
-
-    def check(self, directory: Mapping[int, bytes]) -> None:
-        """Refuse a directory (from the server) that misstates this node's own users' keys."""
-        mine = self.public_keys()
-        wrong = [u for u in self.users if directory.get(u) != mine[u]]
-        if wrong:
-            raise ValueError(f"the server's directory misstates the keys of users {wrong[:10]}")
-
-
 class MaskingNode(UserIdentities):
-    def __init__(self, state_dir: Path, users: list[int], setup: MaskingSetup):
+    def __init__(self, state_dir: Path, users: list[int], setup: Setup):
         super().__init__(state_dir, users)
         self.setup = setup
 
@@ -112,6 +69,27 @@ class MaskingNode(UserIdentities):
         write_private_file(self.dir / "session.json", json.dumps(facts, sort_keys=True).encode())
         for path in self.dir.glob("attempt-*.json"):
             end_attempt(path)  # nothing of an old session's attempt may continue; its confirmed rounds stay closed
+
+    # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
+    def keys_reply(self) -> dict:
+        """The ``keys`` set-up stage: each user's public identity key."""
+        return {f"k:{u}": k for u, k in self.public_keys().items()}
+
+    def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
+        """The ``join`` set-up stage: the server's signing key and session tag, and every user's key."""
+        self.join(request["server_key"], request["session_tag"], directory)
+
+    def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
+        """What the train reply carries for masking: no vector (they stay here until the masked stage) but the
+        round's first protocol stage, the sampled users' adverts."""
+        from fedrecgel_secure.deploy.masking_stages import reply, train_binding
+
+        self.keep_inputs(round_idx, clients, vectors, shares, sampled)
+        # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
+        # model and settings this node was sent: users sent another model than their peers get no sum
+        binding = train_binding(request["shared"], request.get("participants"), request.get("clip_norm"))
+        announced = dict.fromkeys(clients.tolist(), request["announce"])
+        return reply(self.step("advertise", announced, round_idx=round_idx, binding=binding))
 
     def _client(self, user: int) -> MaskingClient:
         facts = json.loads((self.dir / "session.json").read_text())
@@ -205,7 +183,7 @@ class MaskingNode(UserIdentities):
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
         default). ``round_idx``: the round the node trained, when the announcement came with the train message;
         then a user refuses an announcement of any other round; ``binding``: the digest of the model it was
-        trained on (:func:`~fedrecgel_secure.deploy.secagg_stages.train_binding`), which the attempt is bound to.
+        trained on (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), which the attempt is bound to.
         Masked stage: a user whose signed cohort is larger than the sample its DP noise share was sized for
         (:meth:`sampled`), or smaller, refuses to upload: the server misstated the sample, so the shares would
         not add up to the planned noise.

@@ -27,23 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.secagg_node import MaskingSetup
-from fedrecgel_secure.deploy.secagg_stages import MaskingDriver, reported_keys
+from fedrecgel_secure.deploy.masking_stages import MaskingDriver, reported_keys
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
-from fedrecgel_secure.privacy.secagg.settings import encoding, masking_params
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 # stage, payload per shard -> replies per shard that arrived in time
 Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
-
-
-def setup_of(policy, dim: int):
-    settings = policy.privacy.secure_aggregation
-    return MaskingSetup(dim, masking_params(settings.masking), encoding(settings), settings.min_clients)
 
 
 RELEASES = "releases"  # in the run directory
@@ -109,11 +103,17 @@ class Releases:
 
 
 class NodeMaskingSum:
-    def __init__(self, setup: MaskingSetup, exchange: Exchange, users_of: dict[int, list[int]]):
+    def __init__(self, setup: Setup, exchange: Exchange, users_of: dict[int, list[int]]):
         self.setup, self.exchange, self.users_of = setup, exchange, users_of
         self.driver: MaskingDriver | None = None
         self.adverts: dict[int, dict] | None = None  # this round's adverts, if they came with the train replies
         self.releases: Releases | None = None
+
+    @classmethod
+    def for_deployment(cls, setup: Setup, exchange: Exchange, key_holder, users_of: dict[int, list[int]]):
+        """The scheme table's constructor (:mod:`fedrecgel_secure.deploy.schemes`), shared with BFV's summer;
+        masking has no key holder, so ``key_holder`` goes unused."""
+        return cls(setup, exchange, users_of)
 
     def keep_releases(self, run_dir: Path, keep: int) -> None:
         """Keep each round's release in ``run_dir`` and reuse it when a resumed server trains that round again."""

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.deploy.node.users import UserIdentities
+from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
-from fedrecgel_secure.privacy.secagg.settings import bfv_params, encoding
 
 KEY_FILE = "keyholder.key"
 SUMS = "he-sums.json"
@@ -50,27 +49,10 @@ def _suite():
     return hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
 
 
-@dataclass(frozen=True)
-class HESetup:
-    """What every party derives from the policy: vector length, BFV parameters, value grid, threshold."""
-
-    dim: int
-    params: object  # BFVParams
-    encoding: FixedPoint
-    min_clients: int
-
-
-def setup_of(policy, dim: int) -> HESetup:
-    settings = policy.privacy.secure_aggregation
-    return HESetup(dim, bfv_params(settings.bfv), encoding(settings), settings.min_clients)
-
-
 class HENode:
     """A client node's users as BFV clients: they encrypt and sign their vectors in the train stage."""
 
-    def __init__(self, state_dir: Path, users: list[int], setup: HESetup):
-        from fedrecgel_secure.deploy.secagg_node import UserIdentities
-
+    def __init__(self, state_dir: Path, users: list[int], setup: Setup):
         self.keys = UserIdentities(state_dir, users)
         self.dir, self.users, self.setup = self.keys.dir, self.keys.users, setup
 
@@ -96,6 +78,21 @@ class HENode:
             raise ValueError("the key holder sealed tag keys for other users than this node's")
         facts = {"context": public_context.hex(), "session_tag": session_tag.hex(), "tag_keys": tag_keys}
         write_private_file(self.dir / "he.json", json.dumps(facts).encode())
+
+    # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
+    def keys_reply(self) -> dict:
+        """The ``keys`` set-up stage: each user's public identity key, and the node's sealing key."""
+        return {**{f"k:{u}": k for u, k in self.keys.public_keys().items()}, "seal": self.sealing_key()}
+
+    def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
+        """The ``join`` set-up stage: the key holder's public context and the tag keys it sealed to this node."""
+        self.join(request["context"], request["session_tag"], request["sealed"], directory)
+
+    def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
+        """What the train reply carries for BFV: the sum of the users' signed, tagged ciphertexts, with their
+        proofs. (``sampled`` serves masking's cohort check; BFV's users sign no cohort.)"""
+        partial, clipped = self.partial_sum(round_idx, clients, vectors, shares)
+        return {"partial": partial, "clipped": clipped}
 
     def encrypt(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
         """Each sampled client's signed, tagged ciphertexts of its vector (plus its noise share), and the number
@@ -165,7 +162,7 @@ class HENode:
 class KeyHolderNode:
     """The key holder's node: makes the BFV keys, hands out tag keys sealed per node, decrypts one aggregate a round."""
 
-    def __init__(self, state_dir: Path, setup: HESetup):
+    def __init__(self, state_dir: Path, setup: Setup):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.setup = setup

@@ -3,7 +3,7 @@
 node_config: ``shard``, ``state-dir``, ``policy``, ``data`` (its shard file); the key holder ``role="keyholder"``
 and ``catalogue``. This module imports torch and the node's engine as it needs them; the node's resident engine
 (:mod:`.engine`) runs :data:`app` in one long-lived process, fed by the Flower ClientApp :mod:`.clientapp`, a relay
-that imports neither. :class:`~.node.Node` objects (the shard, the model, the fresh state) are kept between
+that imports neither. :class:`~.shard.Node` objects (the shard, the model, the fresh state) are kept between
 messages in that process (:func:`_node`); the users' state still goes to disk at each committed round, so a
 restarted engine resumes from it exactly.
 """
@@ -15,7 +15,8 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedrecgel_secure.deploy.stages import from_record, to_record
+from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
+from fedrecgel_secure.deploy.wire import from_record, to_record
 
 app = ClientApp()
 _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy digest, its Node), in this process
@@ -28,7 +29,7 @@ def _not_the_key_holder(context: Context) -> None:
 
 
 def _node(context: Context, digest: str | None):
-    from fedrecgel_secure.deploy.node import Node, private_umask
+    from fedrecgel_secure.deploy.node.shard import Node, private_umask
     from fedrecgel_secure.policy import load_policy
 
     _not_the_key_holder(context)
@@ -50,7 +51,7 @@ def _commits(req: dict) -> dict[int, list[int]]:
 @app.query("hello")
 def hello(msg: Message, context: Context) -> Message:
     """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
-    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
@@ -69,75 +70,49 @@ def train(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
-    scheme = node.policy.privacy.secure_aggregation.scheme
+    sealed = deployed(node.policy).scheme.sealed
     dp = None
-    if scheme != "none":  # the DP settings come from the node's own policy; a message that disagrees is refused
+    if sealed:  # the DP settings come from the node's own policy; a message that disagrees is refused
         sampled = np.asarray(req["sampled"])
         dp = node.dp_round(
             round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
         )
     trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
     # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
-    out = trained.payload(sealed=scheme != "none")
-    if scheme != "none":
+    out = trained.payload(sealed=sealed)
+    if sealed:
+        # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
+        # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
         vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
-    if scheme == "bfv":  # the sum of the users' signed, tagged ciphertexts goes with the reply, with their proofs
-        partial, clipped = _he_node(context, node.policy, node.users.tolist(), int(req["dim"])).partial_sum(
-            round_idx, out["clients"], vectors, shares
-        )
-        out.update(partial=partial, clipped=clipped)
-    if scheme == "masking":
-        # the vectors (clipped, under DP, with their noise shares) stay here until the masked stage
-        masking = _masking_node(context, node.policy, node.users.tolist(), int(req["dim"]))
-        masking.keep_inputs(round_idx, out["clients"], vectors, shares, None if dp is None else dp.participants)
-        # the round's first protocol stage rides on this message: the sampled users advertise their keys
-        from fedrecgel_secure.deploy.secagg_stages import reply, train_binding
-
-        # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
-        # model and settings this node was sent: users sent another model than their peers get no sum
-        users = out["clients"].tolist()
-        binding = train_binding(req["shared"], req.get("participants"), req.get("clip_norm"))
-        announced = dict.fromkeys(users, req["announce"])
-        out.update(reply(masking.step("advertise", announced, round_idx=round_idx, binding=binding)))
+        role = _role(context, node.policy, node.users.tolist(), int(req["dim"]))
+        participants = None if dp is None else dp.participants  # the sample the noise shares are sized for
+        out.update(role.train_reply(round_idx, out["clients"], vectors, shares, participants, req))
     return Message(to_record(out), reply_to=msg)
 
 
-def _masking_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.secagg_node import MaskingNode
-    from fedrecgel_secure.deploy.secagg_summer import setup_of
-
-    return MaskingNode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
-
-
-def _he_node(context: Context, policy, users: list[int], dim: int):
-    from fedrecgel_secure.deploy.he_node import HENode, setup_of
-
-    return HENode(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
+def _role(context: Context, policy, users: list[int], dim: int):
+    """This node's users in the policy's protocol (the scheme table's ``node_role``), over the state directory."""
+    name = deployed(policy).node_role
+    if name is None:
+        raise RuntimeError("this node's policy runs no secure aggregation")
+    return part(name)(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
 
 
 @app.query("secagg")
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
-    masking's stages (:mod:`fedrecgel_secure.deploy.secagg_node`, :mod:`fedrecgel_secure.deploy.he_node`)."""
-    from fedrecgel_secure.deploy.secagg_stages import messages_of, reply
+    masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`, :mod:`fedrecgel_secure.deploy.node.he_node`)."""
+    from fedrecgel_secure.deploy.masking_stages import messages_of, reply
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
-    policy, users = resident.policy, resident.users.tolist()
-    node = _masking_node(context, policy, users, int(req["dim"]))
+    node = _role(context, resident.policy, resident.users.tolist(), int(req["dim"]))
     stage = str(req["stage"])
     keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
-    bfv = policy.privacy.secure_aggregation.scheme == "bfv"
-    he = _he_node(context, policy, users, int(req["dim"])) if bfv else None
     if stage == "keys":
-        out = {f"k:{u}": k for u, k in node.public_keys().items()}
-        if he is not None:
-            out["seal"] = he.sealing_key()
-    elif stage == "join" and he is not None:
-        he.join(req["context"], req["session_tag"], req["sealed"], keys)
-        out = {"joined": 1}
+        out = node.keys_reply()
     elif stage == "join":
-        node.join(req["server_key"], req["session_tag"], keys)
+        node.join_session(req, keys)
         out = {"joined": 1}
     else:
         # each user masks its input of the round its attempt's signed announcement names; the payload's round is
@@ -151,8 +126,8 @@ def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
     import numpy as np
 
-    from fedrecgel_secure.deploy.he_node import KeyHolderNode, setup_of
-    from fedrecgel_secure.deploy.node import private_umask
+    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
@@ -176,7 +151,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
             # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
             # aggregate's signed round; the request has no say
-            from fedrecgel_secure.deploy.node import key_holder_population
+            from fedrecgel_secure.deploy.node.shard import key_holder_population
             from fedrecgel_secure.federation.build import make_dp_mechanism
 
             population = key_holder_population(policy, context.node_config.get("catalogue"))

@@ -1,0 +1,87 @@
+"""Each secure-aggregation scheme's parts in a deployment, in one table that the server, the nodes and the launcher
+read instead of comparing the scheme's name.
+
+A row adds to the scheme's shared facts (:class:`~fedrecgel_secure.privacy.secagg.schemes.Scheme`: sealed uploads,
+a key holder) where its server and node code live. They are named as ``"module:attribute"`` and imported only by
+the role that runs them (:func:`part`): the launcher and the node's relay read this table without loading torch
+or a protocol, and a server never imports a node's code. :class:`Setup` is what every party of a session derives
+from the policy, so the server and the nodes agree on it without sending it.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from dataclasses import dataclass
+from typing import Any
+
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.privacy.secagg.schemes import SCHEMES, Scheme, scheme_of
+from fedrecgel_secure.privacy.secagg.settings import encoding
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every party derives from the policy: vector length, protocol parameters, value grid, threshold."""
+
+    dim: int
+    params: Any  # MaskingParams or BFVParams (the scheme's :attr:`Scheme.params`)
+    encoding: FixedPoint
+    min_clients: int
+
+
+def setup_of(policy, dim: int) -> Setup:
+    """The session set-up of the policy's scheme for vectors of ``dim`` values (a sealed scheme only)."""
+    settings = policy.privacy.secure_aggregation
+    return Setup(dim, scheme_of(settings).params(settings), encoding(settings), settings.min_clients)
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """One scheme in a deployment. A sealed scheme names both sides of its protocol; an unsealed one names none
+    (the server sums the uploads in the clear, as the simulator does).
+
+    ``server_summer``: ``(setup, exchange, key_holder, users_of) -> summer``, the server's side, standing where the
+    simulator's summer stands in the aggregation rule (:meth:`.server.remote.RemoteTrainer.make_summer`).
+    ``node_role``: ``(state_dir, users, setup) -> role``, a node's users in the protocol (:mod:`.node.handlers`):
+    ``keys_reply()`` (the ``keys`` set-up stage), ``join_session(request, directory)`` (``join``) and
+    ``train_reply(round_idx, clients, vectors, noise_shares, sampled, request)`` (what the train reply carries in
+    place of the vectors); masking's role also runs its protocol stages (``step``).
+    The launcher reads :attr:`Scheme.key_holder` (one more SuperNode, ``role=keyholder``), ``round_stages`` (to
+    bound how long a run may take) and ``server_sees`` (for the line it prints on start).
+    """
+
+    scheme: Scheme
+    server_sees: str  # what the server learns of the uploads, as the launcher states it
+    round_stages: int = 0  # the protocol's stages in each round, besides train and evaluate
+    server_summer: str | None = None
+    node_role: str | None = None
+
+
+_ROLES = "fedrecgel_secure.deploy"
+DEPLOYED = {
+    "none": Deployed(SCHEMES["none"], "the server sees every upload"),
+    "masking": Deployed(
+        SCHEMES["masking"],
+        "masking: the server sees the sum only",
+        round_stages=4,  # share, masked, confirm, unmask (the adverts ride on the train stage)
+        server_summer=f"{_ROLES}.server.masking_summer:NodeMaskingSum.for_deployment",
+        node_role=f"{_ROLES}.node.masking_node:MaskingNode",
+    ),
+    "bfv": Deployed(
+        SCHEMES["bfv"],
+        "bfv: the server sees ciphertexts and the sum only",
+        round_stages=1,  # the key holder's decryption (the ciphertexts ride on the train stage)
+        server_summer=f"{_ROLES}.server.he_summer:NodeHESum",
+        node_role=f"{_ROLES}.node.he_node:HENode",
+    ),
+}
+
+
+def deployed(policy) -> Deployed:
+    """The row of the policy's ``privacy.secure_aggregation.scheme``."""
+    return DEPLOYED[policy.privacy.secure_aggregation.scheme]
+
+
+def part(name: str):
+    """The class or function a row names (``"module:attribute"``), its module imported now."""
+    return pkgutil.resolve_name(name)

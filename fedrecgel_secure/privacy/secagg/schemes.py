@@ -1,0 +1,50 @@
+"""What each value of ``privacy.secure_aggregation.scheme`` asks of the parties, in one table.
+
+The simulator (:mod:`fedrecgel_secure.federation.summers`), the deployment's
+server, nodes and launcher (:mod:`fedrecgel_secure.deploy.schemes` adds their
+parts) and the audit read a scheme's facts from here instead of comparing its
+name, so a fact about a scheme is stated once and a new scheme is one new row.
+Importing this module loads no protocol: the parameters are built on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .settings import bfv_params, masking_params
+
+if TYPE_CHECKING:
+    from fedrecgel_secure.policy import SecureAggregationPolicy
+
+    from .he_params import BFVParams
+    from .masking import MaskingParams
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One scheme: whether the server sees the clients' uploads, who holds a key, the protocol's parameters."""
+
+    name: str
+    # the clients' uploads reach the server only inside the protocol's sum, never one by one
+    sealed: bool
+    # a party of its own holds the secret key and decrypts the sum (in a deployment, one more node)
+    key_holder: bool
+    # the protocol's parameters from the policy section; None when no protocol runs
+    params: Callable[[SecureAggregationPolicy], BFVParams | MaskingParams] | None
+
+
+SCHEMES = {
+    s.name: s
+    for s in (
+        Scheme("none", sealed=False, key_holder=False, params=None),
+        Scheme("masking", sealed=True, key_holder=False, params=lambda settings: masking_params(settings.masking)),
+        Scheme("bfv", sealed=True, key_holder=True, params=lambda settings: bfv_params(settings.bfv)),
+    )
+}
+
+
+def scheme_of(settings: SecureAggregationPolicy) -> Scheme:
+    """The row of ``settings.scheme`` (the policy's ``[privacy.secure_aggregation]`` section)."""
+    return SCHEMES[settings.scheme]

@@ -1,0 +1,47 @@
+"""The scheme tables: every scheme a policy accepts has one row, and each row's named parts exist.
+
+The simulator, the deployment's server, nodes and launcher read a scheme's facts from these rows
+(:mod:`fedrecgel_secure.privacy.secagg.schemes`, :mod:`fedrecgel_secure.deploy.schemes`) instead of comparing
+its name; a scheme added to the policy without a row, or a row naming code that moved, fails here rather than
+in the middle of a deployed round.
+"""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from fedrecgel_secure.deploy.schemes import DEPLOYED, part, setup_of
+from fedrecgel_secure.policy import SecureAggregationPolicy, load_policy
+from fedrecgel_secure.privacy.secagg.schemes import SCHEMES
+
+POLICY_SCHEMES = typing.get_args(SecureAggregationPolicy.model_fields["scheme"].annotation)
+
+
+def test_every_scheme_a_policy_accepts_has_one_row_in_each_table():
+    assert set(POLICY_SCHEMES) == set(SCHEMES) == set(DEPLOYED)
+    assert all(row.scheme is SCHEMES[name] for name, row in DEPLOYED.items())
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYED))
+def test_a_sealed_scheme_names_both_sides_of_its_protocol_and_an_unsealed_one_none(name):
+    row = DEPLOYED[name]
+    sides = [row.server_summer, row.node_role]
+    if row.scheme.sealed:
+        assert all(callable(part(s)) for s in sides)
+        assert row.round_stages > 0 and row.scheme.params is not None
+    else:
+        assert sides == [None, None] and row.round_stages == 0 and row.scheme.params is None
+        assert not row.scheme.key_holder  # no protocol, so no key to hold
+
+
+@pytest.mark.parametrize("name", ["masking", "bfv"])
+def test_the_setup_carries_the_schemes_own_parameters(name):
+    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.masking import MaskingParams
+
+    policy = load_policy(None, [f"privacy.secure_aggregation.scheme={name}"])
+    setup = setup_of(policy, 7)
+    assert setup.dim == 7 and setup.min_clients == policy.privacy.secure_aggregation.min_clients
+    assert isinstance(setup.params, {"masking": MaskingParams, "bfv": BFVParams}[name])
