@@ -1,15 +1,16 @@
 """Imports that live as long as the process, kept out of the cyclic garbage collector's passes.
 
-Importing torch makes about a million objects that last until the process
-ends. While they are made, CPython's collector runs full passes over every
-object allocated so far, again and again, and after the last command finishes
-the interpreter makes one more: about half a second of CPU of ``fedrecgel
-train --set federation.rounds=1``, a quarter of what it spends outside training
-(``benchmarks/cli_startup.py``). :func:`lasting_imports` pauses the collector
-while a command imports, then moves every object alive to the permanent
-generation (``gc.freeze``), which no later pass visits; objects made afterwards
-(the run's) are collected as before. Nothing a run writes depends on when the
-collector runs.
+Importing torch makes hundreds of thousands of objects that last until the
+process ends. While they are made, CPython's collector runs passes over the
+objects allocated so far, full ones among them, and when the command is done
+the interpreter's exit makes one more over all of them: together the largest
+cost of ``fedrecgel train --set federation.rounds=1`` outside training after
+torch's import itself (``benchmarks/cli_startup.py`` measures it).
+:func:`lasting_imports` pauses the collector while a command imports, then
+moves every object alive to the permanent generation (``gc.freeze``), which no
+later pass visits; objects made afterwards (the run's) are collected as before.
+Nothing a run writes depends on when the collector runs. The few thousand
+objects of cyclic garbage that the imports leave are kept (about a megabyte).
 
 Freezing is irreversible for the objects alive at that moment, so it is done
 only in a process the command owns (:func:`own_process`, called by ``main()``

@@ -93,7 +93,7 @@ def test_a_run_writes_the_same_files_whether_or_not_its_imports_were_frozen(tmp_
 
 def test_train_runs_no_collection_over_torchs_objects_before_they_are_frozen(tmp_path):
     """A one-round `train` in its own process: the collector never runs while torch is loaded and not yet frozen
-    (each such pass visits its million objects; before, three full passes and hundreds of young ones did)."""
+    (each such pass visits torch's objects; before, three full passes and hundreds of young ones did)."""
     data = write_ratings(tmp_path / "ratings.txt")
     probe = (
         "import gc, runpy, sys\n"
