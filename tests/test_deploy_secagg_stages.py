@@ -264,7 +264,8 @@ def test_a_users_kept_input_is_deleted_once_it_confirmed_the_round(tmp_path):
             messages = messages_of(from_record(to_record(payload)))
             nd = MaskingNode(tmp_path / f"node-{n}", USERS_OF[n], SETUP)
             kept = None if n == 0 else lambda r, us: {u: (vector(u, r), None) for u in us}  # node 0's own
-            parts = [{u: m for u, m in messages.items() if u != 0}, {0: messages[0]}] if n == 0 else [messages]
+            split = n == 0 and stage == "confirm"  # (a masked stage's reply holds one group: not split)
+            parts = [{u: m for u, m in messages.items() if u != 0}, {0: messages[0]}] if split else [messages]
             replies = {}
             for part in parts:
                 replies.update(reply(nd.step(stage, part, kept)))

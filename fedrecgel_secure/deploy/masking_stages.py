@@ -83,10 +83,15 @@ def messages_of(payload: Mapping) -> dict[int, bytes]:
 
 
 def reply(result: StageResult) -> dict:
-    """A node's answer to a stage: each user's reply (``r:U``), refusal (``x:U``) and clipped values (``n:U``)."""
+    """A node's answer to a stage: each user's reply (``r:U``) or refusal (``x:U``); in the masked stage, the one
+    group of its users' masked inputs (``group``) and the values the grid clipped over it (``clipped``): one count
+    per node, as the server only adds them up, so no user's own count leaves the node."""
     out: dict = {f"r:{u}": m for u, m in result.replies.items()}
     out.update({f"x:{u}": why for u, why in result.refused.items()})
-    out.update({f"n:{u}": int(n) for u, n in result.clipped.items() if n})
+    if result.group is not None:
+        out["group"] = result.group
+    if result.clipped:
+        out["clipped"] = int(result.clipped)
     return out
 
 
@@ -152,7 +157,11 @@ class NodeClients:
                     log.warning("round %s: user %s dropped out in %s: %s", self.round_idx, u, method, rep[f"x:{u}"])
                     yield Reply(u, None, str(rep[f"x:{u}"]))
                 elif f"r:{u}" in rep:
-                    yield Reply(u, rep[f"r:{u}"], clipped=int(rep.get(f"n:{u}", 0)))
+                    yield Reply(u, rep[f"r:{u}"])
+            # the masked stage: one sum of the node's users' masked inputs, which may list only users asked here
+            hosted = tuple(u for u in sorted(per_node.get(n, ())) if f"x:{u}" not in rep)
+            if "group" in rep and hosted:
+                yield Reply(hosted[0], rep["group"], clipped=int(rep.get("clipped", 0)), group=hosted)
 
     def close(self) -> None:
         pass

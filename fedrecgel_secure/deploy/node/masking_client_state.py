@@ -42,6 +42,7 @@ def _dump(st: _ClientRound | None) -> dict | None:
         "c_shared": _hex_map(st.c_shared),
         "s_shared": _hex_map(st.s_shared),
         "held": {str(k): [str(b), str(s)] for k, (b, s) in st.held.items()},
+        "sealed": st.sealed,
         "survivors": None if st.survivors is None else list(st.survivors),
         "answered": st.answered,
         "context": st.context.hex(),
@@ -64,6 +65,7 @@ def _restore(d: dict | None) -> _ClientRound | None:
         c_shared={int(k): bytes.fromhex(v) for k, v in d["c_shared"].items()},
         s_shared={int(k): bytes.fromhex(v) for k, v in d["s_shared"].items()},
         held={int(k): (int(b), int(s)) for k, (b, s) in d["held"].items()},
+        sealed=bool(d.get("sealed", d["held"])),  # a file from before the flag: a masked input counts as sent
         survivors=None if d["survivors"] is None else tuple(int(c) for c in d["survivors"]),
         answered=bool(d["answered"]),
         context=bytes.fromhex(d["context"]),

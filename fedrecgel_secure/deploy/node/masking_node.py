@@ -20,14 +20,21 @@ different sets down to one user's upload.
 
 A stage takes the aggregator's message per user and returns each user's reply,
 or the reason the user refused it (:class:`ProtocolViolation`: that user drops
-out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`).
+out, exactly as in :class:`~fedrecgel_secure.privacy.secagg.session.SecAggSession`);
+the masked stage returns one group instead of a masked vector per user: their
+sum, signed by each user it lists (:meth:`MaskingNode._masked`). ``stage.lock``
+makes the node answer one stage message at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +46,7 @@ from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
 from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
+from fedrecgel_secure.privacy.secagg.masking_wire import encode_group, group_statement
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
 # round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
@@ -50,7 +58,8 @@ Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray |
 class StageResult:
     replies: dict[int, bytes]  # user -> its signed reply
     refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
-    clipped: dict[int, int] = field(default_factory=dict)  # user -> values the grid clipped (masked stage)
+    group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking_wire)
+    clipped: int = 0  # masked stage: values the grid clipped, over the group (one count, no user's own)
 
 
 class MaskingNode(UserIdentities):
@@ -193,50 +202,103 @@ class MaskingNode(UserIdentities):
         strangers = sorted(set(messages) - set(self.users))
         if strangers:
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
+        with self._one_stage_at_a_time():
+            return self._step(stage, messages, inputs, round_idx, binding)
+
+    @contextlib.contextmanager
+    def _one_stage_at_a_time(self):
+        """Hold the node's stage lock: two messages answered at once (two ``flwr-clientapp`` processes) would both
+        read a user's attempt before either wrote it, and so could both mask, seal or confirm once."""
+        fd = os.open(self.dir / "stage.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _step(self, stage, messages, inputs, round_idx, binding) -> StageResult:
         users = sorted(messages)
         clients = {u: self._client(u) for u in users}
-        vectors, samples = {}, {}
         if stage == "masked":
-            by_round: dict[int, list[int]] = {}
-            for u, client in clients.items():
-                if client.attempt_round is not None:
-                    by_round.setdefault(client.attempt_round, []).append(u)
-            for r, some in by_round.items():
-                vectors.update((inputs or self.inputs)(r, some))
-                samples[r] = self.sampled(r)
-        out = StageResult({}, {})
-        for u in users:
-            client = clients[u]
-            try:
-                if stage == "advertise":
-                    reply = client.advertise(messages[u], expect_round=round_idx, binding=binding)
-                elif stage == "share":
-                    reply = client.share_keys(messages[u])
-                elif stage == "masked":
-                    if u not in vectors and client.attempt_round is not None:
-                        raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
-                    sampled = None if client.attempt_round is None else samples.get(client.attempt_round)
-                    if sampled is not None and len(client.cohort) > sampled:
-                        raise client.abort(
-                            Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
-                        )
-                    x, noise = vectors.get(u, (None, None))
-                    if sampled is not None and noise is not None and len(client.cohort) < sampled:
-                        # shares sized for more users than signed in: the sum would carry less than the planned
-                        # noise (a server sampling a few and stating a large sample); the round is skipped instead
-                        raise client.abort(
-                            Reason.INCONSISTENT,
-                            f"noise shares sized for {sampled} sampled users, but the cohort has {len(client.cohort)}",
-                        )
-                    reply = client.masked_input(messages[u], x, noise)
-                    out.clipped[u] = client.last_clipped
-                elif stage == "confirm":
-                    reply = client.confirm(messages[u])
-                else:
-                    reply = client.unmask(messages[u])
-                out.replies[u] = reply
-            except RejectedPayload as exc:
-                out.refused[u] = exc.reason.value
+            out = self._masked(clients, messages, inputs or self.inputs)
+        else:
+            out = StageResult({}, {})
+            for u in users:
+                client = clients[u]
+                try:
+                    if stage == "advertise":
+                        reply = client.advertise(messages[u], expect_round=round_idx, binding=binding)
+                    elif stage == "share":
+                        reply = client.share_keys(messages[u])
+                    elif stage == "confirm":
+                        reply = client.confirm(messages[u])
+                    else:
+                        reply = client.unmask(messages[u])
+                    out.replies[u] = reply
+                except RejectedPayload as exc:
+                    out.refused[u] = exc.reason.value
+        for u, client in clients.items():
             save_attempt(client, self.dir / f"attempt-{u}.json")
         self._forget_inputs({u: c.confirmed_round for u, c in clients.items()})
+        return out
+
+    def _masked(self, clients: Mapping[int, MaskingClient], messages: Mapping[int, bytes], inputs: Inputs):
+        """The masked stage: each user masks its input once (:meth:`MaskingClient.mask`), and the node sends ONE
+        group, the sum of those masked inputs, signed by every user it lists (:meth:`MaskingClient.seal_group`).
+
+        The node holds its users' inputs anyway, so their sum gives the server strictly less than their masked
+        inputs one by one (it could add those up itself), at one vector per node instead of one per user. Each
+        user masks and seals once per attempt (also across messages: the attempt file records it), so two groups
+        of one node that differ by a user (the sum of A minus the sum of A without u is u's masked input) cannot
+        both exist. Users of another attempt than most of the message's users refuse (``inconsistent``): a group
+        is of one attempt. A user refusing here drops out, as in :class:`SecAggSession`.
+        """
+        # the attempt of most of the message's users (the first user's on a tie): a group is of one attempt
+        contexts = Counter(c._round.context for _, c in sorted(clients.items()) if c._round is not None)
+        attempt = contexts.most_common(1)[0][0] if contexts else None
+        vectors, samples = {}, {}
+        by_round: dict[int, list[int]] = {}
+        for u, client in clients.items():
+            if client.attempt_round is not None:
+                by_round.setdefault(client.attempt_round, []).append(u)
+        for r, some in by_round.items():
+            vectors.update(inputs(r, some))
+            samples[r] = self.sampled(r)
+        out, masked = StageResult({}, {}), {}
+        for u, client in sorted(clients.items()):
+            try:
+                if client._round is not None and client._round.context != attempt:
+                    raise client.abort(Reason.INCONSISTENT, "one message holds inboxes of two attempts")
+                if u not in vectors and client.attempt_round is not None:
+                    raise client.abort(Reason.OUT_OF_PHASE, f"no input of round {client.attempt_round}")
+                sampled = None if client.attempt_round is None else samples.get(client.attempt_round)
+                if sampled is not None and len(client.cohort) > sampled:
+                    raise client.abort(
+                        Reason.INCONSISTENT, f"a cohort of {len(client.cohort)} users, but {sampled} were sampled"
+                    )
+                x, noise = vectors.get(u, (None, None))
+                if sampled is not None and noise is not None and len(client.cohort) < sampled:
+                    # shares sized for more users than signed in: the sum would carry less than the planned
+                    # noise (a server sampling a few and stating a large sample); the round is skipped instead
+                    raise client.abort(
+                        Reason.INCONSISTENT,
+                        f"noise shares sized for {sampled} sampled users, but the cohort has {len(client.cohort)}",
+                    )
+                masked[u] = client.mask(messages[u], x, noise)
+                out.clipped += client.last_clipped
+            except RejectedPayload as exc:
+                out.refused[u] = exc.reason.value
+        if masked:
+            total = np.zeros(self.setup.dim, dtype=np.uint64)
+            for y in masked.values():
+                total += y  # mod 2^64, the protocol's ring
+            statement = group_statement(clients[min(masked)].attempt_round, sorted(masked), total)
+            signatures = []
+            for u in sorted(masked):
+                try:
+                    signatures.append(clients[u].seal_group(statement))
+                except RejectedPayload as exc:  # not with the checks above; the group then goes unsent
+                    out.refused.update(dict.fromkeys(masked, exc.reason.value))
+                    return out
+            out.group = encode_group(statement, signatures)
         return out

@@ -96,6 +96,9 @@ class Reply:
     reason: str | None = None
     clipped: int = 0  # values the fixed-point range clipped (upload steps)
     seconds: float = 0.0  # the client's time on the step
+    # a host's group of masked inputs (MaskingAggregator.receive_group): the users it may list (the ones the
+    # host was asked for that did not refuse; ``client`` is the first); empty: the payload is ``client``'s own
+    group: tuple[int, ...] = ()
 
 
 def call_role(role, client: int, method: str, args: tuple) -> Reply:

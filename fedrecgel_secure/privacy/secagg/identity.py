@@ -80,6 +80,8 @@ class Kind(IntEnum):
     MASK_REQUEST = 11  # unmask request: U3 and the forwarded confirmations
     # Signed by a deployed node's identity key (deploy.node_pins): who it is, over the server's nonce
     NODE_HELLO = 12
+    # Signed by a masking client: its seal over a group statement (the sum of its host's users' masked inputs)
+    MASK_GROUP = 13
 
 
 SERVER_KINDS = frozenset({Kind.MASK_ANNOUNCE, Kind.MASK_COHORT, Kind.MASK_INBOX, Kind.MASK_CHECK, Kind.MASK_REQUEST})
@@ -198,10 +200,14 @@ class ClientIdentity:
         return cls(client_id, Ed25519PrivateKey.generate())
 
     def seal(self, kind: Kind, round_idx: int, body: bytes, context: bytes = b"") -> bytes:
-        check_round(round_idx)
-        digest = hashlib.sha256(body).digest()
-        signature = self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest, self.domain))
+        signature = self.sign(kind, round_idx, hashlib.sha256(body).digest(), context)
         return Envelope(int(kind), round_idx, self.client_id, bytes(body), signature).to_bytes()
+
+    def sign(self, kind: Kind, round_idx: int, digest: bytes, context: bytes = b"") -> bytes:
+        """The signature :meth:`seal` puts on a body whose SHA-256 is ``digest``, alone: for a statement that
+        travels once with the signatures of several clients (a masking group, :func:`.masking_wire.encode_group`)."""
+        check_round(round_idx)
+        return self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest, self.domain))
 
     def save(self, path: str | Path) -> None:
         """Write the private key as unencrypted PKCS#8 PEM to a new 0600 file."""

@@ -126,6 +126,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -134,6 +135,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedrecgel_secure.errors import BadInputError
 
+from . import shamir
 from .errors import Reason, RejectedPayload
 
 AUTO_COMPLETE_UP_TO = 32
@@ -252,6 +254,35 @@ def _self_seed(b: bytes, round_seed: bytes, round_idx: int, client: int) -> byte
 def _pair_seed(shared: bytes, round_seed: bytes, round_idx: int, a: int, b: int) -> bytes:
     lo, hi = min(a, b), max(a, b)
     return _hkdf(shared, b"pair-mask", round_seed, struct.pack(">QII", round_idx, lo, hi), length=MASK_KEY_BYTES)
+
+
+def open_shares(
+    shared: bytes, round_seed: bytes, round_idx: int, sender: int, receiver: int, cohort: bytes, ct: bytes
+) -> tuple[int, int]:
+    """The (b-share, s-share) that ``sender`` encrypted for ``receiver`` (:func:`_share_cipher`); ``bad_share``
+    when they do not decrypt under the cohort the receiver saw."""
+    aead, aad = _share_cipher(shared, round_seed, round_idx, sender, receiver, cohort)
+    try:
+        plain = aead.decrypt(b"\x00" * 12, ct, aad)
+        return shamir.share_from_bytes(plain[: shamir.SHARE_BYTES]), shamir.share_from_bytes(
+            plain[shamir.SHARE_BYTES :]
+        )
+    except (InvalidTag, BadInputError):
+        raise RejectedPayload(Reason.BAD_SHARE, f"share from {sender} does not decrypt", receiver) from None
+
+
+def add_masks(y: np.ndarray, b_seed: bytes, pair_keys: dict[int, bytes], round_seed: bytes, round_idx: int, me: int):
+    """Mask ``y`` (uint64, in place) as client ``me``: its self mask, plus or minus one mask per partner
+    (``pair_keys``: partner -> X25519 secret shared with it), so that the pairwise masks cancel in the sum."""
+    mask = np.empty_like(y)
+    y += prg_into(_self_seed(b_seed, round_seed, round_idx, me), mask)
+    for j in sorted(pair_keys):
+        prg_into(_pair_seed(pair_keys[j], round_seed, round_idx, me, j), mask)
+        if me < j:
+            y += mask
+        else:
+            y -= mask
+    return y
 
 
 def _share_cipher(

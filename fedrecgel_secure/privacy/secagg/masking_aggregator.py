@@ -9,8 +9,10 @@ drop out rather than learn an upload.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +39,7 @@ from .masking_wire import (
     _PAIR,
     _SELF,
     confirmation_body,
+    decode_group,
     decode_keys,
     decode_masked,
     decode_share_bundle,
@@ -216,18 +219,57 @@ class MaskingAggregator:
         return inboxes
 
     def _on_masked(self, st: _AggRound, env: Envelope) -> None:
-        c = env.client_id
+        self._may_send(st, env.client_id)
+        self._fold(st, decode_masked(env.body, self.dim, env.client_id), [env.client_id])
+
+    @staticmethod
+    def _may_send(st: _AggRound, c: int) -> None:
+        """Whether client ``c`` may still send a masked input, alone or in a group."""
         if c not in st.bundles:
             raise RejectedPayload(Reason.NOT_IN_COHORT, "did not share keys this round", c)
         if c in st.survivors:
             raise RejectedPayload(Reason.DUPLICATE_CLIENT, "already sent a masked input", c)
-        y = decode_masked(env.body, self.dim, c)
+
+    @staticmethod
+    def _fold(st: _AggRound, y: np.ndarray, senders: list[int]) -> None:
         # Fold as inputs arrive: only the running (still masked) sum is kept.
         if st.acc is None:
             st.acc = y.astype(np.uint64)
         else:
             st.acc += y
-        st.survivors.append(c)
+        st.survivors.extend(senders)
+
+    def receive_group(self, payload: bytes, hosted: Collection[int] | None = None) -> list[int]:
+        """Fold a group (:func:`.masking_wire.decode_group`): the sum of the masked inputs of the users it lists,
+        made by their host (a deployment's node), in place of their single masked inputs; returns the users.
+
+        Checked as each listed user's single masked input would be (in the cohort with shares sent, none sent
+        yet, alone or in a group; the vector's length), and accepted only if every listed user's signature
+        verifies over this attempt's context, the round, the exact list and the sum (:meth:`MaskingClient.
+        seal_group`), and, with ``hosted`` (the users the caller addressed at that host), none is another host's.
+        The server gets less than the single inputs (their sum, which it could compute from them); a group
+        that fails any check is refused whole, its users' inputs do not count and dropout recovery covers them.
+        """
+        st = self._round
+        try:
+            if st is None or st.phase != Kind.MASK_INPUT:
+                raise RejectedPayload(Reason.OUT_OF_PHASE, "a group outside the masked-input step")
+            users, statement, y, signatures = decode_group(payload, st.round_idx, self.dim)
+            strangers = [] if hosted is None else sorted(set(users) - set(hosted))
+            if strangers:
+                raise RejectedPayload(Reason.NOT_IN_COHORT, f"a group lists {strangers[:10]}, hosted elsewhere")
+            for c in users:
+                self.directory.check_known(c)
+                self._may_send(st, c)
+            digest = hashlib.sha256(statement).digest()
+            context = _context(self.session_tag, st.round_seed, st.binding)
+            for c, signature in zip(users, signatures):
+                self.directory.verify(context, Kind.MASK_GROUP, st.round_idx, c, digest, signature)
+        except RejectedPayload as exc:
+            log.warning("round %s: rejected a masked group: %s", None if st is None else st.round_idx, exc)
+            raise
+        self._fold(st, y, users)
+        return users
 
     def _threshold(self, st: _AggRound) -> int:
         return self.params.threshold_for(self.params.neighbour_count(len(st.graph)))

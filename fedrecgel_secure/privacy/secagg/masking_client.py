@@ -29,7 +29,6 @@ import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from fedrecgel_secure.errors import BadInputError
@@ -42,12 +41,11 @@ from .masking import (
     RING_BITS,
     MaskingParams,
     _context,
-    _pair_seed,
-    _self_seed,
     _share_cipher,
+    add_masks,
     cohort_digest,
     neighbour_graph,
-    prg_into,
+    open_shares,
 )
 from .masking_wire import (
     _PAIR,
@@ -61,6 +59,7 @@ from .masking_wire import (
     decode_request,
     decode_survivors,
     encode_unmask,
+    group_users,
 )
 from .vectors import check_dim, check_upload, check_vector
 
@@ -81,6 +80,7 @@ class _ClientRound:
     c_shared: dict[int, bytes] = field(default_factory=dict)  # X25519(c_i, c_j): encrypts shares
     s_shared: dict[int, bytes] = field(default_factory=dict)  # X25519(s_i, s_j): seeds the pairwise mask
     held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    sealed: bool = False  # its masked input left it, sealed alone or in a group: never a second time
     survivors: tuple[int, ...] | None = None
     answered: bool = False
     context: bytes = b""
@@ -263,6 +263,14 @@ class MaskingClient:
 
     def masked_input(self, inbox: bytes, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
         """Mask ``x`` (plus this client's DP ``noise`` share, both on the fixed-point grid) and sign it."""
+        body = self.mask(inbox, x, noise).astype("<u8", copy=False).tobytes()
+        st = self._state()
+        st.sealed = True
+        return self.identity.seal(Kind.MASK_INPUT, st.round_idx, body, st.context)
+
+    def mask(self, inbox: bytes, x: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
+        """This client's masked input, unsigned, made once per attempt: for :meth:`masked_input`, or for a host of
+        several clients (a deployment's node) to add into one group that each of them signs (:meth:`seal_group`)."""
         st = self._state()
         if not st.cohort:
             raise self._violation(Reason.OUT_OF_PHASE, "masked input before the key exchange")
@@ -280,34 +288,38 @@ class MaskingClient:
         for sender, ct in incoming.items():
             if sender not in st.c_shared:
                 raise self._violation(Reason.BAD_SHARE, f"share from {sender}, who is not a verified neighbour")
-            aead, aad = _share_cipher(
-                st.c_shared[sender], st.round_seed, st.round_idx, sender, self.client_id, st.digest
-            )
-            try:
-                plain = aead.decrypt(b"\x00" * 12, ct, aad)
-                held[sender] = (
-                    shamir.share_from_bytes(plain[: shamir.SHARE_BYTES]),
-                    shamir.share_from_bytes(plain[shamir.SHARE_BYTES :]),
-                )
-            except (InvalidTag, BadInputError):
-                raise self._violation(Reason.BAD_SHARE, f"share from {sender} does not decrypt") from None
+            where = (st.round_seed, st.round_idx, sender, self.client_id, st.digest)
+            held[sender] = self._decode(open_shares, st.c_shared[sender], *where, ct)
         if len(held) < st.t:
             # With fewer than t partners the server could strip every pairwise mask
             # (an empty inbox leaves only the self mask, whose seed it can recover).
             raise self._violation(Reason.TOO_FEW_SHARES, f"shares from {len(held)} neighbours, threshold {st.t}")
         st.held = held
         grid, self.last_clipped = self.encoding.encode(x, noise)
-        y = grid.view(np.uint64)
-        mask = np.empty_like(y)
-        y += prg_into(_self_seed(st.b_seed, st.round_seed, st.round_idx, self.client_id), mask)
-        for j in sorted(held):
-            prg_into(_pair_seed(st.s_shared[j], st.round_seed, st.round_idx, self.client_id, j), mask)
-            if self.client_id < j:
-                y += mask
-            else:
-                y -= mask
-        body = y.astype("<u8", copy=False).tobytes()
-        return self.identity.seal(Kind.MASK_INPUT, st.round_idx, body, st.context)
+        pair_keys = {j: st.s_shared[j] for j in held}
+        return add_masks(grid.view(np.uint64), st.b_seed, pair_keys, st.round_seed, st.round_idx, self.client_id)
+
+    def seal_group(self, statement: bytes) -> bytes:
+        """Sign a group statement (:func:`.masking_wire.group_statement`) that lists this client: its host's sum
+        of the masked inputs of the clients listed, this one's included. Returns the signature alone.
+
+        Once per attempt, after :meth:`mask`, in place of :meth:`masked_input`: an input in two groups (or alone
+        and in one) would give the server the difference of two sums. The signature covers the attempt's context,
+        the round, the exact list and the summed vector: it fits no other attempt, list or sum.
+        """
+        st = self._state()
+        if not st.held:
+            raise self._violation(Reason.OUT_OF_PHASE, "a group to seal before this client masked its input")
+        if st.sealed:
+            raise self._violation(Reason.ALREADY_ANSWERED, "already sent its masked input in this attempt")
+        users = self._decode(group_users, statement, st.round_idx)
+        if self.client_id not in users:
+            raise self._violation(Reason.NOT_IN_COHORT, "the group does not list this client")
+        outside = sorted(set(users) - set(st.cohort))
+        if outside:
+            raise self._violation(Reason.NOT_IN_COHORT, f"the group lists {outside[:10]}, outside the cohort")
+        st.sealed = True
+        return self.identity.sign(Kind.MASK_GROUP, st.round_idx, hashlib.sha256(statement).digest(), st.context)
 
     def _check_survivors(self, st: _ClientRound, survivors: list[int]) -> None:
         if self.client_id not in survivors:
@@ -331,8 +343,8 @@ class MaskingClient:
         st = self._state()
         if st.survivors is not None:
             raise self._violation(Reason.ALREADY_ANSWERED, "already confirmed a survivor set in this attempt")
-        if not st.held:
-            raise self._violation(Reason.OUT_OF_PHASE, "no masked input was made in this attempt")
+        if not st.sealed:
+            raise self._violation(Reason.OUT_OF_PHASE, "no masked input left this client in this attempt")
         body = self._open(check, Kind.MASK_CHECK, st.round_idx, st.context)
         survivors = self._decode(decode_survivors, body, st.round_idx)
         self._check_survivors(st, survivors)

@@ -18,6 +18,12 @@ Client → aggregator bodies (signed by the client):
 * ``MASK_INPUT``: ``dim`` little-endian u64
 * ``MASK_CONFIRM``: ``cohort digest[32] | MASK_CHECK body``
 * ``MASK_UNMASK``: ``count u32 | (owner u32 | kind u8 | share[32])*``
+
+A host's group (a deployment's node, in place of its users' ``MASK_INPUT`` envelopes; not an envelope itself):
+
+* ``"MKG1" | round u64 | count u32 | (id u32)* | dim little-endian u64 | (signature[64])*``: the listed users'
+  masked inputs summed mod 2^64, then one signature per listed user, in list order, each over
+  (``Kind.MASK_GROUP``, round, its id, SHA-256 of everything before the signatures) under the attempt's context.
 """
 
 from __future__ import annotations
@@ -239,3 +245,41 @@ def decode_keys(body: bytes, client_id: int, *, probe: bool = True) -> tuple[byt
         x25519_public(c_pub, client_id)
         x25519_public(s_pub, client_id)
     return c_pub, s_pub
+
+
+def group_statement(round_idx: int, users: Sequence[int], total: np.ndarray) -> bytes:
+    """What every user of a group signs: the round, the ascending list of its users and their masked inputs' sum."""
+    return (
+        _LIST_HEAD.pack(b"MKG1", round_idx, len(users))
+        + b"".join(_U32.pack(u) for u in users)
+        + np.asarray(total, dtype=np.uint64).astype("<u8", copy=False).tobytes()
+    )
+
+
+def group_users(statement: bytes, round_idx: int) -> list[int]:
+    """The users a group statement lists (ascending, distinct, at least one), checking its head only."""
+    count, off = _decode_list(statement, b"MKG1", round_idx, "group")
+    if count == 0 or len(statement) < off + 4 * count:
+        raise RejectedPayload(Reason.TRUNCATED, "group lists no user, or ends inside its list")
+    ids = [_U32.unpack_from(statement, off + 4 * k)[0] for k in range(count)]
+    if ids != sorted(set(ids)):
+        raise RejectedPayload(Reason.GARBAGE, "a group must list distinct users in ascending order")
+    return ids
+
+
+def encode_group(statement: bytes, signatures: Sequence[bytes]) -> bytes:
+    return bytes(statement) + b"".join(signatures)
+
+
+def decode_group(data: bytes, round_idx: int, dim: int) -> tuple[list[int], memoryview, np.ndarray, list[bytes]]:
+    """A group: (its users, the statement they signed, the summed vector, their signatures in list order)."""
+    data = bytes(data)
+    users = group_users(data, round_idx)
+    head = _LIST_HEAD.size + 4 * len(users)
+    size = head + 8 * dim
+    if len(data) != size + SIGNATURE_BYTES * len(users):
+        reason = Reason.TRUNCATED if len(data) < size + SIGNATURE_BYTES * len(users) else Reason.WRONG_SHAPE
+        raise RejectedPayload(reason, f"group of {len(data)} bytes does not hold {len(users)} users of dim {dim}")
+    view = memoryview(data)
+    signatures = [data[size + k * SIGNATURE_BYTES : size + (k + 1) * SIGNATURE_BYTES] for k in range(len(users))]
+    return users, view[:size], np.frombuffer(data, dtype="<u8", count=dim, offset=head), signatures

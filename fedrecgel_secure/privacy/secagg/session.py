@@ -22,6 +22,7 @@ n − ⌊f·n⌋ − 1 dropouts after masking skip the round (``inconsistent``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -93,7 +94,7 @@ def _deliver(clock: _Clock, receive, reply: Reply, intercept: Intercept | None, 
     try:
         clock.server_call(receive, payload)
     except RejectedPayload as exc:
-        rejected[reply.client] = exc.reason.value
+        rejected.update(dict.fromkeys(reply.group or (reply.client,), exc.reason.value))
 
 
 def _cost(clock: _Clock, n: int, finalize: float) -> dict[str, float]:
@@ -291,7 +292,11 @@ def masking_round(
     (:class:`LocalClients`, :class:`.pool.ClientPool`, or a deployment's nodes)
     and yields a :class:`Reply` per client that answered; a client that does not
     answer a step is left out of the later ones, and the protocol's dropout
-    recovery, or its skip (:class:`RoundSkipped`), follows. ``inputs(c)`` is what
+    recovery, or its skip (:class:`RoundSkipped`), follows. A host of several
+    clients may answer the masked-input step with one sum of its clients'
+    masked inputs (a :class:`Reply` with ``group``, a deployment's node): the
+    aggregator folds it as one masked input and counts each user it lists
+    (:meth:`MaskingAggregator.receive_group`); the sum released is the same. ``inputs(c)`` is what
     client ``c`` masks beside the aggregator's message (its vector and noise share;
     nothing where the client keeps its own). ``announced``: the aggregator's
     :meth:`~MaskingAggregator.begin_round` already ran and its announcement went
@@ -309,8 +314,10 @@ def masking_round(
             if reply.payload is None:  # the client refused an aggregator message and dropped out
                 rejected[reply.client] = reply.reason
                 continue
-            answered.append(reply.client)
-            if keep(reply.client):
+            answered.extend(reply.group or (reply.client,))
+            if reply.group:  # a host's one sum of its users' masked inputs, checked against who it hosts
+                _deliver(clock, functools.partial(agg.receive_group, hosted=reply.group), reply, tamper, rejected)
+            elif keep(reply.client):
                 _deliver(clock, agg.receive, reply, tamper, rejected)
         return sorted(answered)
 
