@@ -16,9 +16,13 @@ outside training (start-up, loading, checkpoint, summary, plot); the target is
 at most 2 s. On a loaded machine wall times stretch, so the CPU seconds are
 recorded too: those of the `train` process itself (its critical path when a
 core is free: the curves are drawn by a second process, cli/curves.py, that
-imports matplotlib meanwhile) and of all its processes. Where the floor lies is
+imports matplotlib meanwhile) and of all its processes, and the wall time of
+the interpreter's exit after the last atexit handler. Where the floor lies is
 shown by the parts measured alone, each in a fresh interpreter: importing
-torch, and importing matplotlib and drawing a run's curves.
+torch, and importing matplotlib and drawing a run's curves; and what keeping
+torch's objects out of the garbage collector's passes saves (cli/startup.py):
+the CPU seconds of a whole process that imports torch, plainly and as
+``fedrecgel`` does.
 
 The figures go to ``--output`` (JSON, default benchmarks/results/cli_startup.json).
 
@@ -66,11 +70,12 @@ def commands(study_dir: Path) -> dict[str, list[str]]:
     }
 
 
-# `python -m fedrecgel_secure.cli.main`, which also reports the CPU seconds of the process itself on its last line
-SELF_CPU = """import atexit, resource, runpy, sys
+# `python -m fedrecgel_secure.cli.main`, which also reports, on its last line, the CPU seconds of the process itself
+# and when its last atexit handler ran (the interpreter's exit follows: module teardown, torch's C++ destructors)
+SELF_CPU = """import atexit, resource, runpy, sys, time
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"self-cpu {r.ru_utime + r.ru_stime}", file=sys.stderr)
+    print(f"self-cpu {r.ru_utime + r.ru_stime} {time.time()}", file=sys.stderr)
 atexit.register(cpu)
 sys.argv[0] = "fedrecgel"
 runpy.run_module("fedrecgel_secure.cli.main", run_name="__main__", alter_sys=True)
@@ -165,6 +170,35 @@ def parts(env: dict[str, str], tmp: Path, repeat: int) -> dict:
     }
 
 
+FROZEN_IMPORT = """
+from fedrecgel_secure.cli.startup import lasting_imports, own_process
+own_process()
+with lasting_imports():
+    import torch
+"""
+
+
+def collector(env: dict[str, str], repeat: int) -> dict:
+    """CPU seconds of a whole fresh process (its exit included) that imports torch: plainly, and as ``fedrecgel``
+    imports it (cli/startup.py: no collection while importing, the objects frozen after), median of ``repeat``."""
+
+    def process_cpu(code: str) -> float:
+        runs = []
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", code], env=env, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            runs.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        return statistics.median(runs)
+
+    plain, frozen = process_cpu("import torch"), process_cpu(FROZEN_IMPORT)
+    return {
+        "import_torch_process_cpu_s": round(plain, 3),
+        "import_torch_frozen_process_cpu_s": round(frozen, 3),
+        "collector_saving_ratio": round(frozen / plain, 3),
+    }
+
+
 def optimizer_creation(env: dict[str, str]) -> dict:
     """CPU seconds to create the server's optimizer in a fresh process: ours, then torch.optim.Adam (which imports
     torch._dynamo on its first creation: why the server does not use it)."""
@@ -177,16 +211,19 @@ def measure_train(env: dict[str, str], repeat: int, tmp: Path) -> dict:
     """``train --set federation.rounds=1``: process wall time, training time (summary.json), and their difference."""
     argv = ["train", "--set", "federation.rounds=1", "--out"]
     fedrecgel([*argv, str(tmp / "train-warmup")], env)  # bytecode, page cache, prepared-split cache
-    walls, trainings, cpus, self_cpus = [], [], [], []
+    walls, trainings, cpus, self_cpus, exits = [], [], [], [], []
     for k in range(repeat):
         out = tmp / f"train-{k}"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         result = fedrecgel([*argv, str(out)], env, self_cpu=True)
         walls.append(time.perf_counter() - start)
+        ended = time.time()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        self_cpus.append(float(result.stderr.rsplit("self-cpu ", 1)[1]))
+        self_cpu, last_atexit = map(float, result.stderr.rsplit("self-cpu ", 1)[1].split()[:2])
+        self_cpus.append(self_cpu)
+        exits.append(ended - last_atexit)
         trainings.append(json.loads((out / "summary.json").read_text())["wall_time_s"])
     outside = [w - t for w, t in zip(walls, trainings)]
     return {
@@ -199,7 +236,10 @@ def measure_train(env: dict[str, str], repeat: int, tmp: Path) -> dict:
         # machine with a core for the curves process, its wall time is about the latter (plus the drawing's wait)
         "process_cpu_median_s": round(statistics.median(cpus), 3),
         "train_process_cpu_median_s": round(statistics.median(self_cpus), 3),
+        # from the train process's last atexit handler to its end, as its parent saw it
+        "interpreter_exit_median_s": round(statistics.median(exits), 3),
         **parts(env, tmp, repeat),
+        **collector(env, repeat),
         **optimizer_creation(env),
     }
 
@@ -238,23 +278,33 @@ def main() -> None:
     if args.json:
         print(json.dumps(report))
         return
-    print(f"target: each under {TARGET_S} s, importing neither torch, opacus nor tenseal")
-    print(f"{'command':<16} {'min s':>7} {'median s':>9}  heavy imports")
+    if results:
+        print(f"target: each under {TARGET_S} s, importing neither torch, opacus nor tenseal")
+        print(f"{'command':<16} {'min s':>7} {'median s':>9}  heavy imports")
     for name, r in results.items():
         flag = "" if r["median_s"] < TARGET_S else "  over target"
         print(f"{name:<16} {r['min_s']:>7.3f} {r['median_s']:>9.3f}  {', '.join(r['heavy_imports']) or '-'}{flag}")
-    flag = "" if train["outside_training_median_s"] <= TRAIN_TARGET_S else "  over target"
+    flag = "" if train["outside_training_median_s"] <= TRAIN_TARGET_S else "  OVER TARGET"
     print(
-        f"train --set federation.rounds=1: {train['wall_median_s']:.2f} s wall, {train['training_median_s']:.2f} s"
-        f" training, {train['outside_training_median_s']:.2f} s outside training"
-        f" (target <= {TRAIN_TARGET_S} s){flag}; CPU {train['process_cpu_median_s']:.2f} s in all its processes,"
-        f" {train['train_process_cpu_median_s']:.2f} s in the train process"
+        f"train --set federation.rounds=1: {train['outside_training_median_s']:.2f} s outside training"
+        f" (target <= {TRAIN_TARGET_S} s){flag}: {train['wall_median_s']:.2f} s wall -"
+        f" {train['training_median_s']:.2f} s training (medians of {args.repeat}; min outside"
+        f" {train['outside_training_min_s']:.2f} s)"
+    )
+    print(
+        f"  CPU {train['process_cpu_median_s']:.2f} s in all its processes, {train['train_process_cpu_median_s']:.2f} s"
+        f" in the train process up to its exit; the interpreter's exit {train['interpreter_exit_median_s']:.2f} s wall"
     )
     print(
         f"alone, in a fresh process: importing torch {train['import_torch_cpu_s']:.2f} s CPU, importing matplotlib"
         f" and drawing the curves {train['matplotlib_and_draw_cpu_s']:.2f} s CPU, the training"
         f" {train['training_cpu_s']:.2f} s CPU: the train process spends"
         f" {train['train_process_cpu_median_s'] - train['training_cpu_s']:.2f} s CPU outside training"
+    )
+    print(
+        f"a fresh process importing torch: {train['import_torch_process_cpu_s']:.2f} s CPU, its exit included;"
+        f" {train['import_torch_frozen_process_cpu_s']:.2f} s as fedrecgel imports it (no collection over its"
+        f" objects: x{train['collector_saving_ratio']:.2f})"
     )
     print(
         f"creating the server optimizer: {train['server_adam_cpu_s']:.4f} s CPU;"

@@ -18,8 +18,11 @@ def audit(
 ):
     """Attack the run as an honest-but-curious server (can it tell which items a client trained on?) and,
     when the run inserted canaries (`privacy.audit.canaries`), estimate its epsilon empirically."""
-    from fedrecgel_secure.audit.report import render_audit
-    from fedrecgel_secure.audit.run import audit_run
+    from fedrecgel_secure.cli.startup import lasting_imports
+
+    with lasting_imports():  # torch
+        from fedrecgel_secure.audit.report import render_audit
+        from fedrecgel_secure.audit.run import audit_run
 
     report = audit_run(run_dir, rounds)
     if as_json:

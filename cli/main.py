@@ -16,6 +16,7 @@ import typer
 from fedrecgel_secure.cli import audit, data, deploy, policy, runs, study, train
 from fedrecgel_secure.cli.common import err
 from fedrecgel_secure.cli.crash import write_crash_log
+from fedrecgel_secure.cli.startup import own_process
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -36,6 +37,7 @@ app.add_typer(deploy.app, name="deploy")
 
 
 def main() -> None:
+    own_process()
     try:
         app()
     except Exception as exc:  # an internal error: a short message, the traceback in a file, no locals anywhere

@@ -52,10 +52,13 @@ def train(
 
 
 def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool, drawer) -> None:
-    from fedrecgel_secure.cli.progress import RoundProgress
-    from fedrecgel_secure.interrupt import StopBetweenRounds
-    from fedrecgel_secure.rundir import read_summary
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.cli.startup import lasting_imports
+
+    with lasting_imports():  # torch
+        from fedrecgel_secure.cli.progress import RoundProgress
+        from fedrecgel_secure.interrupt import StopBetweenRounds
+        from fedrecgel_secure.rundir import read_summary
+        from fedrecgel_secure.runner import open_run
 
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
@@ -98,6 +101,7 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
             soft_wrap=True,
         )
         raise typer.Exit(130)
+    drawer.ask(out_dir)  # the curves are drawn while the results are printed
     summary = read_summary(out_dir)
     out.print(
         metrics_table(
@@ -133,8 +137,10 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
 @user_errors
 def evaluate(run_dir: RunDirArg, as_json: JsonOption = False):
     """Recompute the metrics of the model saved in a run directory."""
-    from fedrecgel_secure.runner import evaluate_run
+    from fedrecgel_secure.cli.startup import lasting_imports
 
+    with lasting_imports():  # torch
+        from fedrecgel_secure.runner import evaluate_run
     metrics = evaluate_run(run_dir)
     if as_json:
         print(json.dumps(metrics))

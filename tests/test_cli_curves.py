@@ -5,6 +5,7 @@ nothing drawn when `train` ends without asking."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,32 @@ def test_the_drawing_process_writes_the_bytes_drawn_in_process(tmp_path):
         assert curves.draw(theirs) == theirs / CURVES
     assert process.returncode == 0  # it answered: the file is its own, not a fallback's
     assert draw_run(ours) == ours / CURVES
+    assert (theirs / CURVES).read_bytes() == (ours / CURVES).read_bytes()
+
+
+def test_asked_before_train_prints_the_process_draws_meanwhile_the_same_bytes(tmp_path):
+    theirs, ours = run_dir(tmp_path / "a"), run_dir(tmp_path / "b")
+    with CurvesProcess() as curves:
+        process = curves.process
+        curves.ask(theirs)
+        deadline = time.monotonic() + 120
+        while not (theirs / CURVES).exists() and time.monotonic() < deadline:  # drawn before draw() is called
+            time.sleep(0.05)
+        assert (theirs / CURVES).exists()
+        assert curves.draw(theirs) == theirs / CURVES
+    assert process.returncode == 0
+    draw_run(ours)
+    assert (theirs / CURVES).read_bytes() == (ours / CURVES).read_bytes()
+
+
+def test_a_process_asked_for_another_directory_is_stopped_and_the_file_drawn_in_process(tmp_path):
+    asked, theirs, ours = run_dir(tmp_path / "x"), run_dir(tmp_path / "a"), run_dir(tmp_path / "b")
+    with CurvesProcess() as curves:
+        process = curves.process
+        curves.ask(asked)
+        assert curves.draw(theirs) == theirs / CURVES
+        assert curves.process is None and process.returncode is not None
+    draw_run(ours)
     assert (theirs / CURVES).read_bytes() == (ours / CURVES).read_bytes()
 
 

@@ -68,7 +68,7 @@ def test_heterogeneous_rounds_compose_as_the_library_composes_their_events():
         events.append(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(z)))
     library = PLDAccountant(value_discretization_interval=1e-3).compose(history_event(accountant.history))
     assert accountant.epsilon() == library.get_epsilon(1e-4)
-    # the order of the rounds does not matter (composition in round order, by the library)
+    # round by round, unmerged: the same epsilon to within float rounding
     in_order = PLDAccountant(value_discretization_interval=1e-3).compose(dp_event.ComposedDpEvent(events))
     assert accountant.epsilon() == pytest.approx(in_order.get_epsilon(1e-4), abs=1e-9)
     # fewer shares, more epsilon than all rounds at the planned noise

@@ -7,19 +7,22 @@ Poisson-subsampled Gaussian mechanism (rate :math:`q`, noise multiplier
 
     ``ComposedDpEvent([SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), n), ...])``
 
-with one entry per distinct :math:`(z, q)`, in sorted order, as
+with one entry per run of consecutive equal rounds, in round order (:func:`run_entries`), exactly as
 ``dp_accounting.pld.PLDAccountant`` computes it (Koskela, Jälkö, Honkela 2020;
-Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022). The PLDs are discretised
+Doroshenko, Ghazi, Kamath, Kumar, Manurangsi 2022): the entries' PLDs folded
+left to right. The PLDs are discretised
 pessimistically, so the result is an upper bound on the true :math:`\varepsilon`;
 the discretisation interval :data:`VALUE_DISCRETIZATION`, ten times the
 library's default, keeps it within :math:`10^{-3}` of the finer grid's
 (``tests/test_dp_pld.py``) and makes a subsampled-Gaussian PLD far cheaper to build.
 
-Since :math:`\varepsilon` is a function of the multiset of steps only, a run
-resumed from its checkpointed history reports exactly what the uninterrupted
-run reports. Each distinct step's PLD is built once per process (the build is
-the cost; composing is cheap), so a run whose rounds all differ (distributed
-shares lost to dropouts) stays affordable.
+:math:`\varepsilon` is a function of the ordered history, which a checkpoint
+stores, so a resumed run reports exactly what the uninterrupted run reports. A
+run asks for its history's :math:`\varepsilon` each round, one round longer
+each time, so the fold of each prefix asked for is kept (:func:`_fold`): a
+round costs one composition, however many distinct noise levels came before.
+(Composing every distinct level afresh, as a multiset, cost seconds per round
+once dropouts had made a few dozen of them.)
 
 Only this module imports ``dp_accounting``.
 """
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from dp_accounting import dp_event, mechanism_calibration
@@ -40,12 +43,18 @@ VALUE_DISCRETIZATION = 1e-3
 History = Iterable[tuple[float, float, int]]
 
 
-def step_counts(history: History) -> list[tuple[tuple[float, float], int]]:
-    """The steps of ``history`` counted per distinct ``(z, q)``, sorted: the canonical form of a run."""
-    counts: Counter[tuple[float, float]] = Counter()
+def run_entries(history: History) -> tuple[tuple[float, float, int], ...]:
+    """``history`` in round order with consecutive equal steps merged: the form the run is accounted in."""
+    entries: list[tuple[float, float, int]] = []
     for z, q, n in history:
-        counts[(float(z), float(q))] += int(n)
-    return sorted(counts.items())
+        z, q, n = float(z), float(q), int(n)
+        if n <= 0:
+            continue
+        if entries and entries[-1][:2] == (z, q):
+            entries[-1] = (z, q, entries[-1][2] + n)
+        else:
+            entries.append((z, q, n))
+    return tuple(entries)
 
 
 def history_event(history: History) -> dp_event.DpEvent:
@@ -53,7 +62,7 @@ def history_event(history: History) -> dp_event.DpEvent:
     return dp_event.ComposedDpEvent(
         [
             dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), n)
-            for (z, q), n in step_counts(history)
+            for z, q, n in run_entries(history)
         ]
     )
 
@@ -78,21 +87,46 @@ def pld_epsilon(history: History, delta: float) -> float:
     r""":math:`\varepsilon` at ``delta`` of the steps of ``history``; 0 for none, infinite if a step had no noise.
 
     The same computation as ``fresh_accountant().compose(history_event(history)).get_epsilon(delta)``,
-    with each distinct step's PLD built once per process.
+    with each distinct step's PLD built once per process and each prefix's fold kept.
     """
-    return _counts_epsilon(tuple(step_counts(history)), float(delta))
+    return _epsilon(run_entries(history), float(delta))
 
 
 @functools.lru_cache(maxsize=64)
-def _counts_epsilon(counts: tuple[tuple[tuple[float, float], int], ...], delta: float) -> float:
-    # Cached on the canonical form: a round asks for the same history up to three times (the budget check
-    # before it, the check before release, the report after it), and only the last one is new.
-    if any(z == 0 for (z, _), _ in counts):
+def _epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    # Cached: a round asks for the same history up to three times (the budget check before it, the check
+    # before release, the report after it), and only the last one is new.
+    if not entries:
+        return 0.0
+    if any(z == 0 for z, _, _ in entries):
         return math.inf
-    pld = privacy_loss_distribution.identity(value_discretization_interval=VALUE_DISCRETIZATION)
-    for (z, q), n in counts:
+    return float(_fold(entries).get_epsilon_for_delta(delta))
+
+
+_FOLDS: OrderedDict[tuple, privacy_loss_distribution.PrivacyLossDistribution] = OrderedDict()
+_FOLDS_KEPT = 16  # a few hundred kB each; a run needs the last two or three
+
+
+def _fold(entries: tuple[tuple[float, float, int], ...]) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The PLD of ``entries`` composed left to right, as ``PLDAccountant`` composes a ``ComposedDpEvent``.
+
+    Starts from the longest kept fold of a prefix among the last few lengths (a run's next history extends
+    the last one by a round: its last entry grew, or a new one began), so the result is the very same
+    sequence of compositions as from the identity, and bit-identical to it.
+    """
+    start, pld = 0, privacy_loss_distribution.identity(value_discretization_interval=VALUE_DISCRETIZATION)
+    for k in range(len(entries), max(0, len(entries) - 3), -1):
+        if entries[:k] in _FOLDS:
+            start, pld = k, _FOLDS[entries[:k]]
+            _FOLDS.move_to_end(entries[:k])
+            break
+    for k in range(start, len(entries)):
+        z, q, n = entries[k]
         pld = pld.compose(_step_pld(z, q).self_compose(n))
-    return 0.0 if not counts else float(pld.get_epsilon_for_delta(delta))
+        _FOLDS[entries[: k + 1]] = pld
+        while len(_FOLDS) > _FOLDS_KEPT:
+            _FOLDS.popitem(last=False)
+    return pld
 
 
 def calibrate(target_epsilon: float, delta: float, sample_rate: float, rounds: int) -> float:
