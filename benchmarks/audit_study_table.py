@@ -27,7 +27,7 @@ EPSILON = "privacy.dp.target_epsilon"
 def settings_of(run_dir: Path) -> dict[str, str]:
     """``scheme=masking,eps=1.0/seed=2`` -> {scheme: masking, eps: 1.0, seed: 2} (the study's run layout)."""
     parts = {}
-    for piece in run_dir.parent.name.split(",") + [run_dir.name]:
+    for piece in [*run_dir.parent.name.split(","), run_dir.name]:
         key, value = piece.split("=", 1)
         parts[key] = value
     return parts
@@ -67,15 +67,16 @@ def table(study: Path) -> str:
         )
         released = audits[0]["views"]["released"]["best"]
         accounted = mean(float(a["accounted_epsilon"]) for a in audits)  # JSON holds no DP as "inf"
+
+        def m(key: str, audits=audits) -> float:
+            return mean(a[key] for a in audits)
+
         lines.append(
             f"| {scheme} | {_eps(eps)} | {mean(s['best']['hr@10'] for _, s, _ in group):.4f} | `{view}`"
-            f" | {best} {mean(a['attack_auc'] for a in audits):.3f} / {mean(a['attack_precision_at_k'] for a in audits):.3f}"
-            f" | {every}"
-            f" | {mean(a['prior_auc'] for a in audits):.3f} / {mean(a['prior_precision_at_k'] for a in audits):.3f}"
-            f" | {released} {mean(a['released_auc'] for a in audits):.3f}"
-            f" / {mean(a['released_precision_at_k'] for a in audits):.3f}"
-            f" | {mean(a['empirical_epsilon'] for a in audits):.2f}"
-            f" ({mean(a['empirical_epsilon_low'] for a in audits):.2f}–{mean(a['empirical_epsilon_high'] for a in audits):.2f})"
+            f" | {best} {m('attack_auc'):.3f} / {m('attack_precision_at_k'):.3f} | {every}"
+            f" | {m('prior_auc'):.3f} / {m('prior_precision_at_k'):.3f}"
+            f" | {released} {m('released_auc'):.3f} / {m('released_precision_at_k'):.3f}"
+            f" | {m('empirical_epsilon'):.2f} ({m('empirical_epsilon_low'):.2f}–{m('empirical_epsilon_high'):.2f})"
             f" | {'∞' if accounted == float('inf') else f'{accounted:.3g}'} |"
         )
         for seed, _, a in group:
