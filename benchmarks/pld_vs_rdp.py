@@ -110,7 +110,8 @@ def train(name: str, seed: int, rounds: int, sets: list[str]) -> dict:
 
 def training_rows(seeds: int, rounds: int) -> list[str]:
     rows = [
-        "| policy | noise | z | ε by PLD | ε by RDP | final HR@10 | final NDCG@10 | best HR@10 | best NDCG@10 |"
+        "| policy | noise | z | ε (the run's accountant) | ε by RDP | final HR@10 | final NDCG@10 | best HR@10"
+        " | best NDCG@10 |"
         " s/run |",
         "|" + " --- |" * 10,
     ]
@@ -177,7 +178,8 @@ def main(argv=None) -> None:
             f"## What the noise buys: FilmTrust, {args.rounds} rounds, seeds 1-{args.seeds}, seeded noise",
             "",
             "Mean ± sample standard deviation over the seeds. *Before*: the noise RDP calibrates for the target"
-            " (the accountant the policies pinned); *now*: PLD's, for the same target. The last two rows: secagg-dp"
+            " (the accountant the policies pinned, which also accounts those runs: PLD's ε at that noise is in the"
+            " table above); *now*: PLD's, for the same target. The last two rows: secagg-dp"
             " with 10% of the sampled clients dropping out after masking, noise shares sized for everyone sampled"
             " (each dropout lowers the noise, the round is charged at what arrived) or for the survivor threshold"
             " (every completed round carries at least the planned noise).",
