@@ -56,6 +56,7 @@ class RoundEvent:
     loss: float | None  # None when no client was sampled (possible under Poisson sampling)
     metrics: dict | None  # the evaluation record of this round, if it was evaluated
     info: RoundInfo  # participants, secure-aggregation costs, privacy spent
+    elapsed: float | None = None  # training wall time when the round ended (its record's ``elapsed_s``, if deferred)
 
 
 class Trainer:
@@ -190,8 +191,8 @@ class Trainer:
             loss, info = self.train_round()
             self.elapsed += time.perf_counter() - start
             if self.pending is not None:  # the previous round's metrics came with this round's client step
-                self._record(self.pending, self.deferred_metrics(), log, on_round)
-            event, self.pending = RoundEvent(self.round, rounds, loss, None, info), None
+                self._record(self.pending, self.deferred_metrics(), log, on_round, deferred=True)
+            event, self.pending = RoundEvent(self.round, rounds, loss, None, info, self.elapsed), None
             self.interrupted = None if stop is None else stop.requested
             if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
                 if self.defers_evaluation and self.round < last and not self.interrupted:
@@ -224,10 +225,14 @@ class Trainer:
             log.close(summary.finished)
         return summary.model_dump()
 
-    def _record(self, event: RoundEvent, metrics: dict, log: RunLog, on_round) -> None:
-        """Round ``event.round``'s record, from its ``metrics``: into the history and ``metrics.jsonl``."""
+    def _record(self, event: RoundEvent, metrics: dict, log: RunLog, on_round, deferred: bool = False) -> None:
+        """Round ``event.round``'s record, from its ``metrics``: into the history and ``metrics.jsonl``.
+
+        ``elapsed_s`` is the training wall time when the record was made, its evaluation included; for a
+        ``deferred`` one, the time when its round ended (its evaluation rode on the next round's stage and is
+        counted there), so that consecutive records still differ by one round's time."""
         record = {"round": event.round, "loss": event.loss, **metrics, **event.info.record()}
-        record["elapsed_s"] = round(self.elapsed, 3)
+        record["elapsed_s"] = round(event.elapsed if deferred and event.elapsed is not None else self.elapsed, 3)
         self.history.append(record)
         log.append(record)
         event.metrics = record
@@ -366,10 +371,16 @@ class Trainer:
 
 
 def _event_state(event: RoundEvent) -> dict:
-    return {"round": event.round, "rounds": event.rounds, "loss": event.loss, "info": asdict(event.info)}
+    return {
+        "round": event.round,
+        "rounds": event.rounds,
+        "loss": event.loss,
+        "info": asdict(event.info),
+        "elapsed": event.elapsed,
+    }
 
 
 def _event_of(state: dict) -> RoundEvent:
     info = dict(state["info"])
     info["cost"] = None if info["cost"] is None else SecAggCost(**info["cost"])
-    return RoundEvent(state["round"], state["rounds"], state["loss"], None, RoundInfo(**info))
+    return RoundEvent(state["round"], state["rounds"], state["loss"], None, RoundInfo(**info), state.get("elapsed"))
