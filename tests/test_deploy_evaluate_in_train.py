@@ -111,12 +111,16 @@ def test_a_node_with_no_sampled_user_is_asked_to_evaluate_in_the_same_stage(tmp_
     assert all("eval_users" not in r for r in run_records(tmp_path / "merged"))
 
 
-def test_a_node_missing_the_train_stage_is_missing_from_the_evaluation_it_carried(tmp_path):
-    # Node 1 never answers round 2's train stage: round 1's metrics, which that stage carried, cover the other
-    # nodes' 16 users and say so (eval_users), as a node missing an evaluate stage; round 2's and 3's cover all.
+def test_a_node_missing_the_train_stage_is_asked_to_evaluate_before_the_model_moves_on(tmp_path):
+    # Node 1 never answers round 2's train stage, which carried round 1's evaluation (a refused train message
+    # looks the same to the server): the server asks it in an evaluate stage of its own before it aggregates
+    # round 2, so round 1's metrics still cover every user, as the plain path's evaluate stage would.
     _deploy(_policy(tmp_path), tmp_path / "merged", down={1: ("round-2",)})
-    records = run_records(tmp_path / "merged")
-    assert [r.get("eval_users") for r in records] == [16, None, None]
+    _deploy(_policy(tmp_path, separate=True), tmp_path / "plain", down={1: ("round-2",)})
+    _same_runs(tmp_path / "merged", tmp_path / "plain")
+    assert [r.get("eval_users") for r in run_records(tmp_path / "merged")] == [None, None, None]
+    again = [s for s in _stages(tmp_path / "merged") if s["stage"] == "eval-1"]
+    assert [(s["sent"], s["answered"]) for s in again] == [(1, 1)]
 
 
 def test_the_progress_callback_gets_each_round_once_in_order_with_its_own_record(tmp_path):

@@ -43,7 +43,7 @@ class Stages(Protocol):
         self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict, evaluate: int | None = None
     ) -> dict[int, dict]: ...
 
-    def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]: ...
+    def evaluate(self, round_idx: int, common: dict, shards: list[int] | None = None) -> dict[int, dict]: ...
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]: ...
 
@@ -156,9 +156,16 @@ class RemoteTrainer(Trainer):
                 released_counts=self.released_counts() if clip_norm is not None else None,
             )
         replies = self.stages.train(r, per_shard, common, evaluate=pending)
-        if pending is not None:  # a node whose reply has no evaluation is absent from it, as from an evaluate stage
+        if pending is not None:
             evaluations = {s: rep.get("evaluation") if s in per_shard else rep for s, rep in replies.items()}
-            self.evaluated = self._metrics({s: e for s, e in evaluations.items() if e is not None})
+            evaluations = {s: e for s, e in evaluations.items() if e is not None}
+            missing = [s for s in range(self.policy.deployment.nodes) if s not in evaluations]
+            if missing:
+                # a node refused the train message (or missed the stage): ask it in an evaluate stage of its own
+                # now, while the model is still round R's, as the plain path's evaluate stage would have; one that
+                # misses this one too is absent from the metrics (eval_users)
+                evaluations.update(self.stages.evaluate(self.round, self._common(self.round), missing))
+            self.evaluated = self._metrics(evaluations)
         replies = {s: rep for s, rep in replies.items() if s in per_shard}
         if self.sealed:
             self.aggregation.summer.received(replies)

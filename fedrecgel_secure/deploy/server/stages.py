@@ -197,8 +197,10 @@ class FlowerStages:
                     payloads[s], types[s] = {"round": evaluate, **self._wire(common)}, EVALUATE
         return self.exchange(types, f"round-{round_idx}", payloads, evaluates=evaluate)
 
-    def evaluate(self, round_idx: int, common: dict) -> dict[int, dict]:
-        payloads = {s: {"round": round_idx, **self._wire(common)} for s in range(self.settings.nodes)}
+    def evaluate(self, round_idx: int, common: dict, shards: list[int] | None = None) -> dict[int, dict]:
+        """An evaluate stage of its own, for ``shards`` (every shard by default)."""
+        shards = range(self.settings.nodes) if shards is None else shards
+        payloads = {s: {"round": round_idx, **self._wire(common)} for s in shards}
         return self.exchange(EVALUATE, f"eval-{round_idx}", payloads, evaluates=round_idx)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
