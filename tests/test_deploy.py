@@ -25,7 +25,9 @@ TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process
 
 
 def _policy(tmp_path: Path, rounds: int = 2, nodes: int = 3, timeout: float = 60, extra: str = "") -> Path:
-    return write_deploy_policy(tmp_path, extra, rounds, nodes, timeout)
+    # the server polls for replies every 0.2 s: a stage ends that much sooner after its last reply (a poll is one
+    # local HTTP request to the SuperLink)
+    return write_deploy_policy(tmp_path, extra, rounds, nodes, timeout, heartbeat=0.2)
 
 
 def _wait_until(cond, timeout: float, what: str) -> None:
@@ -103,10 +105,12 @@ def _took_part_in_key_sharing(secagg_dir: Path) -> bool:
 
 def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_timeout(tmp_path):
     # Two nodes die (SIGKILL, no goodbye) right after their users shared their keys: node 1's SuperNode, and node
-    # 3's resident engine (its SuperNode lives on; the relay's wait for the engine ends at the message's TTL). The
-    # others have masked with their keys, so the round completes only through the protocol's recovery (their masks
-    # are rebuilt from shares), or is skipped if too few remain; either way within the stage timeouts, never a
-    # hang. Both kills in one deployment: each is seen on its own node (no masked input, no evaluation).
+    # 3's resident engine (its SuperNode lives on; its relay finds the dead engine's socket refusing and answers
+    # with an error at once). The others have masked with their keys, so the round completes only through the
+    # protocol's recovery (their masks are rebuilt from shares), or is skipped if too few remain; either way within
+    # the stage timeouts, never a hang. Both kills in one deployment: each is seen on its own node (no masked
+    # input, no evaluation). The server learns of node 1 at the stage timeout, or once the SuperLink has missed
+    # its heartbeats (flwr 1.42: 2 x 30 s after the last one), whichever comes first.
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
 
@@ -142,6 +146,8 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     record = _metrics(out)[-1]
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert stages["secagg-share"]["answered"] == 5 and stages["secagg-masked"]["answered"] == 3
+    server_log = (out / "logs" / "flwr-run.log").read_text()  # the ServerApp's log, streamed by flwr run
+    assert "secagg-masked: node 3 failed" in server_log and "(connection refused)" in server_log  # not timed out
     if record.get("skipped"):  # too few left for the threshold or the consistency check
         assert record["contributors"] == 0
     else:  # recovered: the survivors' sum, without the killed nodes' users, who count as dropped

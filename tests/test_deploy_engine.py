@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -127,8 +128,10 @@ def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
         pid = node.procs.procs["engine"].pid
         os.kill(pid, signal.SIGKILL)
         node.procs.procs["engine"].wait(timeout=30)
-        with pytest.raises(ConnectionError):  # no engine: the relay gives up at the message's TTL
-            node.ask(clientapp.relay, *messages[2], ttl=1.0)
+        asked = time.monotonic()
+        with pytest.raises(ConnectionError, match="connection refused"):  # a dead engine: an error at once
+            node.ask(clientapp.relay, *messages[2], ttl=60.0)
+        assert time.monotonic() - asked < 20  # the refusal's grace (2 s), far from the TTL
         assert node.start() != pid
         got.append(node.ask(clientapp.relay, *messages[2]))
     finally:
@@ -137,3 +140,62 @@ def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
     assert (node.state_dir / "state-1.pt").exists() and (node.state_dir / "pending-2.pt").exists()
     assert (node.state_dir / "engine.sock").stat().st_mode & 0o777 == 0o600
     assert node.state_dir.stat().st_mode & 0o777 == 0o700
+
+
+def _listen_later(path: Path, after: float, stale: bool = False) -> threading.Thread:
+    """An engine coming up at ``path`` ``after`` seconds from now (a thread; its socket answers one request with
+    the request's bytes), as :func:`engine.main` does it: with ``stale``, a dead engine's socket is there first and
+    goes the moment the new engine starts (here: after a tenth of ``after``)."""
+    import socket
+
+    from fedrecgel_secure.deploy.node.channel import MESSAGE, receive, send
+
+    if stale:  # bound, never listening: what a SIGKILLed engine leaves behind
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(str(path))
+
+    def engine():
+        time.sleep(after / 10)
+        path.unlink(missing_ok=True)
+        time.sleep(after * 9 / 10)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(str(path))
+            server.listen(1)
+            conn, _ = server.accept()
+            with conn:
+                send(conn, MESSAGE, receive(conn)[1])
+
+    thread = threading.Thread(target=engine, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_with_no_engine_the_relay_fails_within_the_ttl(tmp_path):
+    # no socket: no engine started yet, or one starting; the relay waits for it, but never past the message's TTL
+    from fedrecgel_secure.deploy.node.channel import EngineUnreachable, request
+
+    asked = time.time()
+    with pytest.raises(EngineUnreachable, match="in time"):
+        request(tmp_path, b"x", deadline=asked + 1.0)
+    assert 1.0 <= time.time() - asked < 10
+
+
+def test_a_dead_engines_socket_makes_the_relay_fail_at_once_not_at_the_ttl(tmp_path):
+    # SIGKILL leaves the socket file, which refuses: the server hears of the dropout in seconds, not at the TTL
+    import socket
+
+    from fedrecgel_secure.deploy.node.channel import REFUSED_GRACE, EngineUnreachable, request, socket_path
+
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(str(socket_path(tmp_path)))
+    asked = time.time()
+    with pytest.raises(EngineUnreachable, match="connection refused"):
+        request(tmp_path, b"x", deadline=asked + 60.0)
+    assert REFUSED_GRACE <= time.time() - asked < 20
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["first-start", "restart-over-a-dead-engines-socket"])
+def test_an_engine_that_comes_up_before_the_ttl_gets_the_message(tmp_path, stale):
+    from fedrecgel_secure.deploy.node.channel import MESSAGE, request, socket_path
+
+    engine = _listen_later(socket_path(tmp_path), after=1.0, stale=stale)
+    assert request(tmp_path, b"the message", deadline=time.time() + 60.0) == (MESSAGE, b"the message")
+    engine.join(timeout=10)

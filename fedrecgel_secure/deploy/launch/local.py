@@ -371,6 +371,10 @@ class Deployment:
         return pids
 
     def stop(self) -> None:
+        """Every process started here, in two waves, each stopped together (one grace period): the run, the
+        SuperNodes, their SuperExecs and the engines; then the SuperLink, which the SuperNodes say goodbye to."""
+        link = ("superexec-superlink", "superlink")
+        self.procs.stop(*(name for name in reversed(list(self.procs.procs)) if name not in link))
         self.procs.stop_all()
 
 

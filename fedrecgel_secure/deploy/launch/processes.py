@@ -183,27 +183,34 @@ class Processes:
             self.procs[name] = proc
         return proc
 
-    def stop(self, name: str, grace: float = 5.0) -> None:
-        """Stop process ``name``, its group, and every process below it (by PID), SIGTERM first, then SIGKILL."""
-        proc = self.procs.get(name)
-        if proc is None:
+    def stop(self, *names: str, grace: float = 5.0) -> None:
+        """Stop processes ``names`` together, their groups, and every process below them (by PID): SIGTERM to all
+        first, then SIGKILL to what is left after ``grace``. Together: one grace period for all, not one each."""
+        procs = {name: self.procs[name] for name in names if name in self.procs}
+        if not procs:
             return
         with _signals_held():
             # Flower's SuperExecs and app processes run in sessions of their own: find them while their
             # parent links still lead here
-            below = [(pid, t) for pid in self.descendants(proc.pid) if (t := _start_time(pid)) is not None]
+            below = [(pid, _start_time(pid)) for proc in procs.values() for pid in self.descendants(proc.pid)]
+            below = [(pid, t) for pid, t in below if t is not None]
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)  # its own session: the group id is its PID
-                try:
-                    proc.wait(timeout=grace)
+                for proc in procs.values():
+                    if proc.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, sig)  # its own session: the group id is its PID
+                deadline = time.monotonic() + grace
+                for proc in procs.values():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if all(proc.poll() is not None for proc in procs.values()):
                     break
-                except subprocess.TimeoutExpired:
-                    continue
-            with contextlib.suppress(ProcessLookupError):  # children that outlived their parent carry its group id
-                os.killpg(proc.pid, signal.SIGKILL)
+            for proc in procs.values():  # children that outlived their parent carry its group id
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             self._stop_pids(below, grace)
-            del self.procs[name]
+            for name in procs:
+                del self.procs[name]
 
     @staticmethod
     def _stop_pids(procs: list[tuple[int, int]], grace: float) -> None:
@@ -218,9 +225,7 @@ class Processes:
                 time.sleep(0.05)
 
     def stop_all(self) -> None:
-        with _signals_held():
-            for name in reversed(list(self.procs)):
-                self.stop(name)
+        self.stop(*reversed(list(self.procs)))
 
     @classmethod
     def descendants(cls, pid: int) -> list[int]:

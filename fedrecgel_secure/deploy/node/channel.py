@@ -69,11 +69,20 @@ class EngineUnreachable(ConnectionError):
     """No engine answered in time: to the server, this node dropped out of the stage."""
 
 
+REFUSED_GRACE = 2.0  # seconds a refusing socket is retried: an engine exec'd this instant removes it (engine.main)
+
+
 def request(state_dir: Path | str, data: bytes, deadline: float, retry: float = 0.2) -> tuple[bytes, bytes]:
-    """Send ``data`` (a serialized Message) to the engine of ``state_dir``; its answer frame. Until ``deadline``
-    (``time.time()``) it retries an engine not up yet (no socket, connection refused); after it, or if the engine
-    dies while working, :class:`EngineUnreachable`/ConnectionError: the node's reply is an error, i.e. a dropout."""
+    """Send ``data`` (a serialized Message) to the engine of ``state_dir``; its answer frame.
+
+    Bounded, and as short as what the socket says allows. No socket: no engine started yet, or one starting (it
+    removes a stale socket first thing and listens once torch and its shard are loaded), so retried until
+    ``deadline`` (``time.time()``, the message's TTL). A socket that refuses: the engine that made it is dead
+    (SIGKILL leaves the file) and none is starting, so :class:`EngineUnreachable` after :data:`REFUSED_GRACE`,
+    not at the TTL: the server hears of the dropout at once. An engine that dies while working: ConnectionError.
+    Each ends in an error reply, i.e. this node drops out of the stage."""
     path = socket_path(state_dir)
+    refused_until = None
     while True:
         left = deadline - time.time()
         if left <= 0:
@@ -84,7 +93,12 @@ def request(state_dir: Path | str, data: bytes, deadline: float, retry: float = 
                 sock.connect(address)
                 send(sock, MESSAGE, data)
                 return receive(sock)
-        except (FileNotFoundError, ConnectionRefusedError):
-            time.sleep(min(retry, max(0.0, deadline - time.time())))
+        except FileNotFoundError:
+            refused_until = None
+        except ConnectionRefusedError as exc:
+            refused_until = refused_until or time.monotonic() + REFUSED_GRACE
+            if time.monotonic() >= refused_until:
+                raise EngineUnreachable(f"no node engine is running on {path} (connection refused)") from exc
         except TimeoutError as exc:
             raise EngineUnreachable(f"the node engine on {path} did not answer in time") from exc
+        time.sleep(min(retry, max(0.0, deadline - time.time())))

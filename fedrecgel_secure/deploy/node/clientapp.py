@@ -3,8 +3,9 @@
 flwr 1.42 starts this in a fresh ``flwr-clientapp`` process for each message. It imports no torch and nothing of
 the node's engine (a test checks ``sys.modules``): it forwards the message, as flwr's own protobuf, over the
 node's local channel (:mod:`.channel`, a Unix socket in its 0700 state directory ``state-dir``) and returns the
-engine's reply. An engine that is down, or does not answer before the message's TTL (the server's stage timeout)
-ends, makes this node's reply an error: to the server, a dropped node.
+engine's reply. A dead engine (its socket refuses) makes this node's reply an error at once; an engine not up yet,
+or not answering, before the message's TTL (the server's stage timeout) ends (:func:`.channel.request`). To the
+server, either is a dropped node.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ request at a time.
 What it guarantees: it serves only its own account (the socket is in the node's 0700 state directory, 0600, and
 every peer's uid is checked); the users' state reaches disk at each committed round exactly as before
 (:class:`~.shard.Node`), so an engine killed at any point and started again resumes from disk; while it is down,
-the relay's bounded wait ends in an error reply, which the server treats as this node dropping out.
+the relay answers with an error reply, which the server treats as this node dropping out: at once for a dead
+engine (its socket refuses), at the message's TTL at the latest while one starts (:func:`.channel.request`).
 """
 
 from __future__ import annotations
@@ -115,8 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.umask(0o077)  # every file the node writes is its own (0600), as in node.private_umask
     config = parse_node_config(args.node_config)
+    path = socket_path(config["state-dir"])
+    # before the slow imports: while this engine starts, the relay finds no socket and waits for it, where a dead
+    # engine's socket would refuse and make the relay give up (channel.request)
+    path.unlink(missing_ok=True)
     engine = Engine(config)
-    engine.serve(socket_path(config["state-dir"]))
+    engine.serve(path)
 
 
 if __name__ == "__main__":
