@@ -183,16 +183,13 @@ def _he_world(tmp_path, dim=5):
 
 
 def _aggregate(context, directory, tag, nodes, round_idx, x, users=None):
-    import numpy as np
-
     from fedrecgel_secure.privacy.secagg import IdentityDirectory
     from fedrecgel_secure.privacy.secagg.he import HEAggregator
 
     agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
     agg.begin_round(round_idx)
-    for node in nodes.values():
-        mine = [u for u in node.users if users is None or u in users]
-        for blob in node.encrypt(round_idx, np.asarray(mine), x[mine], None)[0].values():
+    for u, blob in _uploads(nodes, round_idx, x).items():
+        if users is None or u in users:
             agg.receive(blob)
     return agg.finish().serialize()
 
@@ -379,18 +376,21 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
 
 
 def _uploads(nodes, round_idx, x):
+    """Each user's own upload (HEClient), as a node's users would send them one by one without the group."""
     import numpy as np
 
-    out = {}
-    for node in nodes.values():
-        out.update(node.encrypt(round_idx, np.asarray(node.users), x[node.users], None)[0])
-    return out
+    return {
+        c.identity.client_id: c.upload(round_idx, x[c.identity.client_id])
+        for node in nodes.values()
+        for c in node.group(np.asarray(node.users)).clients
+    }
 
 
 def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
-    # Someone between the nodes and the key holder (a curious server trying to isolate user 1) presents node 0's
-    # proofs for users 0 and 1 with user 0's ciphertext alone, plus node 1's honest sum. The signatures check out,
-    # the tags do not: nothing is released, and the round is used up. The honest sums decrypt to the exact total.
+    # A curious server trying to isolate user 1 puts node 0's proofs for users 0 and 1 on user 0's ciphertext
+    # alone, adds node 1's honest sum and asks the key holder. Its own aggregator refuses such a partial (the
+    # proofs signed another ciphertext), but it need not use it: the signatures check out at the key holder, the
+    # tags do not. Nothing is released and the round is used up. The honest sums decrypt to the exact total.
     import shutil
 
     import numpy as np
@@ -409,20 +409,27 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
         agg.begin_round(1)
         return agg
 
+    def vectors(agg, blob):
+        _, _, _, offset, count = parse_aggregate(blob)
+        return load_vectors(
+            agg.context, agg.params, read_chunks(blob, offset, count, max_chunk_bytes(agg.params), None), None
+        )
+
     alone = aggregator(1)
     alone.receive(_uploads(nodes, 1, x)[0])
-    blob = alone.finish().serialize()
-    _, _, _, offset, count = parse_aggregate(blob)
-    vectors = load_vectors(
-        alone.context, alone.params, read_chunks(blob, offset, count, max_chunk_bytes(alone.params), None), None
-    )
-    forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], vectors).serialize()  # proofs of users 0, 1
+    user_0 = vectors(alone, alone.finish().serialize())
+    forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], user_0).serialize()  # proofs of users 0, 1
+    with pytest.raises(RejectedPayload) as refused:
+        aggregator().receive_partial(forged)
+    assert refused.value.reason == "bad_signature"
     server = aggregator()
-    assert server.receive_partial(forged) == [0, 1]  # the proofs are genuine
-    server.receive_partial(honest[1])
+    node_1 = vectors(server, honest[1])
+    for mine, theirs in zip(user_0, node_1):
+        mine.add_(theirs)
+    proofs = parse_aggregate(honest[0])[2] + parse_aggregate(honest[1])[2]
     shutil.copytree(tmp_path / "kh", tmp_path / "kh-unasked")  # the key holder as it was before the request
     with pytest.raises(RejectedPayload, match="bad_ciphertext"):
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(EncryptedAggregate(1, 5, proofs, user_0).serialize(), None)
     server = aggregator()
     for partial in honest:
         server.receive_partial(partial)
