@@ -37,11 +37,10 @@ import numpy as np
 from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
 from fedrecgel_secure.deploy.node.masking_node import MaskingNode
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.server.masking_summer import aggregator
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
-    IdentityDirectory,
-    MaskingAggregator,
     MaskingParams,
     ServerIdentity,
 )
@@ -81,15 +80,7 @@ def grouped(users_of: dict[int, list[int]], setup: Setup, inputs: dict[int, np.n
     server, tag = ServerIdentity.generate(), secrets.token_bytes(16)
     for n in users_of:
         node(n).join(server.public_bytes, tag, public)
-    agg = MaskingAggregator(
-        IdentityDirectory(public),
-        setup.dim,
-        setup.params,
-        identity=server,
-        encoding=setup.encoding,
-        min_clients=setup.min_clients,
-        session_tag=tag,
-    )
+    agg = aggregator(setup, public, server, tag)
     node_bytes, masked_seconds = {}, 0.0
 
     def exchange(stage: str, payloads: dict[int, dict]) -> dict[int, dict]:

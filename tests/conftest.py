@@ -97,6 +97,18 @@ allow_small_cohort = true  # the tiny test worlds; the schema's floor is 10
 BFV = MASKING.replace("masking", "bfv")
 
 
+def seeded_dp(mode: str) -> str:
+    """The DP section of the deployment tests' policies: seeded noise (reproducible, so a deployment can be
+    compared with the simulator exactly), ``mode`` "central" or "distributed"."""
+    return f"""[privacy.dp]
+enabled = true
+mode = "{mode}"
+noise = "seeded"
+noise_multiplier = 1.0
+clip_norm = 0.5
+"""
+
+
 def write_deploy_policy(
     tmp_path: Path, extra: str = "", rounds: int = 2, nodes: int = 3, timeout: float = 60.0, heartbeat: float = 0.5
 ) -> Path:

@@ -11,16 +11,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, run_records, write_deploy_policy
+from conftest import BFV, MASKING, run_records, seeded_dp, write_deploy_policy
 from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
-DP = """[privacy.dp]
-enabled = true
-mode = "{mode}"
-noise = "seeded"
-noise_multiplier = 1.0
-clip_norm = 0.5
-"""
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 
@@ -70,11 +63,11 @@ def _same_runs(a: Path, b: Path) -> None:
         ("plaintext", "", ["round"]),
         pytest.param(
             "masking",
-            MASKING + DP.format(mode="distributed"),
+            MASKING + seeded_dp("distributed"),
             ["round", "share", "masked", "confirm", "unmask"],
             marks=pytest.mark.slow,
         ),
-        pytest.param("bfv", BFV + DP.format(mode="central"), ["round", "keyholder-decrypt"], marks=pytest.mark.slow),
+        pytest.param("bfv", BFV + seeded_dp("central"), ["round", "keyholder-decrypt"], marks=pytest.mark.slow),
     ],
 )
 def test_evaluating_in_the_train_stage_writes_the_plain_paths_records_with_one_stage_less(
@@ -155,9 +148,9 @@ def test_a_server_killed_with_an_evaluation_pending_resumes_to_the_plain_paths_r
 def test_a_run_the_privacy_budget_stops_evaluates_its_last_round_in_a_stage_of_its_own(tmp_path):
     # max_epsilon between round 2's epsilon and round 3's: the run stops before round 3, so no train stage follows
     # round 2, and its evaluation gets the eval-2 stage. The records are the plain path's.
-    _deploy(_policy(tmp_path, DP.format(mode="central"), separate=True), tmp_path / "uncapped")
+    _deploy(_policy(tmp_path, seeded_dp("central"), separate=True), tmp_path / "uncapped")
     epsilons = [r["epsilon"] for r in run_records(tmp_path / "uncapped")]
-    cap = DP.format(mode="central") + f"max_epsilon = {(epsilons[1] + epsilons[2]) / 2!r}\n"
+    cap = seeded_dp("central") + f"max_epsilon = {(epsilons[1] + epsilons[2]) / 2!r}\n"
     _deploy(_policy(tmp_path, cap, separate=True), tmp_path / "plain")
     _deploy(_policy(tmp_path, cap), tmp_path / "merged")
     _same_runs(tmp_path / "merged", tmp_path / "plain")

@@ -10,18 +10,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
+from conftest import BFV, MASKING, seeded_dp, summed_per_node, write_deploy_policy
 from conftest import run_records as _records
 from conftest import simulate as _simulate
 from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
-
-DP = """[privacy.dp]
-enabled = true
-mode = "{mode}"
-noise = "seeded"
-noise_multiplier = 1.0
-clip_norm = 0.5
-"""
 
 ADAPTIVE = """[privacy.dp.adaptive_clipping]
 initial = 0.2
@@ -47,7 +39,7 @@ def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tm
 
     from fedrecgel_secure.checkpoint import load_checkpoint
 
-    policy_file = _policy(tmp_path, DP.format(mode="central") if "DP" in privacy else "")
+    policy_file = _policy(tmp_path, seeded_dp("central") if "DP" in privacy else "")
     if "authors" in privacy:  # the nodes draw negatives outside the training set only, positives in blocks
         policy_file.write_text(policy_file.read_text().replace("[data]\n", '[data]\nprotocol = "authors"\n'))
     sim = _simulate(policy_file, tmp_path / "sim")
@@ -71,7 +63,7 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
     from fedrecgel_secure.checkpoint import load_checkpoint
 
     mode = "central" if "central" in privacy else "distributed"
-    extra = MASKING + DP.format(mode=mode) + (ADAPTIVE if "adaptive" in privacy else "")
+    extra = MASKING + seeded_dp(mode) + (ADAPTIVE if "adaptive" in privacy else "")
     policy_file = _policy(tmp_path, extra, rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
@@ -107,7 +99,7 @@ def test_distributed_noise_shares_are_drawn_on_the_nodes_not_by_the_server(tmp_p
 
     monkeypatch.setattr(DPRandomness, "normal", normal)
     monkeypatch.setattr(Node, "protect", protect)
-    _deploy(_policy(tmp_path, MASKING + DP.format(mode="distributed"), rounds=1), tmp_path / "deployed")
+    _deploy(_policy(tmp_path, MASKING + seeded_dp("distributed"), rounds=1), tmp_path / "deployed")
     shares = [on for purpose, on in purposes if purpose == "update-share"]
     assert shares and all(shares)
     assert not any(purpose == "update-noise" for purpose, _ in purposes)  # and no central noise either
@@ -121,7 +113,7 @@ def test_only_the_server_builds_a_privacy_accountant(tmp_path, monkeypatch):
     built = []
     make = ResolvedDP.make_accountant
     monkeypatch.setattr(ResolvedDP, "make_accountant", lambda self: built.append(1) or make(self))
-    _deploy(_policy(tmp_path, BFV + DP.format(mode="central"), rounds=2), tmp_path / "deployed", key_holder=True)
+    _deploy(_policy(tmp_path, BFV + seeded_dp("central"), rounds=2), tmp_path / "deployed", key_holder=True)
     assert len(built) == 1  # the server's
 
 
@@ -143,7 +135,7 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
     extra = BFV
     if "DP" in privacy:
-        extra += DP.format(mode="central" if "central" in privacy else "distributed")
+        extra += seeded_dp("central" if "central" in privacy else "distributed")
     extra += ADAPTIVE if "adaptive" in privacy else ""
     policy_file = _policy(tmp_path, extra)
     sim = _simulate(policy_file, tmp_path / "sim")
@@ -183,16 +175,13 @@ def _he_world(tmp_path, dim=5):
 
 
 def _aggregate(context, directory, tag, nodes, round_idx, x, users=None):
-    import numpy as np
-
     from fedrecgel_secure.privacy.secagg import IdentityDirectory
     from fedrecgel_secure.privacy.secagg.he import HEAggregator
 
     agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
     agg.begin_round(round_idx)
-    for node in nodes.values():
-        mine = [u for u in node.users if users is None or u in users]
-        for blob in node.encrypt(round_idx, np.asarray(mine), x[mine], None)[0].values():
+    for u, blob in _uploads(nodes, round_idx, x).items():
+        if users is None or u in users:
             agg.receive(blob)
     return agg.finish().serialize()
 
@@ -267,7 +256,7 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
 
-    policy_file = _policy(tmp_path, BFV + DP.format(mode="central"), rounds=3)
+    policy_file = _policy(tmp_path, BFV + seeded_dp("central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
@@ -291,7 +280,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
 
     from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 
-    extra = (MASKING if scheme == "masking" else BFV) + DP.format(mode="distributed")
+    extra = (MASKING if scheme == "masking" else BFV) + seeded_dp("distributed")
     out = tmp_path / "deployed"
     _deploy(_policy(tmp_path, extra, rounds=2), out, down={1: (stage,)}, key_holder=scheme == "bfv")
     records = _records(out)
@@ -323,7 +312,7 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
     from fedrecgel_secure.deploy.launch.local import Deployment
     from fedrecgel_secure.policy import load_policy
 
-    bfv = load_policy(_policy(tmp_path, BFV + DP.format(mode="distributed")))
+    bfv = load_policy(_policy(tmp_path, BFV + seeded_dp("distributed")))
     line = Deployment(bfv, tmp_path / "a").describe()
     assert "3 client SuperNodes and the BFV key holder's" in line and "ciphertexts and the sum only" in line
     assert "no TLS" in line and "SEEDED noise" in line
@@ -370,7 +359,7 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     servers = []
     init = RemoteTrainer.__init__
     monkeypatch.setattr(RemoteTrainer, "__init__", lambda self, *a: init(self, *a) or servers.append(self))
-    secure_dp = DP.format(mode="central").replace('noise = "seeded"', 'noise = "secure"')
+    secure_dp = seeded_dp("central").replace('noise = "seeded"', 'noise = "secure"')
     _deploy(_policy(tmp_path, BFV + secure_dp, rounds=1), tmp_path / "deployed", key_holder=True)
     server_secret = servers[0].aggregation.randomness.state_dict()["secret"]
     key_holder_draws = [secret for purpose, secret in made if purpose == "update-noise" and secret != server_secret]
@@ -379,18 +368,21 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
 
 
 def _uploads(nodes, round_idx, x):
+    """Each user's own upload (HEClient), as a node's users would send them one by one without the group."""
     import numpy as np
 
-    out = {}
-    for node in nodes.values():
-        out.update(node.encrypt(round_idx, np.asarray(node.users), x[node.users], None)[0])
-    return out
+    return {
+        c.identity.client_id: c.upload(round_idx, x[c.identity.client_id])
+        for node in nodes.values()
+        for c in node.group(np.asarray(node.users)).clients
+    }
 
 
 def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
-    # Someone between the nodes and the key holder (a curious server trying to isolate user 1) presents node 0's
-    # proofs for users 0 and 1 with user 0's ciphertext alone, plus node 1's honest sum. The signatures check out,
-    # the tags do not: nothing is released, and the round is used up. The honest sums decrypt to the exact total.
+    # A curious server trying to isolate user 1 puts node 0's proofs for users 0 and 1 on user 0's ciphertext
+    # alone, adds node 1's honest sum and asks the key holder. Its own aggregator refuses such a partial (the
+    # proofs signed another ciphertext), but it need not use it: the signatures check out at the key holder, the
+    # tags do not. Nothing is released and the round is used up. The honest sums decrypt to the exact total.
     import shutil
 
     import numpy as np
@@ -409,20 +401,27 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
         agg.begin_round(1)
         return agg
 
+    def vectors(agg, blob):
+        _, _, _, offset, count = parse_aggregate(blob)
+        return load_vectors(
+            agg.context, agg.params, read_chunks(blob, offset, count, max_chunk_bytes(agg.params), None), None
+        )
+
     alone = aggregator(1)
     alone.receive(_uploads(nodes, 1, x)[0])
-    blob = alone.finish().serialize()
-    _, _, _, offset, count = parse_aggregate(blob)
-    vectors = load_vectors(
-        alone.context, alone.params, read_chunks(blob, offset, count, max_chunk_bytes(alone.params), None), None
-    )
-    forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], vectors).serialize()  # proofs of users 0, 1
+    user_0 = vectors(alone, alone.finish().serialize())
+    forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], user_0).serialize()  # proofs of users 0, 1
+    with pytest.raises(RejectedPayload) as refused:
+        aggregator().receive_partial(forged)
+    assert refused.value.reason == "bad_signature"
     server = aggregator()
-    assert server.receive_partial(forged) == [0, 1]  # the proofs are genuine
-    server.receive_partial(honest[1])
+    node_1 = vectors(server, honest[1])
+    for mine, theirs in zip(user_0, node_1):
+        mine.add_(theirs)
+    proofs = parse_aggregate(honest[0])[2] + parse_aggregate(honest[1])[2]
     shutil.copytree(tmp_path / "kh", tmp_path / "kh-unasked")  # the key holder as it was before the request
     with pytest.raises(RejectedPayload, match="bad_ciphertext"):
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(server.finish().serialize(), None)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(EncryptedAggregate(1, 5, proofs, user_0).serialize(), None)
     server = aggregator()
     for partial in honest:
         server.receive_partial(partial)
@@ -498,7 +497,7 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
 
-    policy_file = _policy(tmp_path, MASKING + DP.format(mode="central"), rounds=3)
+    policy_file = _policy(tmp_path, MASKING + seeded_dp("central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])

@@ -12,9 +12,10 @@ the uploaded ciphertext bytes.
 
 The key holder never sees the individual ciphertexts (if it did, it could
 decrypt them), so signatures alone cannot tie the aggregate to the proofs; the
-last test shows the aggregate tag (fedrecgel_secure/privacy/secagg/he_tags.py)
+last tests show the aggregate tag (fedrecgel_secure/privacy/secagg/he_tags.py)
 doing so: one client's ciphertext with others' proofs, a sum missing a named
-client, slot-wise masked uploads and double counting are all refused.
+client, slot-wise masked uploads and double counting are all refused, and so
+is a host's group ciphertext (a deployment's node) under fewer or other names.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from fedrecgel_secure.privacy.secagg import (
     KeyHolder,
     RejectedPayload,
 )
-from fedrecgel_secure.privacy.secagg.he import decode_upload
+from fedrecgel_secure.privacy.secagg.he import HEGroup, decode_upload
+from fedrecgel_secure.privacy.secagg.he_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 3000
@@ -190,3 +192,33 @@ def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
     refused(world, r.forge(twice, [r.proofs[c] for c in (0, 1, 2)]), "bad_ciphertext")
     # the honest aggregate goes through a key holder that has not been asked before in this round
     assert np.array_equal(fresh_holder(world).decrypt(r.aggregate.serialize()), r.grid(range(N)))
+
+
+def test_a_groups_ciphertext_is_released_under_its_own_clients_names_only(world):
+    """A deployment's node sends one ciphertext for its clients 0, 1 and 2 (HEGroup), each of them signing it.
+    The aggregator tries to have it released as fewer clients' contribution (client 2's proof left out, so that
+    the release seems not to include it) or counted twice. The tag slot carries exactly the three clients' pads,
+    so both are refused; the group with its own proofs and the single uploads of clients 3 and 4 release the
+    round's exact sum."""
+    r = Round(world, 7)
+    group = HEGroup([world["clients"][c] for c in (0, 1, 2)])
+    partial = group.partial(7, np.stack([r.xs[c] for c in (0, 1, 2)]))
+    _, _, group_proofs, offset, count = parse_aggregate(partial)
+
+    def group_vectors():
+        chunks = read_chunks(partial, offset, count, max_chunk_bytes(r.agg.params), None)
+        return load_vectors(r.agg.context, r.agg.params, chunks, None)
+
+    def plus_singles(vectors):
+        for acc, v in zip(vectors, r.sum_of([3, 4])):
+            acc.add_(v)
+        return vectors
+
+    singles = [r.proofs[3], r.proofs[4]]
+    refused(world, r.forge(plus_singles(group_vectors()), [*group_proofs[:2], *singles]), "bad_ciphertext")
+    twice = plus_singles(group_vectors())
+    for acc, v in zip(twice, group_vectors()):
+        acc.add_(v)
+    refused(world, r.forge(twice, [*group_proofs, *singles]), "bad_ciphertext")
+    honest = r.forge(plus_singles(group_vectors()), [*group_proofs, *singles])
+    assert np.array_equal(fresh_holder(world).decrypt(honest), r.grid(range(N)))

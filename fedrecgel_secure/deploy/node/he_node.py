@@ -89,56 +89,47 @@ class HENode:
         self.join(request["context"], request["session_tag"], request["sealed"], directory)
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
-        """What the train reply carries for BFV: the sum of the users' signed, tagged ciphertexts, with their
+        """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
         proofs. (``sampled`` serves masking's cohort check; BFV's users sign no cohort.)"""
         partial, clipped = self.partial_sum(round_idx, clients, vectors, shares)
         return {"partial": partial, "clipped": clipped}
 
-    def encrypt(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
-        """Each sampled client's signed, tagged ciphertexts of its vector (plus its noise share), and the number
-        of values the grid clipped."""
-        from fedrecgel_secure.privacy.secagg.he import HEClient
+    def group(self, clients: np.ndarray):
+        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.he.HEGroup` of this session."""
+        from fedrecgel_secure.privacy.secagg.he import HEClient, HEGroup
         from fedrecgel_secure.privacy.secagg.he_wire import load_context
 
         facts = json.loads((self.dir / "he.json").read_text())
         context = load_context(bytes.fromhex(facts["context"]), "public context")
-        out, clipped = {}, 0
-        for pos, u in enumerate(int(c) for c in clients):
-            client = HEClient(
-                self.keys.identity(u),
-                context,
-                self.setup.dim,
-                encoding=self.setup.encoding,
-                session_tag=bytes.fromhex(facts["session_tag"]),
-                tag_key=bytes.fromhex(facts["tag_keys"][str(u)]),
-            )
-            out[u] = client.upload(round_idx, vectors[pos], None if shares is None else shares[pos])
-            clipped += client.last_clipped
-        return out, clipped
+        tag = bytes.fromhex(facts["session_tag"])
+        return HEGroup(
+            [
+                HEClient(
+                    self.keys.identity(u),
+                    context,
+                    self.setup.dim,
+                    encoding=self.setup.encoding,
+                    session_tag=tag,
+                    tag_key=bytes.fromhex(facts["tag_keys"][str(u)]),
+                )
+                for u in (int(c) for c in clients)
+            ]
+        )
 
     def partial_sum(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
-        """The node's users' ciphertexts added up, with each user's contribution proof
-        (:meth:`HEAggregator.receive_partial`), and the number of values the grid clipped.
+        """The node's users' vectors as one signed, tagged ciphertext (:meth:`HEGroup.partial`), and the number
+        of values the grid clipped.
 
-        One summed upload per node instead of one per user: at 12 MB a user
-        (FilmTrust, 372,737 values) a node's 30 users would send 360 MB a round.
-        The node sees its users' vectors anyway; the server still sees
-        ciphertexts only, and the key holder's tags still check that the round's
-        sum is exactly the named users' uploads.
+        One ciphertext per node instead of one per user: encrypting is the
+        train stage's main cost (a node's 30 FilmTrust users would encrypt
+        372,737 values each), and one upload each would be 12 MB a user. The
+        node sees its users' vectors anyway; the server still sees ciphertexts
+        only, and the key holder's tags still check that the round's sum is
+        exactly the named users' vectors.
         """
-        from fedrecgel_secure.privacy.secagg.he import HEAggregator
-        from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
-
         self._claim(round_idx, [int(c) for c in clients])
-        uploads, clipped = self.encrypt(round_idx, clients, vectors, shares)
-        facts = json.loads((self.dir / "he.json").read_text())
-        own = IdentityDirectory({u: k for u, k in self.keys.public_keys().items() if u in uploads})
-        tag = bytes.fromhex(facts["session_tag"])
-        agg = HEAggregator(bytes.fromhex(facts["context"]), own, self.setup.dim, min_clients=1, session_tag=tag)
-        agg.begin_round(round_idx)
-        for blob in uploads.values():
-            agg.receive(blob)
-        return agg.finish().serialize(), clipped
+        group = self.group(clients)
+        return group.partial(round_idx, vectors, shares), group.last_clipped
 
     def _claim(self, round_idx: int, users: list[int]) -> None:
         """Record that the node sums round ``round_idx`` over ``users``; refuse (``replay``) a round it summed over

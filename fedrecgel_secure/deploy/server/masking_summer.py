@@ -43,6 +43,20 @@ Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 RELEASES = "releases"  # in the run directory
 
 
+def aggregator(setup: Setup, public: dict[int, bytes], server: ServerIdentity, session_tag: bytes) -> MaskingAggregator:
+    """The server's :class:`MaskingAggregator` of a session: the users' reported ``public`` identity keys, the
+    server's own ``server`` identity (it signs the protocol's messages) and the session's tag."""
+    return MaskingAggregator(
+        IdentityDirectory(public),
+        setup.dim,
+        setup.params,
+        identity=server,
+        encoding=setup.encoding,
+        min_clients=setup.min_clients,
+        session_tag=session_tag,
+    )
+
+
 class Releases:
     """The sums the server's masking rounds released (``releases/round-R.npz`` in the run directory, 0600), with
     their contributors, so that a resumed server reuses them.
@@ -138,17 +152,7 @@ class NodeMaskingSum:
         missing = sorted(set(self.users_of) - set(joined))
         if missing:
             raise RuntimeError(f"masking setup: nodes {missing} did not join the session")
-        s = self.setup
-        agg = MaskingAggregator(
-            IdentityDirectory(public),
-            s.dim,
-            s.params,
-            identity=server,
-            encoding=s.encoding,
-            min_clients=s.min_clients,
-            session_tag=tag,
-        )
-        self.driver = MaskingDriver(agg, self.exchange, self.users_of)
+        self.driver = MaskingDriver(aggregator(self.setup, public, server, tag), self.exchange, self.users_of)
 
     def announce(self, round_idx: int, clip_norm: float | None = None, binding: bytes = b"") -> bytes:
         """Start round ``round_idx``'s attempt, bound to ``binding`` (the digest of the model and DP settings the

@@ -87,20 +87,15 @@ def pld_epsilon(history: History, delta: float) -> float:
     r""":math:`\varepsilon` at ``delta`` of the steps of ``history``; 0 for none, infinite if a step had no noise.
 
     The same computation as ``fresh_accountant().compose(history_event(history)).get_epsilon(delta)``,
-    with each distinct step's PLD built once per process and each prefix's fold kept.
+    with each distinct step's PLD built once per process and each prefix's fold kept. (A round asks for
+    the same history more than once; :class:`~.accounting.PrivacyAccountant` keeps those answers.)
     """
-    return _epsilon(run_entries(history), float(delta))
-
-
-@functools.lru_cache(maxsize=64)
-def _epsilon(entries: tuple[tuple[float, float, int], ...], delta: float) -> float:
-    # Cached: a round asks for the same history up to three times (the budget check before it, the check
-    # before release, the report after it), and only the last one is new.
+    entries = run_entries(history)
     if not entries:
         return 0.0
     if any(z == 0 for z, _, _ in entries):
         return math.inf
-    return float(_fold(entries).get_epsilon_for_delta(delta))
+    return float(_fold(entries).get_epsilon_for_delta(float(delta)))
 
 
 _FOLDS: OrderedDict[tuple, privacy_loss_distribution.PrivacyLossDistribution] = OrderedDict()
