@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
+from conftest import BFV, MASKING, seeded_dp, summed_per_node, write_deploy_policy
 from conftest import run_records as _metrics
 from conftest import simulate as _simulate
 
@@ -38,15 +38,6 @@ def _wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-SEEDED_CENTRAL_DP = """[privacy.dp]
-enabled = true
-mode = "central"
-noise = "seeded"
-noise_multiplier = 1.0
-clip_norm = 0.5
-"""
-
-
 # Plaintext and central DP without secure aggregation are checked in one process (test_deploy_inprocess.py) and
 # by the TLS and resume tests here; these two runs show that the protocols' stages work across real processes.
 @pytest.mark.parametrize("privacy", ["masking-seeded-distributed-dp", "bfv-seeded-central-dp"])
@@ -58,8 +49,8 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     from fedrecgel_secure.deploy.launch.local import Deployment
 
     extra = {
-        "masking-seeded-distributed-dp": MASKING + SEEDED_CENTRAL_DP.replace('"central"', '"distributed"'),
-        "bfv-seeded-central-dp": BFV + SEEDED_CENTRAL_DP,
+        "masking-seeded-distributed-dp": MASKING + seeded_dp("distributed"),
+        "bfv-seeded-central-dp": BFV + seeded_dp("central"),
     }[privacy]
     policy_file = _policy(tmp_path, extra=extra)
     sim = _simulate(policy_file, tmp_path / "sim")
