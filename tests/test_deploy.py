@@ -52,13 +52,16 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
         "masking-seeded-distributed-dp": MASKING + seeded_dp("distributed"),
         "bfv-seeded-central-dp": BFV + seeded_dp("central"),
     }[privacy]
-    policy_file = _policy(tmp_path, extra=extra)
+    # One round shows each protocol's stages across processes (masking's five take about 23 s a round here); later
+    # rounds run the same node code, checked over several rounds in test_deploy_inprocess.py, and a round's
+    # evaluation riding on the next train stage across processes is in the resume test below.
+    policy_file = _policy(tmp_path, rounds=1, extra=extra)
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
     try:
         dep.start()
-        dep.wait(dep.launch(False), 2)
+        dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
     assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"))

@@ -96,7 +96,8 @@ class DeploymentPolicy(Section):
         0.5,
         gt=0,
         description="Seconds between the server's polls for replies and connected nodes"
-        " (Flower 1.42 has no flag for the SuperNode heartbeat itself; a killed node is caught by stage_timeout).",
+        " (Flower 1.42 has no flag for the SuperNode heartbeat itself: a killed SuperNode is caught by stage_timeout"
+        " or the SuperLink's heartbeat check, 2 × 30 s; a dead node engine at once).",
     )
     evaluate_in_train: bool = Field(
         True,
