@@ -156,7 +156,7 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
 
-    policy_file = _policy(tmp_path, rounds=3)
+    policy_file = _policy(tmp_path, rounds=2)
     sim = tmp_path / "sim"
     _simulate(policy_file, sim)
     out = tmp_path / "deployed"
@@ -173,7 +173,7 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
             os.kill(pid, signal.SIGKILL)
         dep.procs.stop("flwr-run")
         assert run.poll() is not None
-        dep.wait(dep.launch(True), 3)
+        dep.wait(dep.launch(True), 2)
     finally:
         dep.stop()
     assert _metrics(out) == summed_per_node(_metrics(sim))
