@@ -2,6 +2,7 @@
 
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,6 +250,50 @@ class TestTampering:
         assert aggregate.contributors == good
         total = holder.decrypt(aggregate.serialize())
         assert np.array_equal(total, _grid_sum(xs[c] for c in good))
+
+    def test_a_ciphertext_in_ntt_form_is_refused_not_a_crash(self, world):
+        # Found by the fuzz test: a well-formed SEAL ciphertext whose NTT flag is set loads, and then SEAL's decrypt
+        # (key holder) or add (aggregator) raised ValueError instead of a refusal. No sum or encryption makes one.
+        import tempfile
+
+        import tenseal.sealapi as sealapi
+
+        from fedrecgel_secure.privacy.secagg.he_wire import _U32, frame, parse_aggregate, read_chunks
+
+        def ntt_form(blob: bytes) -> bytes:
+            """A BFVVector's serialization (sizes, ciphertexts: tensors.proto) with its ciphertext in NTT form."""
+            vec = ts.bfv_vector_from(agg.context, blob)
+            ct = vec.ciphertext()[0]
+            sealapi.Evaluator(agg.context.seal_context().data).transform_to_ntt_inplace(ct)
+            with tempfile.TemporaryDirectory() as d:
+                ct.save(f"{d}/ct")
+                raw = Path(d, "ct").read_bytes()
+
+            def varint(n: int) -> bytes:
+                out = b""
+                while n >= 0x80:
+                    out, n = out + bytes([n & 0x7F | 0x80]), n >> 7
+                return out + bytes([n])
+
+            sizes = varint(vec.size())
+            return b"\x0a" + varint(len(sizes)) + sizes + b"\x12" + varint(len(raw)) + raw
+
+        agg = _aggregator(world)
+        _xs, ups = self._round(world, 0, agg, senders=[0, 1, 2])
+        for c in (0, 1, 2):
+            agg.receive(ups[c])
+        blob = agg.finish().serialize()
+        _, _, _, offset, count = parse_aggregate(blob)
+        chunks = read_chunks(blob, offset, count, 1 << 24, None)
+        forged = blob[: offset - 4] + _U32.pack(count) + frame([ntt_form(chunks[0]), *chunks[1:]])
+        with pytest.raises(RejectedPayload) as err:
+            _holder(world).decrypt(forged)
+        assert err.value.reason == "wrong_params"
+        agg.begin_round(1)
+        body = Envelope.parse(world["clients"][3].upload(1, np.zeros(DIM))).body
+        head, first = body[:12], read_chunks(body, 12, count, 1 << 24, None)[0]
+        upload = world["ids"][3].seal(Kind.HE_UPLOAD, 1, head + frame([ntt_form(first)]), TAG)
+        self._expect(agg, upload, "wrong_params")
 
     def test_ciphertexts_with_other_parameters_are_rejected(self, world):
         agg = _aggregator(world)

@@ -11,7 +11,8 @@ Deployments that must resist a malicious server should use ``"masking"``
 (:mod:`.masking`), which needs no key holder.
 
 Binding proofs to ciphertexts. Each client signs SHA-256 of its ciphertext
-bytes, and each ciphertext carries in its last slot a linearly homomorphic tag
+bytes (in a group, :class:`HEGroup`, the group's one ciphertext), and each
+ciphertext carries in its last slot a linearly homomorphic tag
 of its data (:mod:`.he_tags`) under keys shared only by that client and the key
 holder. The key holder receives only the summed ciphertext, checks the
 signatures (round-bound, distinct, at least ``min_clients``) and, after

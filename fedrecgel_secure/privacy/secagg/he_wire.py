@@ -122,13 +122,14 @@ def load_vectors(ctx: ts.Context, params: ContextInfo, chunks: list[bytes], clie
         try:
             vec = ts.bfv_vector_from(ctx, blob)
             size = vec.size()
-            layout = [(ct.size(), ct.coeff_modulus_size()) for ct in vec.ciphertext()]
+            layout = [(ct.size(), ct.coeff_modulus_size(), ct.is_ntt_form()) for ct in vec.ciphertext()]
         except Exception as exc:  # malformed protobuf or SEAL data: several exception types
             raise RejectedPayload(Reason.BAD_CIPHERTEXT, f"ciphertext does not load: {exc}", client_id) from None
         if size != params.slots:
             raise RejectedPayload(Reason.WRONG_SHAPE, f"ciphertext of {size} slots, expected {params.slots}", client_id)
-        # One SEAL ciphertext of two components at the top data level, as encryption and addition leave it.
-        if layout != [(2, params.data_primes)]:
+        # One SEAL ciphertext of two components at the top data level, not in NTT form, as encryption and
+        # addition leave it (SEAL's decryption raises on an NTT-form ciphertext: a fuzzed aggregate found it).
+        if layout != [(2, params.data_primes, False)]:
             raise RejectedPayload(Reason.WRONG_PARAMS, f"unexpected ciphertext layout {layout}", client_id)
         vectors.append(vec)
     return vectors
