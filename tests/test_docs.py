@@ -7,6 +7,7 @@ MkDocs does not read: the README.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -20,13 +21,8 @@ def table_lines(text: str) -> list[str]:
 
 def tables(text: str) -> list[list[str]]:
     """Each Markdown table of ``text``: its runs of consecutive table lines."""
-    runs, run = [], []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            run.append(line)
-        elif run:
-            runs, run = [*runs, run], []
-    return runs
+    runs = itertools.groupby(text.splitlines(), key=lambda line: line.startswith("|"))
+    return [list(lines) for is_table, lines in runs if is_table]
 
 
 def test_the_readme_is_a_front_door_of_at_most_250_lines():

@@ -258,7 +258,7 @@ class TestTampering:
 
         import tenseal.sealapi as sealapi
 
-        from fedrecgel_secure.privacy.secagg.he_wire import _U32, frame, parse_aggregate, read_chunks
+        from fedrecgel_secure.privacy.secagg.he_wire import _U32, _UPLOAD_HEAD, frame, parse_aggregate, read_chunks
 
         def ntt_form(blob: bytes) -> bytes:
             """A BFVVector's serialization (sizes, ciphertexts: tensors.proto) with its ciphertext in NTT form."""
@@ -291,7 +291,7 @@ class TestTampering:
         assert err.value.reason == "wrong_params"
         agg.begin_round(1)
         body = Envelope.parse(world["clients"][3].upload(1, np.zeros(DIM))).body
-        head, first = body[:12], read_chunks(body, 12, count, 1 << 24, None)[0]
+        head, first = body[: _UPLOAD_HEAD.size], read_chunks(body, _UPLOAD_HEAD.size, count, 1 << 24, None)[0]
         upload = world["ids"][3].seal(Kind.HE_UPLOAD, 1, head + frame([ntt_form(first)]), TAG)
         self._expect(agg, upload, "wrong_params")
 
