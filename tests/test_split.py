@@ -61,6 +61,20 @@ def test_test_negatives_are_distinct_and_never_seen(filmtrust_split):
     assert seen.contains(np.arange(s.n_users), s.test_items[:, None]).all()
 
 
+def test_an_index_of_some_users_answers_for_them_as_the_whole_index_does(filmtrust_split):
+    s = filmtrust_split
+    seen = SeenIndex(s.seen_indptr, s.seen_items, s.n_items)
+    users = np.array([900, 3, 77, 3, 512])  # any order, repeats allowed
+    queries = np.random.default_rng(0).integers(0, s.n_items, size=(users.size, 400))
+    queries[:, 0] = s.test_items[users]  # a seen item each, at least
+    some = seen.of(users)
+    assert np.array_equal(some.contains(users, queries), seen.contains(users, queries))
+    assert some.contains(users, queries)[:, 0].all()
+    others = np.array([4, 5])
+    assert seen.contains(others, s.test_items[others][:, None]).all()
+    assert not some.contains(others, s.test_items[others][:, None]).any()  # nobody else's keys are there
+
+
 def test_training_negatives_are_fresh_per_round_distinct_per_positive_and_unseen(filmtrust_split):
     s = filmtrust_split
     seen = SeenIndex(s.seen_indptr, s.seen_items, s.n_items)

@@ -12,6 +12,7 @@ ever users x items dense.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -78,8 +79,8 @@ class Split:
         def rows(value):
             return None if value is None else value[users]
 
-        train_indptr, train_items = _csr_rows(self.train_indptr, self.train_items, users)
-        seen_indptr, seen_items = _csr_rows(self.seen_indptr, self.seen_items, users)
+        train_indptr, train_items = csr_rows(self.train_indptr, self.train_items, users)
+        seen_indptr, seen_items = csr_rows(self.seen_indptr, self.seen_items, users)
         return Split(
             n_users=int(users.size),
             n_items=self.n_items,
@@ -137,8 +138,8 @@ def _csr(rows: np.ndarray, cols: np.ndarray, n_rows: int) -> tuple[np.ndarray, n
     return indptr, keys % width
 
 
-def _csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``rows`` of a CSR structure, in that order."""
+def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a CSR structure, in that order: (their indptr, their indices concatenated)."""
     starts, lens = indptr[rows], indptr[rows + 1] - indptr[rows]
     out = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])
@@ -151,8 +152,18 @@ class SeenIndex:
 
     def __init__(self, seen_indptr: np.ndarray, seen_items: np.ndarray, n_items: int):
         row_of = np.repeat(np.arange(seen_indptr.size - 1, dtype=np.int64), np.diff(seen_indptr))
+        self.indptr = np.asarray(seen_indptr, dtype=np.int64)
         self.keys = row_of * n_items + seen_items
         self.n_items = n_items
+
+    def of(self, users: np.ndarray) -> SeenIndex:
+        """This index for ``users`` alone (any order, repeats allowed): ``contains`` answers exactly as before
+        for them, and False for anyone else. A round's clients hold a small part of a large split's keys, and
+        searching theirs alone stays in the CPU's cache (ML-20M's 20 million keys do not)."""
+        sub = copy.copy(self)
+        _, sub.keys = csr_rows(self.indptr, self.keys, np.unique(users))
+        sub.indptr = None  # its keys are no longer rows 0 .. n_users - 1: it cannot be restricted again
+        return sub
 
     def contains(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """``items[j, c] in seen[users[j]]`` for a (rows, k) item array."""
