@@ -84,6 +84,14 @@ def test_the_tensor_grid_encoding_is_the_numpy_one():
     assert np.array_equal(ints, t_ints.numpy())
 
 
+def test_the_tensor_snap_of_a_noised_sum_is_the_numpy_one():
+    grid = FixedPoint(frac_bits=4, clip_range=2.0)
+    # ties at half a grid step (half to even in both), and values far past the range (noise is never clipped)
+    x = np.array([0.03125, -0.03125, 0.09375, 1.5, 2.5e3, -3.0e5, 1e-9, 0.0, 0.7 + 2**-40])
+    numpy = grid.decode(grid.encode_noise(x).astype(np.int64))
+    assert np.array_equal(grid.snap_tensor(torch.from_numpy(x)).numpy(), numpy)
+
+
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_the_shape_datasets_at_small_size(name):
     shape = SHAPES[name]
@@ -136,6 +144,20 @@ def test_two_gpu_runs_with_one_seed_give_identical_metrics(filmtrust_split, priv
     assert runs[0].evaluate() == runs[1].evaluate()
     for p, q in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.cuda
+def test_gpu_noise_is_the_hosts_draw_from_the_same_words():
+    """The words come from the host's keystream either way; only the Gaussian is computed on the GPU, where the
+    same ndtri may round its last bits differently."""
+    from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+
+    randomness = DPRandomness.from_seed(3)
+    host = randomness.normal("update-noise", 2, 0, 200_000, 1.5, attempt=1)
+    gpu = randomness.normal("update-noise", 2, 0, 200_000, 1.5, attempt=1, device="cuda")
+    assert gpu.device.type == "cuda" and gpu.dtype == torch.float64
+    assert torch.equal(torch.sign(gpu.cpu()), torch.sign(host))
+    assert torch.allclose(gpu.cpu(), host, rtol=1e-12, atol=0)
 
 
 @pytest.mark.cuda

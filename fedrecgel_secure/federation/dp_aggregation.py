@@ -134,16 +134,19 @@ class DPMechanism:
 
         return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
 
-    def central_noise(self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None) -> torch.Tensor:
+    def central_noise(
+        self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None, device=None
+    ) -> torch.Tensor:
         """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count), for
-        ``attempt`` of the round (default: this mechanism's next one for the round)."""
+        ``attempt`` of the round (default: this mechanism's next one for the round), made on ``device``."""
         attempt = self._attempt("central", round_idx, attempt)
         std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
-        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std, attempt=attempt)
+        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std, attempt=attempt, device=device)
         if self.dp.adaptive is None:
             return noise
         sigma_b = self.dp.clipped_count_stddev
-        return torch.cat([noise, self.randomness.normal("count-noise", round_idx, 0, 1, sigma_b, attempt=attempt)])
+        count = self.randomness.normal("count-noise", round_idx, 0, 1, sigma_b, attempt=attempt, device=device)
+        return torch.cat([noise, count])
 
 
 class DPFedAvg:
@@ -237,11 +240,14 @@ class DPFedAvg:
             attempt=self.attempt(round_idx),
         )
 
-    def central_noise(self, round_idx: int, dim: int, *, nobody_sampled: bool = False) -> torch.Tensor | None:
-        """The server's noise: all of it in central mode, or in any mode when nobody was sampled to add a share."""
+    def central_noise(
+        self, round_idx: int, dim: int, *, nobody_sampled: bool = False, device=None
+    ) -> torch.Tensor | None:
+        """The server's noise: all of it in central mode, or in any mode when nobody was sampled to add a share;
+        made on ``device``, where the sum it noises is."""
         if self.dp.mode == "distributed" and not nobody_sampled:
             return None
-        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx))
+        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx), device)
 
     def aggregate(
         self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
@@ -272,7 +278,8 @@ class DPFedAvg:
         def admit(contributors: list[int]) -> str | None:
             return self.ledger.refusal(participants, contributors)
 
-        result = self.summer(round_idx, contributions, central_noise=self.central_noise(round_idx, dim), admit=admit)
+        noise = self.central_noise(round_idx, dim, device=uploads.device)
+        result = self.summer(round_idx, contributions, central_noise=noise, admit=admit)
         info = RoundInfo.of(result, participants)
         info.clip_norm = self.clip_norm
         if result.total is None:

@@ -118,7 +118,7 @@ def grid_sum(
         total = ints if total is None else total + ints
         clipped += over
     if central_noise is not None:
-        noise = grid.encode_noise(central_noise[part].numpy()).astype(np.int64)
+        noise = grid.encode_noise(central_noise[part].cpu().numpy()).astype(np.int64)
         total = noise if total is None else total + noise
     if total is None:
         return torch.zeros(len(range(start, stop, step)), dtype=contributions.dtype), clipped
@@ -151,11 +151,8 @@ class PlainSum:
             total = sum(
                 (contributions.vector(c) for c in positions), torch.zeros(contributions.dim, dtype=contributions.dtype)
             )
-        if central_noise is not None:  # the noised sum is snapped to the grid on the host, where the noise is drawn
-            snapped = self.grid.decode(
-                self.grid.encode_noise((total.double().cpu() + central_noise).numpy()).astype(np.int64)
-            )
-            total = torch.from_numpy(snapped).to(contributions.dtype)
+        if central_noise is not None:  # the noised sum, snapped to the grid where it is
+            total = self.grid.snap_tensor(total.double() + central_noise.to(total.device)).to(contributions.dtype)
         return SumResult(total, positions)
 
 
@@ -276,7 +273,7 @@ class SecureSum:
     def _protocol(self, round_idx, contributions, central_noise, admit, dropped, tampered, round_seed):
         clients = contributions.clients
         shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
-        central = None if central_noise is None else central_noise[: self.covered].numpy()
+        central = None if central_noise is None else central_noise[: self.covered].cpu().numpy()
 
         def intercept(cid: int, payload: bytes) -> bytes:
             return payload[:-1] + bytes([payload[-1] ^ 1]) if cid in tampered else payload

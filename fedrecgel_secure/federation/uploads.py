@@ -27,6 +27,7 @@ GROUPS = ("item_embeddings", "mlp")
 class Uploads:
     num_clients: int
     sealed = False  # True: the server holds no client's upload (a deployment under secure aggregation)
+    device = torch.device("cpu")  # where the uploads are, and so where their sum is made
 
     def group_sq_norms(self) -> torch.Tensor:
         """(C, 2) squared L2 norms of each client's item-table and mlp parts."""
@@ -61,6 +62,7 @@ class DenseUploads(Uploads):
         self.vectors = vectors
         self.n_item_values = n_item_values
         self.num_clients = vectors.shape[0]
+        self.device = vectors.device
 
     def group_sq_norms(self) -> torch.Tensor:
         items, mlp = self.vectors[:, : self.n_item_values], self.vectors[:, self.n_item_values :]
@@ -85,6 +87,7 @@ class RowUploads(Uploads):
         self.rows, self.row_owner, self.row_item, self.mlp = rows, row_owner, row_item, mlp
         self.n_items = n_items
         self.num_clients = mlp.shape[0]
+        self.device = rows.device
 
     def group_sq_norms(self) -> torch.Tensor:
         item_sq = torch.zeros(self.num_clients, dtype=self.rows.dtype, device=self.rows.device).index_add_(

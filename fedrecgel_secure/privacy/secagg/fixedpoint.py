@@ -90,6 +90,13 @@ class FixedPoint:
         """Noise on the grid (float64 holding integers), never clipped: it is part of what protects the sum."""
         return np.rint(np.asarray(noise, dtype=np.float64) * self.scale)
 
+    def snap_tensor(self, x: torch.Tensor) -> torch.Tensor:  # noqa: F821 - imported inside
+        """``decode(encode_noise(x))`` for a float64 tensor on any device, computed where it lives: the same
+        values (torch.round rounds half to even like np.rint; a float64 holding an integer decodes as its int64)."""
+        import torch  # here: the protocol modules that use this class need no torch
+
+        return torch.round(x.to(torch.float64) * self.scale) / self.scale
+
     def decode(self, total: np.ndarray) -> np.ndarray:
         """Reals of a sum of encoded vectors (int64, already reduced to the signed range)."""
         return np.asarray(total, dtype=np.int64).astype(np.float64) / self.scale
