@@ -102,3 +102,13 @@ def test_synthetic_interactions_are_those_of_np_unique():
     users, items = users[order], items[order]
     keep = np.arange(users.size) - np.searchsorted(users, np.arange(n_users))[users] < counts[users]
     assert np.array_equal(raw.users, users[keep]) and np.array_equal(raw.items, items[keep])
+
+
+def test_the_shuffles_argsort_is_the_stable_one_with_ties_too():
+    from fedrecgel_secure.federation.sampling import _stable_argsort
+
+    keys = np.random.default_rng(0).random(5000)
+    assert np.array_equal(_stable_argsort(keys), np.argsort(keys, kind="stable"))
+    tied = np.round(keys, 2)  # many ties: the order among equal keys is their index order
+    assert np.array_equal(_stable_argsort(tied), np.argsort(tied, kind="stable"))
+    assert _stable_argsort(np.zeros(0)).size == 0

