@@ -7,12 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrecgel_secure.federation.batched import (
-    DEVICE_BUCKET_EXAMPLES,
-    DEVICE_BUCKET_OVERHEAD,
-    _device_groups,
-    _groups,
-)
+from fedrecgel_secure.federation.batched import DEVICE_BUCKET_EXAMPLES, _device_groups, _groups
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import Policy
 
@@ -58,22 +53,6 @@ def test_device_groups_are_the_cheapest_split_of_the_sorted_clients(seed):
         groups = _device_groups(sizes, budget, overhead)
         assert all(g.size * sizes[g].max() <= budget for g in groups)
         assert cost(sizes, groups, overhead) <= 1.05 * cheapest(sizes, overhead, budget)
-
-
-def test_one_bucket_per_budget_pads_heavy_tails_far_more():
-    """The reason for the cost model: packing clients greedily into the budget (the previous rule) padded a
-    heavy-tailed round several times over, as on the QB-article shape."""
-    sizes = (5 * (1 + np.random.default_rng(1).pareto(1.2, size=2450) * 8)).astype(np.int64)
-    order, greedy, start = np.argsort(sizes, kind="stable"), [], 0
-    for i in range(1, sizes.size + 1):
-        if i == sizes.size or (i - start + 1) * sizes[order[i]] > DEVICE_BUCKET_EXAMPLES:
-            greedy.append(order[start:i])
-            start = i
-    ours = _groups(sizes, 256, DEVICE_BUCKET_EXAMPLES)
-    padded, padded_greedy = (sum(g.size * sizes[g].max() for g in groups) for groups in (ours, greedy))
-    assert 2.5 * padded < padded_greedy  # 635,151 against 1,991,552 examples for 380,563
-    overhead = DEVICE_BUCKET_OVERHEAD
-    assert cost(sizes, ours, overhead) < cost(sizes, greedy, overhead) / 2
 
 
 @pytest.mark.slow  # about a minute and a half on a loaded CPU
