@@ -149,27 +149,28 @@ def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple
 class SeenIndex:
     """Which items each row (a user) has seen: the sorted ``row * n_items + item`` keys of a CSR structure.
 
-    Where rows x items is small (a round's clients, :meth:`of`), a boolean table of them answers too: one lookup
-    per query instead of a binary search, eight times faster on the ML-20M shape's round."""
+    The index of a round's clients (:meth:`of`) also keeps them as a boolean table, rows x items, when that
+    stays under ``TABLE_CELLS``: one lookup per query instead of a binary search, eight times faster on the
+    ML-20M shape's round. A whole split's index never has one (no users x items matrix, however sparse)."""
 
-    TABLE_CELLS = 2**26  # the largest table kept: 64 MiB of booleans
+    TABLE_CELLS = 2**26  # the largest table: 64 MiB of booleans, whatever the dataset's size
 
     def __init__(self, seen_indptr: np.ndarray, seen_items: np.ndarray, n_items: int):
-        rows = seen_indptr.size - 1
-        row_of = np.repeat(np.arange(rows, dtype=np.int64), np.diff(seen_indptr))
+        row_of = np.repeat(np.arange(seen_indptr.size - 1, dtype=np.int64), np.diff(seen_indptr))
         self.indptr = np.asarray(seen_indptr, dtype=np.int64)
         self.keys = row_of * n_items + seen_items
         self.n_items = n_items
         self.table = None
-        if rows * n_items <= self.TABLE_CELLS:
-            self.table = np.zeros(rows * n_items, dtype=bool)
-            self.table[self.keys] = True
 
     def of(self, users: np.ndarray) -> SeenIndex:
         """The index of ``users`` alone, re-indexed ``0 .. len(users) - 1`` in that order (as
         :meth:`Split.of_users` re-indexes a split): its row ``j`` is user ``users[j]``'s."""
         indptr, keys = csr_rows(self.indptr, self.keys, np.asarray(users, dtype=np.int64))
-        return SeenIndex(indptr, keys % self.n_items, self.n_items)
+        sub = SeenIndex(indptr, keys % self.n_items, self.n_items)
+        if len(users) * self.n_items <= self.TABLE_CELLS:
+            sub.table = np.zeros(len(users) * self.n_items, dtype=bool)
+            sub.table[sub.keys] = True
+        return sub
 
     def contains(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """``items[j, c] in seen[users[j]]`` for a (rows, k) item array; ``users`` are this index's rows."""
