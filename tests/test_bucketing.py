@@ -37,6 +37,7 @@ def test_device_groups_cover_each_client_once_within_the_budget():
     assert len(groups) < len(_groups(sizes, 256, None))
     # a FilmTrust-sized round is one bucket on an accelerator
     assert len(_groups(sizes[:150] // 10, 256, DEVICE_BUCKET_EXAMPLES)) == 1
+    assert _device_groups(np.zeros(0, dtype=np.int64), 1_000_000) == []
     # a client past the budget on its own is a bucket of its own
     assert [g.size for g in _groups(np.array([10, 5_000_000, 12]), 256, 1_000_000)] == [2, 1]
 

@@ -104,6 +104,8 @@ def _device_groups(sizes: np.ndarray, max_examples: int, overhead: int = DEVICE_
     round eightfold). A bucket spans a run of sorted sizes, so dynamic programming over the distinct sizes finds
     the cheapest runs; a run whose clients would pass the budget is cut into as few equal parts as fit.
     """
+    if not sizes.size:
+        return []
     order = np.argsort(sizes, kind="stable")
     width = np.maximum(sizes[order], 1)
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(width)) + 1, [width.size]])  # where each size starts
@@ -260,7 +262,7 @@ class BatchedEngine:
             max_examples = DEVICE_BUCKET_EXAMPLES
         per_bucket = (self.clients_per_batch, max_examples)
         for b in _buckets(local, table.shape[0], self.cfg.chunk_size, *per_bucket, dtype, device):
-            rows = table.index_select(0, b.block_items).view(b.size, b.n_rows, -1)
+            rows = table.index_select(0, b.block_items).view(b.size, b.n_rows, table.shape[1])
             with torch.enable_grad():
                 gt, gr, gw, bce = self._bucket_step(
                     states.theta[clients[b.members]], rows, tower, b.example_row, b.labels, b.weights
