@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _markdown import table
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation import batched
@@ -89,21 +90,27 @@ def measure(dataset: str, rounds: int) -> dict:
 
 
 def markdown(rows: list[dict], rounds: int) -> str:
-    head = (
-        "| dataset | clients/round | local sets (host) s | bucket indices (host) s | examples | padded (device"
-        " buckets) | buckets | padded (one per 2^20 budget) | buckets |\n" + "| --- " * 9 + "|\n"
-    )
-    lines = [
-        f"| {r['dataset']} | {r['clients']:,} | {r['local_sets_s']:.3f} | {r['buckets_s']:.3f} | {r['examples']:,}"
-        f" | {r['padded']:,} ({r['padded'] / r['examples']:.2f}x) | {r['buckets']:.1f}"
-        f" | {r['padded_before']:,} ({r['padded_before'] / r['examples']:.2f}x) | {r['buckets_before']:.1f} |"
+    header = ["dataset", "clients/round", "local sets (host) s", "bucket indices (host) s", "examples"]
+    header += ["padded (device buckets)", "buckets", "padded (one per 2^20 budget)", "buckets"]
+    cells = [
+        [
+            r["dataset"],
+            f"{r['clients']:,}",
+            f"{r['local_sets_s']:.3f}",
+            f"{r['buckets_s']:.3f}",
+            f"{r['examples']:,}",
+            f"{r['padded']:,} ({r['padded'] / r['examples']:.2f}x)",
+            f"{r['buckets']:.1f}",
+            f"{r['padded_before']:,} ({r['padded_before'] / r['examples']:.2f}x)",
+            f"{r['buckets_before']:.1f}",
+        ]
         for r in rows
     ]
     note = (
         f"\nMeans over the first {rounds} rounds; `torch {torch.__version__}`, {torch.get_num_threads()} threads."
         " Splits prepared in " + ", ".join(f"{r['prepared_s']:.1f} s ({r['dataset']})" for r in rows) + ".\n"
     )
-    return head + "\n".join(lines) + "\n" + note
+    return table(header, cells) + note
 
 
 def main() -> None:

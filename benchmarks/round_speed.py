@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _markdown import table
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
@@ -160,19 +161,28 @@ def _gib(value: float | None) -> str:
 
 
 def markdown(rows: list[dict], prep: dict) -> str:
-    head = (
-        "| dataset | mode | device | users | items | clients/round | rounds measured | train s/round | eval s/round "
-        "| local sets (host) s | train s/100 rounds | wall s/100 rounds | peak GPU GiB |\n" + "| --- " * 13 + "|\n"
-    )
-    lines = [
-        f"| {r['dataset']} | {r['mode']} | {r['device']} | {r['users']:,} | {r['items']:,} | {r['clients_per_round']}"
-        f" | {r['rounds']} | {r['train_s_per_round']:.4f} | {r['eval_s_per_round']:.4f}"
-        f" | {r.get('local_sets_s_per_round', float('nan')):.4f} | {r['train_s_per_100']:.2f}"
-        f" | {r['wall_s_per_100']:.2f} | {_gib(r['peak_gpu_gib'])} |"
+    header = ["dataset", "mode", "device", "users", "items", "clients/round", "rounds measured", "train s/round"]
+    header += ["eval s/round", "local sets (host) s", "train s/100 rounds", "wall s/100 rounds", "peak GPU GiB"]
+    cells = [
+        [
+            r["dataset"],
+            r["mode"],
+            r["device"],
+            f"{r['users']:,}",
+            f"{r['items']:,}",
+            r["clients_per_round"],
+            r["rounds"],
+            f"{r['train_s_per_round']:.4f}",
+            f"{r['eval_s_per_round']:.4f}",
+            f"{r.get('local_sets_s_per_round', float('nan')):.4f}",
+            f"{r['train_s_per_100']:.2f}",
+            f"{r['wall_s_per_100']:.2f}",
+            _gib(r["peak_gpu_gib"]),
+        ]
         for r in rows
     ]
     preps = "\n".join(f"- {name}: split prepared in {s:.1f} s" for name, s in prep.items())
-    return head + "\n".join(lines) + "\n\n" + preps + "\n"
+    return table(header, cells) + "\n" + preps + "\n"
 
 
 def devices(args) -> None:
