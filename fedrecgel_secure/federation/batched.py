@@ -32,9 +32,12 @@ BUCKET_GROWTH = 1.3  # on the CPU, a bucket's largest local set is at most this 
 # set; one client larger than that is a bucket of its own). Peak memory is proportional to it: SAM's passes keep
 # every example's activations.
 DEVICE_BUCKET_EXAMPLES = 2**20
-# On an accelerator a bucket's fixed cost is its kernel launches, a few hundred of them, each some microseconds
-# of host time whatever the bucket's size: a modelled price of this many padded examples' arithmetic.
-DEVICE_BUCKET_OVERHEAD = 2**16
+# On an accelerator a bucket's fixed cost is its operator calls, 465 of them (torch.profiler, one more FilmTrust
+# bucket), each some microseconds of host time whatever the bucket's size: 2-4 ms, against 15-25 ns of arithmetic
+# per padded example (0.4 MFLOP each). So a bucket is priced at this many padded examples: the middle of that
+# range, and the price whose buckets cost within 11% of the best for any true price from 2^15 to 2^18 on the QB
+# and ML-20M shapes' rounds.
+DEVICE_BUCKET_OVERHEAD = 2**17
 
 
 def adam_rows(theta, grad_, exp_avg, exp_avg_sq, steps, lr, betas=(0.9, 0.999), eps=1e-8):
