@@ -69,11 +69,8 @@ def build_local_sets(
     protocol) shuffles all of a client's examples; ``blocks=True`` (the authors')
     shuffles the positives, each followed by its own negatives.
     """
-    starts = split.train_indptr[clients]
-    lens = split.train_indptr[clients + 1] - starts
-    first = np.repeat(np.cumsum(lens) - lens, lens)
-    flat = np.arange(lens.sum()) - first + np.repeat(starts, lens)
-    pos_items = split.train_items[flat]
+    pos_indptr, pos_items = csr_rows(split.train_indptr, split.train_items, clients)
+    lens = np.diff(pos_indptr)
     pos_users = np.repeat(clients, lens)
     negatives = sample_negatives(rng, seen, pos_users, n_negatives)
 
