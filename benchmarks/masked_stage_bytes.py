@@ -102,7 +102,13 @@ def grouped(users_of: dict[int, list[int]], setup: Setup, inputs: dict[int, np.n
 
     driver = MaskingDriver(agg, exchange, users_of)
     t0 = time.perf_counter()
-    released = driver.run_round(1, sorted(inputs))
+    # the adverts, as each node's train reply carries them (a node answers no advertise stage of its own)
+    announcement = driver.begin(1)
+    adverts = {
+        n: reply(node(n).step("advertise", dict.fromkeys(users, announcement), round_idx=1))
+        for n, users in users_of.items()
+    }
+    released = driver.run_round(1, sorted(inputs), adverts=adverts)
     seconds = time.perf_counter() - t0
     return {
         "total": released.total,

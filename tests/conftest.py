@@ -149,12 +149,20 @@ def run_records(run: Path) -> list[dict]:
     ]
 
 
-def summed_per_node(records: list[dict], tol: float = 1e-12) -> list[dict]:
-    """``records`` with the loss and the metrics as ``pytest.approx`` within ``tol``: a deployment adds its nodes'
-    sums (of BCE, of HR and NDCG over their users), in another order than the simulator adds its users'; every
-    other field (sampling, contributors, privacy spent, ...) must be equal exactly."""
+def summed_per_node(records: list[dict], policy_file: Path, tol: float = 1e-12) -> list[dict]:
+    """The simulator's ``records`` as a deployment of ``policy_file`` writes them: the loss and the metrics as
+    ``pytest.approx`` within ``tol`` (a deployment adds its nodes' sums, of BCE, of HR and NDCG over their users,
+    in another order than the simulator adds its users'), and no loss at all where the nodes do not report one
+    (``deploy.replies.reports_loss``: under secure aggregation or DP); every other field (sampling, contributors,
+    privacy spent, ...) must be equal exactly."""
+    from fedrecgel_secure.deploy.replies import reports_loss
+    from fedrecgel_secure.policy import load_policy
+
+    loss = reports_loss(load_policy(policy_file))
 
     def approx(key, value):
+        if key == "loss" and not loss:
+            return None
         summed = key == "loss" or "@" in key
         return pytest.approx(value, rel=tol, abs=tol) if summed and isinstance(value, float) else value
 

@@ -64,7 +64,7 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
         dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"))
+    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     for shard in range(3):  # each node made its own identity key, readable by it alone
@@ -176,7 +176,7 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
         dep.wait(dep.launch(True), 2)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(sim))
+    assert _metrics(out) == summed_per_node(_metrics(sim), policy_file)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tm
         policy_file.write_text(policy_file.read_text().replace("[data]\n", '[data]\nprotocol = "authors"\n'))
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
-    assert _records(tmp_path / "deployed") == summed_per_node(_records(tmp_path / "sim"))
+    assert _records(tmp_path / "deployed") == summed_per_node(_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(tmp_path / "deployed" / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -68,7 +68,7 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
     deployed = _records(tmp_path / "deployed")
-    assert deployed == summed_per_node(_records(tmp_path / "sim"))
+    assert deployed == summed_per_node(_records(tmp_path / "sim"), policy_file)
     assert all(r["dp_noise"] == "seeded" and r["contributors"] > 0 for r in deployed)
     if "adaptive" in privacy:  # the clip norm moved, and the nodes clipped to the server's announced norm
         assert len({r["clip_norm"] for r in deployed}) == 3
@@ -141,7 +141,7 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
     sim = _simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = _deploy(policy_file, out, key_holder=True)
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
     assert all(r["contributors"] > 0 for r in _records(out))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
@@ -266,7 +266,7 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("keyholder-decrypt") == 2  # rounds 2 (the repeat) and 3
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -507,7 +507,7 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("secagg-unmask") == 3  # round 3's, one message per node; round 2 not run again
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"))
+    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     assert stat.S_IMODE((out / "releases" / "round-3.npz").stat().st_mode) == 0o600

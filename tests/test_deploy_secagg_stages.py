@@ -67,6 +67,26 @@ class Nodes:
             out[n] = from_record(to_record(reply(result)))
         return out
 
+    def advertise(self, round_idx: int, announcement: bytes, cohort) -> dict[int, dict]:
+        """Each node's users' adverts for the announcement, as their train replies carry them (the only way a
+        node answers one): bound to the round the node trained."""
+        from fedrecgel_secure.deploy.masking_stages import request
+
+        out = {}
+        for n, users in USERS_OF.items():
+            mine = [u for u in users if u in cohort]
+            if mine and n not in self.down.get("advertise", set()):
+                got = from_record(to_record(request("advertise", dict.fromkeys(mine, b""), announcement)))
+                out[n] = from_record(
+                    to_record(reply(self.node(n).step("advertise", messages_of(got), round_idx=round_idx)))
+                )
+        return out
+
+    def run_round(self, driver: MaskingDriver, round_idx: int, cohort, **kwargs):
+        """A masking round as a deployment runs it: the announcement with the train message, then the driver."""
+        adverts = self.advertise(round_idx, driver.begin(round_idx), cohort)
+        return driver.run_round(round_idx, cohort, adverts=adverts, **kwargs)
+
 
 def start(tmp_path, with_noise=False):
     nodes = Nodes(tmp_path, with_noise)
@@ -99,9 +119,9 @@ def reference(users, r, with_noise=False) -> np.ndarray:
 
 
 def test_two_rounds_release_the_sessions_exact_sum_and_keep_secrets_0600(tmp_path):
-    _, driver = start(tmp_path, with_noise=True)
+    nodes, driver = start(tmp_path, with_noise=True)
     for r in (1, 2):
-        out = driver.run_round(r, ALL)
+        out = nodes.run_round(driver, r, ALL)
         assert out.contributors == ALL
         assert np.array_equal(out.total, reference(ALL, r, with_noise=True))
     for path in (tmp_path / "node-0" / "secagg").iterdir():
@@ -111,7 +131,7 @@ def test_two_rounds_release_the_sessions_exact_sum_and_keep_secrets_0600(tmp_pat
 def test_a_node_missing_the_masked_stage_is_recovered(tmp_path):
     nodes, driver = start(tmp_path)
     nodes.down["masked"] = {2}  # 9 of 12 left: the consistency check needs floor(2/3 * 12) + 1 = 9
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     kept = [u for u in ALL if u not in USERS_OF[2]]
     assert out.contributors == kept
     assert np.array_equal(out.total, reference(kept, 1))
@@ -121,13 +141,13 @@ def test_more_dropouts_after_masking_than_the_check_allows_skip_the_round(tmp_pa
     nodes, driver = start(tmp_path)
     nodes.down["masked"] = {2, 3}
     with pytest.raises(RoundSkipped):  # below the share threshold or the consistency check
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
 
 
 def test_a_node_missing_the_unmask_stage_still_releases_the_sum(tmp_path):
     nodes, driver = start(tmp_path)
     nodes.down["unmask"] = {0}
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     assert out.contributors == ALL
     assert np.array_equal(out.total, reference(ALL, 1))
 
@@ -136,9 +156,9 @@ def test_too_few_left_skips_the_round_and_the_next_round_runs(tmp_path):
     nodes, driver = start(tmp_path)
     nodes.down["share"] = {1, 2, 3}  # 3 users left, min_clients 4
     with pytest.raises(RoundSkipped):
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
     nodes.down.clear()
-    out = driver.run_round(1, ALL)  # a skipped round changes no persistent state
+    out = nodes.run_round(driver, 1, ALL)  # a skipped round changes no persistent state
     assert np.array_equal(out.total, reference(ALL, 1))
 
 
@@ -201,12 +221,8 @@ def test_masking_with_or_without_dp_is_deployable(dp):
 
 
 def test_adverts_that_came_with_the_train_message_start_the_round(tmp_path):
-    from fedrecgel_secure.deploy.masking_stages import request
-
     nodes, driver = start(tmp_path)
-    announcement = driver.begin(1)
-    payloads = {n: request("advertise", dict.fromkeys(users, b""), announcement) for n, users in USERS_OF.items()}
-    adverts = nodes.exchange("advertise", payloads)  # as the train replies carry them
+    adverts = nodes.advertise(1, driver.begin(1), ALL)  # as the train replies carry them
     sent = []
     driver.exchange = lambda stage, p: sent.append(stage) or nodes.exchange(stage, p)
     out = driver.run_round(1, ALL, adverts=adverts)
@@ -229,7 +245,7 @@ def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(t
         return out
 
     driver.exchange = exchange
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     assert np.array_equal(out.total, reference(ALL, 1))  # the honest first answers released the sum
     assert second["replies"] == {}  # the replay got nothing: no second signature, no second set of shares
     # refused because the node remembers answering, not because it lost the attempt
@@ -252,7 +268,7 @@ def test_the_train_stages_users_advertise_only_for_the_round_trained(tmp_path):
 def test_a_users_kept_input_is_deleted_once_it_confirmed_the_round(tmp_path):
     # Node 0 masks the inputs its train stage kept; its users confirm in two messages (users 1 and 2, then user 0):
     # after the first, only user 0's row is left; after the second, the file is gone.
-    _, driver = start(tmp_path)
+    nodes, driver = start(tmp_path)
     node = MaskingNode(tmp_path / "node-0", USERS_OF[0], SETUP)
     node.keep_inputs(1, np.asarray(USERS_OF[0]), np.stack([vector(u, 1) for u in USERS_OF[0]]), None)
     inputs = tmp_path / "node-0" / "secagg" / "inputs-1.npz"
@@ -275,6 +291,6 @@ def test_a_users_kept_input_is_deleted_once_it_confirmed_the_round(tmp_path):
         return out
 
     driver.exchange = exchange
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     assert out.contributors == ALL and np.array_equal(out.total, reference(ALL, 1))
     assert left == [[0], None]

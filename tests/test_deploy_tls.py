@@ -97,7 +97,7 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
         dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"))
+    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"), policy_file)
     assert link_args[link_args.index("--ssl-certfile") + 1] == str(own.server_cert)
     assert not (out / "tls").exists()  # nothing generated: the policy named its certificates
     assert all((out / "logs" / f"register-node-{k}.log").read_text().count("registered successfully") for k in (0, 1))

@@ -85,14 +85,12 @@ def messages_of(payload: Mapping) -> dict[int, bytes]:
 
 def reply(result: StageResult) -> dict:
     """A node's answer to a stage: each user's reply (``r:U``) or refusal (``x:U``); in the masked stage, the one
-    group of its users' masked inputs (``group``) and the values the grid clipped over it (``clipped``): one count
-    per node, as the server only adds them up, so no user's own count leaves the node."""
+    group of its users' masked inputs (``group``). How many values the grid clipped stays on the node (its log):
+    it is a function of the users' vectors outside the secure sum (:mod:`.replies`)."""
     out: dict = {f"r:{u}": m for u, m in result.replies.items()}
     out.update({f"x:{u}": why for u, why in result.refused.items()})
     if result.group is not None:
         out["group"] = result.group
-    if result.clipped:
-        out["clipped"] = int(result.clipped)
     return out
 
 
@@ -143,7 +141,10 @@ class NodeClients:
         per_node: dict[int, dict[int, bytes]] = {}
         for u in clients:
             per_node.setdefault(self.node_of[int(u)], {})[int(u)] = args(u)[0]
-        if method == "advertise" and self.adverts is not None:
+        if method == "advertise":
+            # nodes answer an announcement only inside the train message, bound to the model it carries
+            if self.adverts is None:
+                raise RuntimeError("a deployed masking attempt's adverts come with its round's train replies")
             replies, self.adverts = self.adverts, None
         else:
             payloads = {}
@@ -162,7 +163,7 @@ class NodeClients:
             # the masked stage: one sum of the node's users' masked inputs, which may list only users asked here
             hosted = tuple(u for u in sorted(per_node.get(n, ())) if f"x:{u}" not in rep)
             if "group" in rep and hosted:
-                yield Reply(hosted[0], rep["group"], clipped=int(rep.get("clipped", 0)), group=hosted)
+                yield Reply(hosted[0], rep["group"], group=hosted)
 
     def close(self) -> None:
         pass

@@ -1,38 +1,110 @@
-"""What a node sends back to the server, in one place for both sides: the train reply and the evaluation reply.
+"""What a node sends back to the server, in one place for both sides: the train reply, the evaluation reply, and
+the declaration of every field any reply may carry (:data:`FIELDS`).
 
-Losses, example counts and metrics leave a node as sums over its users, never
-per user: a user's loss or number of examples tells their number of
-interactions, and a user's candidate scores tell whether they kept the held-out
-item. Under secure aggregation the train reply carries no upload vector at all
-(:meth:`TrainReply.payload` with ``sealed``).
+The rule (docs/privacy/threat-model.md): a node sends the server its share of a secure sum, and protocol messages
+that carry no function of its users' data; nothing else. Under secure aggregation or DP a train reply carries no
+loss and no example count (:func:`reports_loss`): a server that samples one user on a node and sends it a crafted
+model read that user's whole training set from the summed loss, and its number of positives from the count,
+channels neither the secure sum nor DP touches. Where nothing protects the uploads (no secure aggregation, no DP)
+the server sees every upload in the clear anyway, and the node reports its users' summed loss and examples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 import numpy as np
 
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
+LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_loss
+
+# Every field of every reply a node (or the key holder) sends, by what it is; ``*`` stands for a user or node id.
+# A node refuses to send a field that is not here (:func:`check`), and tests/attacks/test_deploy_reply_fields.py
+# runs each scheme and fails on any field it sees that is not declared and allowed for that policy.
+FIELDS: dict[str, tuple[str, ...]] = {
+    # a share of the secure sum, or (the key holder) its release: what secure aggregation and DP cover
+    "secure sum": ("group", "partial", "total"),
+    # signed protocol messages and public keys: their contents are fixed by the protocol (fresh keys, encrypted
+    # shares, signatures over what the server sent) and by the policy, not by the users' data
+    "protocol": (
+        "r:*",  # a user's signed reply to a masking stage (advert, encrypted shares, confirmation, unmasking shares)
+        "x:*",  # a user's refusal: a reason class (``wrong_round``, ``inconsistent``, ...)
+        "k:*",  # a user's public identity key (set-up)
+        "seal",  # the node's public sealing key (BFV set-up)
+        "joined",
+        "context",  # the BFV public context (the key holder)
+        "sealed:*",  # tag keys sealed to a node (the key holder)
+        "refused",  # the key holder's refusal: a reason class
+        "shard",  # hello: who the node says it is, signed over the server's nonce
+        "role",
+        "digest",
+        "identity",
+        "hello",
+    ),
+    # the users that trained: the server's own sample, echoed back (a node answers for exactly the users asked)
+    "sample": ("clients",),
+    # in the clear: only where no secure aggregation protects the uploads (and for the loss, no DP either)
+    "clear": VECTORS + LOSS,
+    # open (threat model, "What the server can still do"): a node's HR/NDCG sums over its users, not yet inside
+    # the secure sum; a server that crafts the evaluated model learns from them which items a node's users hold out
+    "evaluation, open": ("evaluation", "users", "sums"),
+}
+
+
+def reports_loss(policy) -> bool:
+    """Whether a node reports its users' summed loss and examples: only where the server sees their uploads in the
+    clear and no DP bounds what it learns (scheme ``none``, DP off)."""
+    from fedrecgel_secure.deploy.schemes import deployed
+
+    return not deployed(policy).scheme.sealed and not policy.privacy.dp.enabled
+
+
+def allowed(policy) -> list[str]:
+    """The field patterns a node of ``policy`` may send."""
+    from fedrecgel_secure.deploy.schemes import deployed
+
+    sealed = deployed(policy).scheme.sealed
+    out = [p for kind, patterns in FIELDS.items() if kind != "clear" for p in patterns]
+    out += [] if sealed else list(VECTORS)
+    out += list(LOSS) if reports_loss(policy) else []
+    return out
+
+
+def undeclared(policy, payload: dict) -> list[str]:
+    """The fields of ``payload`` a node of ``policy`` may not send (empty when every field is declared and allowed)."""
+    patterns = allowed(policy)
+    return sorted(k for k in payload if not any(fnmatchcase(k, p) for p in patterns))
+
+
+def check(policy, payload: dict) -> dict:
+    """``payload``, refused (RuntimeError) if it holds a field a node of ``policy`` may not send."""
+    bad = undeclared(policy, payload)
+    if bad:
+        raise RuntimeError(f"a reply field not declared in deploy.replies.FIELDS for this policy: {bad}")
+    return payload
 
 
 @dataclass(frozen=True)
 class TrainReply:
-    """A node's answer to round R: which sampled users trained, their summed BCE and number of examples, and
-    (plaintext only) their uploads: for the ``c``-th client, the item rows ``rows[row_owner == c]`` at
-    ``row_item[row_owner == c]`` and its dense part ``mlp[c]``."""
+    """A node's answer to round R: which sampled users trained, their summed BCE and number of examples (only
+    where :func:`reports_loss`; None otherwise) and (plaintext only) their uploads: for the ``c``-th client, the
+    item rows ``rows[row_owner == c]`` at ``row_item[row_owner == c]`` and its dense part ``mlp[c]``."""
 
     clients: np.ndarray
-    bce: float
-    examples: int
+    bce: float | None
+    examples: int | None
     rows: np.ndarray | None = None
     row_item: np.ndarray | None = None
     row_owner: np.ndarray | None = None
     mlp: np.ndarray | None = None
 
-    def payload(self, sealed: bool = False) -> dict:
-        """The message's fields; ``sealed``: without the uploads, which secure aggregation carries instead."""
-        out = {"clients": np.asarray(self.clients, dtype=np.int64), "bce": float(self.bce), "examples": self.examples}
+    def payload(self, sealed: bool = False, loss: bool = True) -> dict:
+        """The message's fields; ``sealed``: without the uploads, which secure aggregation carries instead;
+        ``loss``: with the summed BCE and examples (:func:`reports_loss`)."""
+        out: dict = {"clients": np.asarray(self.clients, dtype=np.int64)}
+        if loss:
+            out.update(bce=float(self.bce), examples=int(self.examples))
         if not sealed:
             out.update({k: getattr(self, k) for k in VECTORS})
         return out
@@ -41,8 +113,8 @@ class TrainReply:
     def of(cls, payload: dict) -> TrainReply:
         return cls(
             clients=np.asarray(payload["clients"]),
-            bce=float(payload["bce"]),
-            examples=int(payload["examples"]),
+            bce=float(payload["bce"]) if "bce" in payload else None,
+            examples=int(payload["examples"]) if "examples" in payload else None,
             **{k: payload.get(k) for k in VECTORS},
         )
 

@@ -9,8 +9,9 @@ ClientApp handlers over their state directories. The attacks:
 
 * relabelling: after round 1's release the server signs a new attempt "round 2"
   but sends the stages ``round = 1`` over the others, with no train stage, so
-  the nodes mask the vectors they kept for round 1; or it has a node train one
-  round under the announcement of another;
+  the nodes mask the vectors they kept for round 1 (since issue 35 a node
+  answers no advertise stage outside a train message); or it has a node train
+  one round under the announcement of another;
 * a new session: the server sets up the session again (what a resumed server
   does), the nodes join it, and the server runs round 1 again over the others;
 * an honest resume: a server killed after round 2's release and before its
@@ -100,6 +101,21 @@ class Deployed:
         return self.trainers[-1]
 
 
+def standalone_adverts(driver, round_idx: int, cohort) -> dict[int, dict]:
+    """The malicious server's own attempt with no train stage: it signs an announcement of ``round_idx`` and sends
+    it to the nodes in an advertise stage of its own (the honest server sends it only inside a train message, and
+    its driver has no such stage); the nodes' replies, to run the rest of the protocol on
+    (``driver.run_round(round_idx, cohort, adverts=...)``)."""
+    from fedrecgel_secure.deploy.masking_stages import request
+
+    announcement = driver.begin(round_idx)
+    users_of = {}
+    for u in cohort:
+        users_of.setdefault(driver.nodes.node_of[int(u)], []).append(int(u))
+    payloads = {n: request("advertise", dict.fromkeys(us, b""), announcement) for n, us in users_of.items()}
+    return driver.exchange("advertise", payloads)
+
+
 def _leak(first, second, victim_input) -> str:
     """What the attacker learns from the two sums: the victim's upload, and how exactly."""
     error = np.abs((first.total - second.total) - victim_input).max()
@@ -108,8 +124,9 @@ def _leak(first, second, victim_input) -> str:
 
 def test_a_server_relabelling_a_released_rounds_inputs_for_a_new_attempt_gets_no_sum(tmp_path, monkeypatch):
     # The server signs an attempt of round 2 (accepted: the users confirmed round 1 only) and sends its stages with
-    # the payload's round = 1, over round 1's contributors but the victim. A node masks only for the round of the
-    # signed announcement, and it holds no input of round 2: every user refuses, nothing is released.
+    # the payload's round = 1, over round 1's contributors but the victim, with no train stage. Before issue 35 a
+    # node answered the standalone advertise stage and then refused at the masked stage (it holds no input of the
+    # signed round 2: ``out_of_phase``); now no node answers an advertise stage outside a train message at all.
     run = Deployed(tmp_path, monkeypatch, MASKING)
     run.run()
     (r, first), *_ = run.released
@@ -118,47 +135,78 @@ def test_a_server_relabelling_a_released_rounds_inputs_for_a_new_attempt_gets_no
     driver = run.server.aggregation.summer.driver
     exchange = driver.exchange
     driver.exchange = lambda stage, payloads: exchange(stage, {n: {**p, "round": 1} for n, p in payloads.items()})
+    adverts = standalone_adverts(driver, 2, others)
+    assert adverts == {}  # every node refused the stage: no user advertised, no attempt started
     try:
-        second = driver.run_round(2, others)
-    except RoundSkipped as skipped:
-        assert set(skipped.rejected) == set(others)
-        assert set(skipped.rejected.values()) == {"out_of_phase"}  # no input kept for the signed round 2
+        second = driver.run_round(2, others, adverts=adverts)
+    except RoundSkipped:
+        pass
     else:
         pytest.fail(_leak(first, second, run.inputs[(1, victim)]))
 
 
 def test_a_train_message_announcing_another_round_than_it_trains_gets_no_advert(tmp_path, monkeypatch):
-    # The relabelling through the train stage: the server has node s train round 2 (its inputs are kept for round
-    # 2) but signs the attempt that rides on the message as round 3, so that round 2's inputs would be masked in an
-    # attempt of round 3 and again in one of round 2. Every user refuses the announcement: no attempt starts.
+    # The relabelling through the train stage: the server has node s train round 1 again (its inputs are kept for
+    # round 1) but signs the attempt that rides on the message as round 2, so that round 1's inputs would be masked
+    # in an attempt of round 2 as well as in round 1's. Every user refuses the announcement: no attempt starts.
     run = Deployed(tmp_path, monkeypatch, MASKING)
     run.run()
     server = run.server
     summer = server.aggregation.summer
     users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
-    common = server._common(1)
+    common = server._common(0)
     from fedrecgel_secure.deploy.masking_stages import train_binding
 
     binding = train_binding(common["shared"], int(users.size), None)  # bound to the model, as an honest one is
-    common.update(announce=summer.driver.begin(3, binding=binding), dim=summer.setup.dim, participants=int(users.size))
-    replies = server.stages.train(2, {0: users}, common)
+    common.update(announce=summer.driver.begin(2, binding=binding), dim=summer.setup.dim, participants=int(users.size))
+    replies = server.stages.train(1, {0: users}, common)
     assert {k: v for k, v in replies[0].items() if k[:2] in ("r:", "x:")} == {
         f"x:{u}": "wrong_round" for u in users.tolist()
     }
 
 
+def test_a_train_message_for_a_round_past_the_run_is_refused(tmp_path, monkeypatch):
+    # A round label the run does not have (a one-round run asked to train round 2, or 10**9) would give the server
+    # more sums than the policy plans for, and under BFV more decryptions to probe the key holder with. Before
+    # issue 35 a node trained any round it was sent; now it refuses a label outside 1 .. federation.rounds.
+    from fedrecgel_secure.deploy.masking_stages import train_binding
+
+    run = Deployed(tmp_path, monkeypatch, MASKING)
+    run.run()
+    server = run.server
+    summer = server.aggregation.summer
+    users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
+    for label in (2, 10**9):
+        common = server._common(1)
+        binding = train_binding(common["shared"], int(users.size), None)
+        common.update(announce=summer.driver.begin(label, binding=binding), dim=summer.setup.dim, participants=3)
+        assert server.stages.train(label, {0: users}, common) == {}  # node 0 refused: no reply, no advert
+    assert not (run.out / "nodes" / "0" / "secagg" / "inputs-2.npz").exists()
+
+
 def test_a_new_session_does_not_reopen_a_confirmed_round(tmp_path, monkeypatch):
     # The server sets up a new session (a resumed server's first step: keys, join), then runs round 1 again over
-    # its contributors but the victim. The users' record of the rounds they confirmed outlives the session: all
-    # refuse the new attempt of round 1.
+    # its contributors but the victim, its attempt announced in round 1's train message, as an honest round's is.
+    # The users' record of the rounds they confirmed outlives the session: all refuse the new attempt of round 1.
+    from fedrecgel_secure.deploy.masking_stages import train_binding
+
     run = Deployed(tmp_path, monkeypatch, MASKING)
     run.run()
     (_, first), *_ = run.released
     victim, others = first.contributors[0], first.contributors[1:]
-    summer = run.server.aggregation.summer
+    server = run.server
+    summer = server.aggregation.summer
     summer.start()
+    common = server._common(0)
+    binding = train_binding(common["shared"], len(others), None)
+    common.update(announce=summer.announce(1, None, binding), dim=summer.setup.dim, participants=len(others))
+    per_shard = {}
+    for u in others:
+        per_shard.setdefault(int(server.shard[u]), []).append(int(u))
+    replies = server.stages.train(1, {s: np.asarray(us, dtype=np.int64) for s, us in per_shard.items()}, common)
+    summer.received(replies)
     try:
-        second = summer.driver.run_round(1, others)
+        second = summer.driver.run_round(1, others, adverts=replies)
     except RoundSkipped as skipped:
         assert set(skipped.rejected) == set(others)
         assert set(skipped.rejected.values()) == {"already_answered"}

@@ -129,7 +129,7 @@ def test_a_node_claiming_a_pinned_shard_while_its_node_is_late_is_refused_and_th
     assert f"refused node {ATTACKER} claiming '1'" in capsys.readouterr().out
     assert _pins(out) == pinned
     # the run is the uninterrupted simulation's: node 1 trained its users
-    assert _records(out) == summed_per_node(_records(sim))
+    assert _records(out) == summed_per_node(_records(sim), policy_file)
 
 
 def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
@@ -148,7 +148,7 @@ def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
     assert "round-1" in grid.groups_of(grid.node_id(1))
     assert f"refused node {ATTACKER} claiming '1'" in capsys.readouterr().out
     assert _pins(out)["1"] == key and len(_pins(out)) == 3  # nodes 0 and 2 pinned at first contact
-    assert _records(out) == summed_per_node(_records(_simulate_to(policy_file, tmp_path / "sim")))
+    assert _records(out) == summed_per_node(_records(_simulate_to(policy_file, tmp_path / "sim")), policy_file)
 
 
 def _simulate_to(policy_file: Path, out: Path) -> Path:

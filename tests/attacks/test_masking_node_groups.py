@@ -55,7 +55,7 @@ def test_a_server_asking_a_node_twice_gets_no_second_group_to_subtract(tmp_path)
 
     driver.exchange = exchange
     with pytest.raises(RoundSkipped):  # the refusing users abort the attempt: the server that asked loses the round
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
     assert "group" not in second  # no second group: nothing to subtract
     assert second == {f"x:{u}": "already_answered" for u in USERS_OF[0] if u != VICTIM}
 
@@ -85,7 +85,7 @@ def test_a_user_refuses_to_seal_a_second_group_or_a_group_that_leaves_it_out(tmp
 
     driver.exchange = exchange
     with pytest.raises(RoundSkipped):
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
     assert checked == [Reason.NOT_IN_COHORT, Reason.ALREADY_ANSWERED]
 
 
@@ -122,7 +122,7 @@ def test_a_group_whose_listed_users_did_not_all_seal_it_is_refused_whole(tmp_pat
         return _relist(group, 1, users[:-1], seals[:-1])  # the first two users' seals, over all three
 
     driver.exchange = _forging_node(nodes, forge)
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     kept = [u for u in ALL if u not in USERS_OF[0]]  # node 0's users are dropped; the rest is recovered exactly
     assert out.contributors == kept and np.array_equal(out.total, reference(kept, 1))
 
@@ -143,7 +143,7 @@ def test_the_aggregator_alone_refuses_a_group_naming_a_user_it_cannot_verify(tmp
         return out
 
     driver.exchange = exchange
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     assert reasons == [Reason.BAD_SIGNATURE]
     assert out.contributors == ALL and np.array_equal(out.total, reference(ALL, 1))
 
@@ -165,10 +165,10 @@ def test_a_group_replayed_from_another_attempt_is_refused(tmp_path, into):
 
     driver.exchange = first_attempt
     with pytest.raises(RoundSkipped):
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
     round_idx = 1 if into == "another_attempt" else 2
     driver.exchange = _forging_node(nodes, lambda honest: recorded["group"])
-    out = driver.run_round(round_idx, ALL)
+    out = nodes.run_round(driver, round_idx, ALL)
     kept = [u for u in ALL if u not in USERS_OF[0]]
     assert out.contributors == kept and np.array_equal(out.total, reference(kept, round_idx))
 
@@ -186,7 +186,7 @@ def test_a_group_counts_each_user_once_and_equals_the_per_user_sum(tmp_path):
         return out
 
     driver.exchange = exchange
-    out = driver.run_round(1, ALL)
+    out = nodes.run_round(driver, 1, ALL)
     assert out.contributors == ALL and np.array_equal(out.total, reference(ALL, 1))
     header, per_user = 16, 4 + SIGNATURE_BYTES
     assert sizes == {n: header + 8 * DIM + per_user * len(us) for n, us in USERS_OF.items()}
@@ -217,7 +217,7 @@ def test_two_masked_messages_answered_at_once_give_one_group(tmp_path):
 
     driver.exchange = exchange
     with pytest.raises(RoundSkipped):  # the users that refused the second message abort, as in the attack above
-        driver.run_round(1, ALL)
+        nodes.run_round(driver, 1, ALL)
     assert sorted("group" in a for a in answers) == [False, True]  # one group; the other message: every user refused
     refused = next(a for a in answers if "group" not in a)
     assert refused == {f"x:{u}": "already_answered" for u in USERS_OF[0]}

@@ -57,19 +57,23 @@ def hello(msg: Message, context: Context) -> Message:
 
     private_umask()
     cfg = context.node_config
-    digest = load_policy(cfg["policy"]).digest()
+    policy = load_policy(cfg["policy"])
+    digest = policy.digest()
     who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
     out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
-    return Message(to_record(out), reply_to=msg)
+    return _reply(msg, policy, out)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     import numpy as np
 
+    from fedrecgel_secure.deploy.replies import reports_loss
+
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     round_idx = int(req["round"])
+    node.check_round(round_idx)
     sealed = deployed(node.policy).scheme.sealed
     evaluation = None
     if "evaluate" in req:  # the model sent is round R-1's result: its evaluation rides on this stage
@@ -82,8 +86,9 @@ def train(msg: Message, context: Context) -> Message:
             round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
         )
     trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
-    # under secure aggregation the server gets the node's summed loss and size, and no vector in the clear
-    out = trained.payload(sealed=sealed)
+    # under secure aggregation no vector leaves in the clear; under secure aggregation or DP no loss or example
+    # count either (deploy.replies: a crafted model made the summed loss an oracle for a user's training set)
+    out = trained.payload(sealed=sealed, loss=reports_loss(node.policy))
     if sealed:
         # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
         # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
@@ -93,7 +98,14 @@ def train(msg: Message, context: Context) -> Message:
         out.update(role.train_reply(round_idx, out["clients"], vectors, shares, participants, req))
     if evaluation is not None:
         out["evaluation"] = evaluation
-    return Message(to_record(out), reply_to=msg)
+    return _reply(msg, node.policy, out)
+
+
+def _reply(msg: Message, policy, out: dict) -> Message:
+    """The reply to ``msg``, once every field of ``out`` is one a node of ``policy`` may send (deploy.replies)."""
+    from fedrecgel_secure.deploy.replies import check
+
+    return Message(to_record(check(policy, out)), reply_to=msg)
 
 
 def _role(context: Context, policy, users: list[int], dim: int):
@@ -124,7 +136,7 @@ def secagg(msg: Message, context: Context) -> Message:
         # each user masks its input of the round its attempt's signed announcement names; the payload's round is
         # never read, so a server cannot relabel a released round's inputs for a new attempt
         out = reply(node.step(stage, messages_of(req)))
-    return Message(to_record(out), reply_to=msg)
+    return _reply(msg, resident.policy, out)
 
 
 @app.query("keyholder")
@@ -184,4 +196,4 @@ def evaluate(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
     out = node.evaluate(int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
-    return Message(to_record(out.payload()), reply_to=msg)
+    return _reply(msg, node.policy, out.payload())

@@ -27,6 +27,7 @@ faithfully.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 
+log = logging.getLogger("fedrecgel_secure.deploy")
 KEY_FILE = "keyholder.key"
 SUMS = "he-sums.json"
 _INFO = b"fedrecgel/he-tag-keys/v1"
@@ -90,9 +92,12 @@ class HENode:
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
-        proofs. (``sampled`` serves masking's cohort check; BFV's users sign no cohort.)"""
+        proofs. (``sampled`` serves masking's cohort check; BFV's users sign no cohort.) How many values the grid
+        clipped is logged here and never sent: it is a function of the vectors outside the sum (:mod:`..replies`)."""
         partial, clipped = self.partial_sum(round_idx, clients, vectors, shares)
-        return {"partial": partial, "clipped": clipped}
+        if clipped:
+            log.warning("round %d: the grid clipped %d values of this node's users' vectors", round_idx, clipped)
+        return {"partial": partial}
 
     def group(self, clients: np.ndarray):
         """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.he.HEGroup` of this session."""

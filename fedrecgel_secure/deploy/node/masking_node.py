@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -49,6 +50,7 @@ from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
 from fedrecgel_secure.privacy.secagg.masking_wire import encode_group, group_statement
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
+log = logging.getLogger("fedrecgel_secure.deploy")
 # round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
 # the "masked" stage only, with the round of each user's signed announcement
 Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
@@ -59,7 +61,7 @@ class StageResult:
     replies: dict[int, bytes]  # user -> its signed reply
     refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
     group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking_wire)
-    clipped: int = 0  # masked stage: values the grid clipped, over the group (one count, no user's own)
+    clipped: int = 0  # masked stage: values the grid clipped over the group (logged here, never sent)
 
 
 class MaskingNode(UserIdentities):
@@ -190,8 +192,8 @@ class MaskingNode(UserIdentities):
         """Run ``stage`` for every user addressed in ``messages`` (all of them this node's users).
 
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
-        default). ``round_idx``: the round the node trained, when the announcement came with the train message;
-        then a user refuses an announcement of any other round; ``binding``: the digest of the model it was
+        default). ``round_idx`` (advertise only, which comes with the train message alone): the round the node
+        trained; a user refuses an announcement of any other round; ``binding``: the digest of the model it was
         trained on (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), which the attempt is bound to.
         Masked stage: a user whose signed cohort is larger than the sample its DP noise share was sized for
         (:meth:`sampled`), or smaller, refuses to upload: the server misstated the sample, so the shares would
@@ -199,6 +201,11 @@ class MaskingNode(UserIdentities):
         """
         if stage not in STAGES:
             raise ValueError(f"unknown masking stage {stage!r}")
+        if stage == "advertise" and round_idx is None:
+            # an attempt starts only with the train message that trains its round, bound to the model it carries
+            # (:meth:`train_reply`); a standalone advertise stage would start one over the inputs kept from that
+            # train stage, bound to nothing, after the server sent other nodes another model (issue 35, finding 2)
+            raise ValueError("a masking attempt starts only with its round's train message")
         strangers = sorted(set(messages) - set(self.users))
         if strangers:
             raise ValueError(f"users {strangers[:10]} are not hosted by this node")
@@ -288,6 +295,8 @@ class MaskingNode(UserIdentities):
                 out.clipped += client.last_clipped
             except RejectedPayload as exc:
                 out.refused[u] = exc.reason.value
+        if out.clipped:  # a range too small for these vectors: the operator's to see, not the server's
+            log.warning("masked stage: the grid clipped %d values of this node's users' inputs", out.clipped)
         if masked:
             total = np.zeros(self.setup.dim, dtype=np.uint64)
             for y in masked.values():

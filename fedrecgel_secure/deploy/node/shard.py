@@ -281,6 +281,14 @@ class Node:
             )
         return DPRound(mechanism, own, None if participants is None else int(participants))
 
+    def check_round(self, round_idx: int) -> None:
+        """Refuse to train a round that is not one of the run's (1 to ``federation.rounds`` of the node's own
+        policy): a label past the run is a stage no honest server sends, and would give a malicious one more
+        rounds of sums (and, under BFV, more decryptions) than the policy plans for."""
+        rounds = self.policy.federation.rounds
+        if not 1 <= round_idx <= rounds:
+            self._refuse(f"node {self.shard}: round {round_idx} is not a round of this run (1 to {rounds})")
+
     @staticmethod
     def _refuse(reason: str) -> None:
         log.warning("refused: %s", reason)

@@ -52,7 +52,6 @@ class NodeHESum:
         self.setup, self.exchange, self.key_holder, self.users_of = setup, exchange, key_holder, users_of
         self.aggregator = None
         self.partials: dict[int, bytes] = {}  # this round's summed ciphertexts, by node, from the train replies
-        self.clipped = 0  # values the grid clipped on the nodes this round
 
     def start(self) -> None:
         """Users' identity keys and nodes' sealing keys in, the key holder's session out, every node joined."""
@@ -98,12 +97,11 @@ class NodeHESum:
         BFV proofs do not carry it yet."""
         if self.aggregator is None:
             self.start()
-        self.partials, self.clipped = {}, 0
+        self.partials = {}
 
     def received(self, replies: dict[int, dict]) -> None:
         """The train replies, each with its node's users' summed ciphertexts and their proofs (``partial``)."""
         for node, rep in replies.items():
-            self.clipped += int(rep.get("clipped", 0))
             if "partial" in rep:
                 self.partials[node] = rep["partial"]
 
@@ -139,4 +137,4 @@ class NodeHESum:
         contributors = np.array(sorted(position[c] for c in aggregate.contributors), dtype=np.int64)
         total = torch.from_numpy(np.asarray(reply["total"], dtype=np.float64)).to(contributions.dtype)
         cost = SecAggCost(0.0, 0.0, time.perf_counter() - t0, 0.0)
-        return SumResult(total, contributors, cost=cost, rejected=len(rejected), clipped_values=self.clipped)
+        return SumResult(total, contributors, cost=cost, rejected=len(rejected))

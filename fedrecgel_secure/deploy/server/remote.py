@@ -7,7 +7,8 @@ and :meth:`Trainer.evaluate` with calls to the nodes through a :class:`Stages`
 object (Flower in production, :mod:`.stages`), and :meth:`Trainer.make_summer`
 with the protocol's server side. It holds no interaction data (a
 :class:`Catalogue`: the public counts) and no client state; the nodes report
-losses, example counts and metrics as sums over their users (:mod:`.replies`).
+metrics as sums over their users, and (only where nothing protects their uploads: no secure aggregation, no DP)
+losses and example counts too (:mod:`..replies`); elsewhere a deployed run's records carry no training loss.
 
 Under ``deployment.evaluate_in_train`` round R's evaluation rides on round R+1's
 train stage (:meth:`RemoteTrainer.deferred_metrics` says why that is exact);
@@ -26,7 +27,7 @@ from torch.nn.utils import parameters_to_vector
 
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply
+from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply, reports_loss
 from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.state import RoundUpdate
@@ -175,10 +176,10 @@ class RemoteTrainer(Trainer):
         answered = np.sort(np.concatenate([rep.clients for rep in got.values()] or [clients[:0]])).astype(clients.dtype)
         if not answered.size:
             return answered, None
-        # each node's summed BCE and examples, added in shard order
-        bce_sum = sum((rep.bce for rep in got.values()), 0.0)
-        examples = sum(rep.examples for rep in got.values())
-        loss = bce_sum / max(1, examples)
+        loss = None  # under secure aggregation or DP the nodes send no loss (replies.reports_loss)
+        if reports_loss(self.policy):  # each node's summed BCE and examples, added in shard order
+            bce_sum = sum((rep.bce for rep in got.values()), 0.0)
+            loss = bce_sum / max(1, sum(rep.examples for rep in got.values()))
         if self.sealed:  # the vectors stay on the nodes
             return answered, RoundUpdate(SealedUploads(answered.size), private=None, loss=loss)
         dtype = self.model.item_embeddings.dtype
