@@ -119,14 +119,16 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"(δ: the accountant's plus {p.delta_tail:.1e} from the noise sampler's tails; {p.accountant},"
-            f" z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
+            f"(δ: the accountant's plus {p.delta_tail:.1e} from the noise sampler's tails; "
+            + ("per user, cyclic participation" if p.sampler == "cyclic" else p.accountant)
+            + f", z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
             f" {p.epsilon_rdp:.3f}); against the server: "
             + (
                 "no bound (it sees the clipped uploads)"
                 if p.epsilon_server is None
                 else f"ε {p.epsilon_server:.3g}"
-                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling)"
+                f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling"
+                + (": the same ε)" if p.sampler == "cyclic" else ")")
             )
         )
         if p.noise == "seeded":

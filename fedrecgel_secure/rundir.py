@@ -191,6 +191,7 @@ class PrivacySpent(_Record):
     max_epsilon_against: str = "release"  # whose epsilon max_epsilon bounds: "release" or "server"
     shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
     delta_tail: float = 0.0  # what the noise sampler's truncation added to delta (randomness.tail_delta)
+    sampler: str = "poisson"  # privacy.dp.sampler: "cyclic" accounts per user, one epsilon against everyone
 
 
 class SecureAggregationRun(_Record):

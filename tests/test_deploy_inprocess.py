@@ -55,6 +55,7 @@ def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tm
         "masking + seeded central DP",
         "masking + seeded distributed DP",
         "masking + seeded distributed DP, adaptive clipping",
+        "masking + seeded distributed DP, cyclic participation",
     ],
 )
 def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privacy):
@@ -63,13 +64,16 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
     from fedrecgel_secure.checkpoint import load_checkpoint
 
     mode = "central" if "central" in privacy else "distributed"
-    extra = MASKING + seeded_dp(mode) + (ADAPTIVE if "adaptive" in privacy else "")
+    extra = MASKING + seeded_dp(mode) + ('sampler = "cyclic"\n' if "cyclic" in privacy else "")
+    extra += ADAPTIVE if "adaptive" in privacy else ""
     policy_file = _policy(tmp_path, extra, rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
     deployed = _records(tmp_path / "deployed")
     assert deployed == summed_per_node(_records(tmp_path / "sim"), policy_file)
     assert all(r["dp_noise"] == "seeded" and r["contributors"] > 0 for r in deployed)
+    if "cyclic" in privacy:  # one epsilon against the release and the server, each user in one round of 3 (b = 2)
+        assert all(r["epsilon"] == r["epsilon_server"] for r in deployed)
     if "adaptive" in privacy:  # the clip norm moved, and the nodes clipped to the server's announced norm
         assert len({r["clip_norm"] for r in deployed}) == 3
     model = load_checkpoint(tmp_path / "deployed" / "checkpoint.pt")["model"]

@@ -14,7 +14,7 @@ from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import POLICY_DIR, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
-from fedrecgel_secure.privacy.dp.observers import ServerExposure
+from fedrecgel_secure.privacy.dp.observers import UserExposure
 from fedrecgel_secure.privacy.dp.pld import gaussian_epsilon, history_event, pld_epsilon
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
@@ -103,13 +103,13 @@ def test_the_gaussian_composition_figures_of_the_issue():
 
 
 def test_the_server_s_epsilon_is_its_most_exposed_user_s_and_round_trips():
-    exposure = ServerExposure(5, 1e-4)
+    exposure = UserExposure(5, 1e-4)
     exposure.record(np.array([0, 1]), 1.0)
     exposure.record(np.array([1]), 0.5)  # user 1: 1 + 4 = 5 = 1/z_eff^2
     assert exposure.most_exposed == 1 and exposure.rounds.tolist() == [1, 2, 0, 0, 0]
     assert exposure.epsilon() == gaussian_epsilon(1 / math.sqrt(5), 1e-4)
     assert exposure.epsilon_if(1.0, [0, 2]) == gaussian_epsilon(1 / math.sqrt(2), 1e-4)  # user 0 next: 1 + 1
-    restored = ServerExposure(5, 1e-4)
+    restored = UserExposure(5, 1e-4)
     restored.load_state_dict(exposure.state_dict())
     assert restored.epsilon() == exposure.epsilon() and restored.rounds.tolist() == exposure.rounds.tolist()
 

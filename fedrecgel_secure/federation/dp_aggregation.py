@@ -197,6 +197,11 @@ class DPFedAvg:
         return 0 if self.adaptive is None else 1
 
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
+        """Round ``round_idx``'s clients from the run's secret: a Poisson sample, or under cyclic participation the
+        round's slot (each client's slot drawn once, from draw "slots" of round 0)."""
+        if self.dp.cyclic:
+            slots = mechanism.cyclic_slots(self.randomness.uniform("slots", 0, 0, n_clients).numpy(), self.dp.period)
+            return mechanism.cyclic_sample(slots, round_idx, self.dp.period)
         return mechanism.poisson_sample(
             self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate
         )

@@ -303,6 +303,7 @@ class Trainer:
             max_epsilon=r.max_epsilon,
             max_epsilon_against=r.max_epsilon_against,
             shares=r.shares,
+            sampler=r.sampler,
         )
 
     # -- checkpoints ----------------------------------------------------------

@@ -98,7 +98,14 @@ class DPSettings(Section):
         " masking protocol's survivor threshold (any round that completes carries at least the planned noise).",
     )
     sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
-    sampler: Literal["poisson", "fixed"] = Field("poisson", description="Client sampling; DP requires poisson.")
+    sampler: Literal["poisson", "cyclic", "fixed"] = Field(
+        "poisson",
+        description="Client sampling. poisson: each client independently with rate q; epsilon is amplified by the"
+        " sampling, which holds against whoever sees only the released models, not against the server, which knows"
+        " who took part. cyclic: a secret random permutation puts each client in one of b = round(1/q) slots, slot s"
+        " trains in rounds s+1, s+1+b, ...: every client at most ceil(rounds/b) times, b rounds apart (a deployment's"
+        " nodes enforce both), and epsilon, with no amplification, holds against the server too. fixed: not with DP.",
+    )
     per_group_clipping: bool = Field(
         False, description="Clip the item table and the MLP separately, the budget split by group_fractions."
     )
@@ -135,6 +142,7 @@ class DPSettings(Section):
         if self.sampler == "fixed":
             raise BadInputError(
                 f"{DP}.sampler = 'fixed' cannot be used with DP: the accountants' amplification by"
-                " sampling assumes each client is included independently (Poisson sampling); use 'poisson'"
+                " sampling assumes each client is included independently (Poisson sampling); use 'poisson',"
+                " or 'cyclic' (bounded participation, no amplification)"
             )
         return self

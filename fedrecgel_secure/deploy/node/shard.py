@@ -6,6 +6,7 @@ must keep between rounds lives in its state directory (0600 files), so a restart
 ``identity.pem``     the node's Ed25519 identity key (generated on first start, never sent)
 ``state-R.pt``       its users' embeddings and Adam moments after round R (committed)
 ``pending-R.pt``     what its users computed in round R, kept until the server says who counted
+``participation.json``  the rounds each user trained, under cyclic participation (:mod:`.participation`)
 
 The server's message of round R+1 (or of an evaluation of round R) carries the
 contributors of every round since its last checkpoint, so a node rebuilds
@@ -184,6 +185,7 @@ class Node:
         from fedrecgel_secure.deploy.replies import TrainReply
         from fedrecgel_secure.federation.build import local_sets, make_engine
 
+        self.admit(round_idx, clients)
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
@@ -280,6 +282,23 @@ class Node:
                 f" N = {dp.population}, q = {dp.sample_rate:g})"
             )
         return DPRound(mechanism, own, None if participants is None else int(participants))
+
+    def admit(self, round_idx: int, clients: np.ndarray) -> None:
+        """Under cyclic participation, refuse (:class:`RefusedRequest`) a round in which a sampled user would
+        train more rounds than k, or two rounds fewer than b apart, by the node's own policy and record
+        (:mod:`.participation`); otherwise record the round for them, before they train it."""
+        dp = self.policy.privacy.dp
+        if not (dp.enabled and dp.sampler == "cyclic"):
+            return
+        from fedrecgel_secure.deploy.node.participation import Participation
+        from fedrecgel_secure.federation.build import make_dp_mechanism
+
+        resolved = make_dp_mechanism(self.policy, self.population).dp
+        record = Participation(self.state_dir)
+        why = record.refusal(round_idx, np.asarray(clients).tolist(), resolved.max_rounds, resolved.period)
+        if why is not None:
+            self._refuse(f"node {self.shard}, round {round_idx}: {why}")
+        record.record(round_idx, np.asarray(clients).tolist())
 
     def check_round(self, round_idx: int) -> None:
         """Refuse to train a round that is not one of the run's (1 to ``federation.rounds`` of the node's own

@@ -1,4 +1,4 @@
-r"""The DP-FedAvg mechanism's pure maths: clipping, noise stds, the fixed denominator, Poisson sampling.
+r"""The DP-FedAvg mechanism's pure maths: clipping, noise stds, the fixed denominator, Poisson and cyclic sampling.
 
 McMahan et al. 2018, Algorithm 1. Randomness is not drawn here (see
 :mod:`.randomness`), so every function is deterministic and easy to check.
@@ -177,3 +177,38 @@ def max_poisson_sample(population: int, rate: float, log2_miss: int = 40) -> int
     spread = log2_miss * math.log(2)
     t = spread / 3 + math.sqrt(spread**2 / 9 + 2 * variance * spread)
     return min(population, math.floor(mean + t))
+
+
+def cyclic_period(rate: float) -> int:
+    r"""The period :math:`b = \mathrm{round}(1/q) \ge 1` of cyclic participation at sampling rate :math:`q`."""
+    rate = open_unit(rate, f"{FIELD}.sample_rate", closed_right=True)
+    return max(1, round(1.0 / rate))
+
+
+def cyclic_slots(uniforms: np.ndarray, period: int) -> np.ndarray:
+    r"""Each client's slot in :math:`0..b-1` for cyclic participation: the clients ranked by their one secret
+    uniform draw each (:class:`.randomness.DPRandomness`, drawn once per run), rank :math:`r` in slot
+    :math:`r \bmod b`. Slots differ in size by at most one client: :math:`\lfloor N/b \rfloor` or
+    :math:`\lceil N/b \rceil`."""
+    uniforms = np.asarray(uniforms)
+    if uniforms.size < 1:
+        raise ValueError("the population must have at least 1 client")
+    slots = np.empty(uniforms.size, dtype=np.int64)
+    slots[np.argsort(uniforms, kind="stable")] = np.arange(uniforms.size) % period
+    return slots
+
+
+def cyclic_sample(slots: np.ndarray, round_idx: int, period: int) -> np.ndarray:
+    r"""The clients of round ``round_idx`` (from 1) under cyclic participation: slot :math:`(R - 1) \bmod b`.
+
+    Every client takes part in at most :math:`k = \lceil \text{rounds}/b \rceil` rounds, exactly :math:`b`
+    apart (a deployment's nodes enforce both, :mod:`fedrecgel_secure.deploy.node.participation`). Nothing
+    is amplified by sampling: a client's privacy loss is the composition of its own :math:`k` Gaussian
+    mechanisms, against the server (which knows who took part) as against the release
+    (:mod:`.observers`)."""
+    return np.flatnonzero(np.asarray(slots) == (round_idx - 1) % period).astype(np.int64)
+
+
+def cyclic_participations(rounds: int, period: int) -> int:
+    r""":math:`k = \lceil \text{rounds}/b \rceil`: the most rounds a client takes part in."""
+    return -(-rounds // period)

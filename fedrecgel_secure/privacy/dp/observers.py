@@ -17,6 +17,10 @@ noise multiplier :math:`1/\max_u \mu_u`, at the run's :math:`\delta`
 
 At :math:`z = 0.92` and :math:`\delta = 10^{-4}` a user in 10 rounds has
 :math:`\varepsilon = 18.0`, in 22 rounds 31.2, where the release is accounted at 8.
+
+Under cyclic participation (``privacy.dp.sampler = "cyclic"``) nothing is amplified, so the release is
+accounted the same way, per user (:class:`UserExposure` for both observers): one :math:`\varepsilon` that holds
+against the server as against the release.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import numpy as np
 import torch
 
 
-class ServerExposure:
-    """Per-user precision :math:`\\sum_t 1/z_t^2` and rounds over what the server saw; its worst-case epsilon."""
+class UserExposure:
+    """Per-user precision :math:`\\sum_t 1/z_t^2` and rounds over what an observer saw (the server; the release,
+    under cyclic participation); its worst-case epsilon."""
 
     def __init__(self, population: int, delta: float):
         self.delta = delta
@@ -54,8 +59,17 @@ class ServerExposure:
         return int(np.argmax(self.precision))
 
     def epsilon(self) -> float:
-        r"""The largest :math:`\varepsilon` any user has spent against the server so far."""
+        r"""The largest :math:`\varepsilon` any user has spent against this observer so far."""
         return self._epsilon(float(self.precision.max(initial=0.0)))
+
+    def rdp_epsilon(self) -> float:
+        """The same by RDP (Opacus's conversion), a cross-check: the most exposed user's one Gaussian mechanism."""
+        precision = float(self.precision.max(initial=0.0))
+        if precision == 0:
+            return 0.0
+        from .accounting import rdp_epsilon_of  # opacus: only when a run is accounted
+
+        return rdp_epsilon_of([(1.0 / math.sqrt(precision), 1.0, 1)], self.delta)
 
     def epsilon_if(self, noise_multiplier: float, users: np.ndarray | None = None) -> float:
         """The largest epsilon after one more round at ``noise_multiplier`` in which ``users`` (default: any
@@ -74,16 +88,21 @@ class ServerExposure:
 class PrivacyLedger:
     """A run's privacy spent against each observer, and the ``max_epsilon`` rule for the one it names.
 
-    ``release``: the accountant of the released models (:class:`.accounting.PrivacyAccountant`).
-    ``server``: :class:`ServerExposure`, or None where the server sees the clipped uploads themselves
-    (central noise it adds itself). ``privacy.dp.max_epsilon_against`` says which one ``max_epsilon`` bounds.
+    ``release``: the accountant of the released models (:class:`.accounting.PrivacyAccountant`), or under cyclic
+    participation (``per_user``) a :class:`UserExposure` of the releases, since nothing is amplified.
+    ``server``: :class:`UserExposure` of what the server saw, or None where the server sees the clipped uploads
+    themselves (central noise it adds itself). ``privacy.dp.max_epsilon_against`` says which one ``max_epsilon``
+    bounds.
     """
 
     def __init__(self, resolved):
         self.dp = resolved
-        self.release = resolved.make_accountant()
+        self.per_user = resolved.cyclic
+        self.release = (
+            UserExposure(resolved.population, resolved.delta) if self.per_user else resolved.make_accountant()
+        )
         sees_noise = resolved.server_noise_multiplier(1, 1) is not None
-        self.server = ServerExposure(resolved.population, resolved.delta) if sees_noise else None
+        self.server = UserExposure(resolved.population, resolved.delta) if sees_noise else None
         self.tail_delta = 0.0  # the δ the sampler's truncation added over the releases so far
 
     @property
@@ -100,6 +119,8 @@ class PrivacyLedger:
             return None
         if self.against_server:
             epsilon, after = self.server.epsilon(), self.server.epsilon_if(z)
+        elif self.per_user:
+            epsilon, after = self.release.epsilon(), self.release.epsilon_if(z)
         else:
             epsilon, after = self.release.epsilon(), self.release.epsilon_if_step()
         return None if after <= cap else str(BudgetExhausted(round, epsilon, after, cap, self.dp.max_epsilon_against))
@@ -113,6 +134,8 @@ class PrivacyLedger:
         if self.against_server:
             after = self.server.epsilon_if(self.dp.server_noise_multiplier(participants, len(users)), users)
             whose = "epsilon against the server"
+        elif self.per_user:
+            after, whose = self.release.epsilon_if(reached, users), "epsilon"
         else:
             after, whose = self.release.epsilon_if_step(reached), "epsilon"
         if after <= cap:
@@ -125,8 +148,13 @@ class PrivacyLedger:
     def commit(self, release_noise: float, participants: int, users: np.ndarray, tail_delta: float = 0.0) -> None:
         """A round was released (or skipped, ``users`` empty): account it at ``release_noise``, and charge
         ``users``, whose uploads the server saw, at what of it the server cannot remove. ``tail_delta``: the
-        δ the sampler's truncation adds to this release (:meth:`.resolution.ResolvedDP.release_tail_delta`)."""
-        self.release.step(release_noise)
+        δ the sampler's truncation adds to this release (:meth:`.resolution.ResolvedDP.release_tail_delta`).
+        Per user (cyclic participation), a release charges its contributors only: a round without a user's
+        upload is independent of its data."""
+        if not self.per_user:
+            self.release.step(release_noise)
+        elif len(users):
+            self.release.record(users, release_noise)
         self.tail_delta += tail_delta
         if self.server is not None and len(users):
             self.server.record(users, self.dp.server_noise_multiplier(participants, len(users)))

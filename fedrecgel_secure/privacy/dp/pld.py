@@ -156,3 +156,29 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=noise_multiplier, sensitivity=1.0)
     search = common.BinarySearchParameters(0.0, math.inf, initial_guess=1.0)
     return float(common.inverse_monotone_function(loss.get_delta_for_epsilon, delta, search))
+
+
+def calibrate_composed_gaussian(target_epsilon: float, delta: float, compositions: int) -> float:
+    r"""The smallest :math:`z` (to within :math:`10^{-7}`, rounded up) such that ``compositions`` Gaussian
+    mechanisms of noise multiplier :math:`z`, without sampling, spend at most ``target_epsilon`` at ``delta``.
+
+    :math:`k` Gaussian mechanisms compose exactly into one of noise multiplier :math:`z/\sqrt{k}` (Dong, Roth,
+    Su 2019), whose :math:`\delta(\varepsilon)` is exact (:func:`gaussian_epsilon`); ``dp_accounting``'s bisection
+    finds the smallest :math:`z/\sqrt k` whose :math:`\delta` at ``target_epsilon`` is at most ``delta``. The bound of
+    a client of bounded participation (:func:`.mechanism.cyclic_sample`), against the server as against the release.
+    """
+    if compositions < 1:
+        raise ValueError(f"compositions must be at least 1, got {compositions!r}")
+
+    def delta_at(std: float) -> float:
+        loss = privacy_loss_mechanism.GaussianPrivacyLoss(standard_deviation=std, sensitivity=1.0)
+        return loss.get_delta_for_epsilon(target_epsilon)
+
+    search = common.BinarySearchParameters(1e-6, 2.0**30, initial_guess=1.0)
+    std = common.inverse_monotone_function(delta_at, delta, search)
+    if std is None:
+        raise ValueError(f"no noise multiplier below 2^30 reaches epsilon {target_epsilon} at delta {delta}")
+    z = float(std) * math.sqrt(compositions)
+    if not gaussian_epsilon(z / math.sqrt(compositions), delta) <= target_epsilon * (1 + 1e-6):
+        raise ValueError(f"calibration returned z = {z} above the target epsilon")
+    return z

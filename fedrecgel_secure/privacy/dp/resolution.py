@@ -18,7 +18,7 @@ from fedrecgel_secure.policy import (
 )
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .mechanism import max_poisson_sample, noise_std, reached_noise_multiplier
+from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, noise_std, reached_noise_multiplier
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,22 @@ class ResolvedDP:
     min_clients: int = 1
     consistency: float | None = None
     """f of the masking protocol's consistency check (shares = "threshold" only)."""
+    sampler: str = "poisson"
+    """privacy.dp.sampler: "poisson" (amplified by sampling) or "cyclic" (bounded participation, no amplification)."""
+
+    @property
+    def cyclic(self) -> bool:
+        return self.sampler == "cyclic"
+
+    @property
+    def period(self) -> int:
+        """b: under cyclic participation a client's rounds are b apart (:func:`.mechanism.cyclic_period`)."""
+        return cyclic_period(self.sample_rate)
+
+    @property
+    def max_rounds(self) -> int:
+        """k: the most rounds a client takes part in under cyclic participation (every round under Poisson)."""
+        return cyclic_participations(self.rounds, self.period) if self.cyclic else self.rounds
 
     def make_accountant(self):
         from .accounting import PrivacyAccountant  # opacus: only when a run is built
@@ -86,8 +102,10 @@ class ResolvedDP:
 
     @property
     def max_participants(self) -> int:
-        """The most clients a round's Poisson sample may hold, but for a chance below 2^-40
-        (:func:`.mechanism.max_poisson_sample`)."""
+        """The most clients a round's sample may hold: a Poisson sample's, but for a chance below 2^-40
+        (:func:`.mechanism.max_poisson_sample`); a cyclic slot's, ceil(N / b), exactly."""
+        if self.cyclic:
+            return -(-self.population // self.period)
         return max_poisson_sample(self.population, self.sample_rate)
 
     def noise_shares(self, participants: int) -> int:
@@ -196,7 +214,7 @@ def validate_against_population(
             f"{FIELD}.delta = {settings.delta:g} must be below 1/population = 1/{population}"
             f" = {1 / population:.3g}: a delta of 1/N allows publishing one client's data outright"
         )
-    m = q * population
+    m = q * population if settings.sampler != "cyclic" else population / cyclic_period(q)
     if m < 1:
         raise BadInputError(
             f"{FIELD}.sample_rate: q = {q:g} over {population} clients expects {m:.3g} clients per round;"
@@ -204,6 +222,11 @@ def validate_against_population(
         )
     if settings.noise_multiplier is not None:
         z = settings.noise_multiplier
+    elif settings.sampler == "cyclic":  # k Gaussian mechanisms per client, nothing amplified
+        from .pld import calibrate_composed_gaussian  # dp-accounting: only when a run is built
+
+        k = cyclic_participations(rounds, cyclic_period(q))
+        z = calibrate_composed_gaussian(settings.target_epsilon, settings.delta, k)
     else:
         assert settings.target_epsilon is not None  # the model guarantees exactly one
         from .accounting import calibrate_noise_multiplier  # opacus: only when a run is built
@@ -243,4 +266,5 @@ def validate_against_population(
         shares=settings.shares,
         min_clients=secagg.min_clients,
         consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
+        sampler=settings.sampler,
     )
