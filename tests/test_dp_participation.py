@@ -81,7 +81,9 @@ def test_a_cyclic_run_spends_one_epsilon_against_the_release_and_the_server(tmp_
     assert (dp.period, dp.max_rounds) == (10, 2)
     assert dp.noise_multiplier == pytest.approx(0.768, abs=1e-3)  # k = 2 compositions at epsilon 8, delta 1e-4
     seen: dict[int, list[int]] = {}
-    for r in range(1, 12):
+    for r in range(1, 14):
+        # the round's own users decide: after round 11 slot 0's users are spent (k = 2), round 12's are not
+        assert trainer.aggregation.budget_exhausted(r) is None
         _, info = trainer.train_round()
         assert info.epsilon == info.epsilon_server  # one epsilon against everyone
         for c in trainer.aggregation.sample(r, None, trainer.catalogue.n_users).tolist():

@@ -207,8 +207,10 @@ class DPFedAvg:
         )
 
     def budget_exhausted(self, round: int) -> str | None:
-        """Why round ``round`` must not run, or None: it never overshoots max_epsilon."""
-        return self.ledger.refusal_before(round)
+        """Why round ``round`` must not run, or None: it never overshoots max_epsilon. Under cyclic participation
+        the round's users are known before it runs (its slot), and only their epsilon can grow."""
+        users = self.sample(round, None, self.dp.population) if self.dp.cyclic else None
+        return self.ledger.refusal_before(round, users)
 
     def attempt(self, round_idx: int) -> int:
         """The attempt of round ``round_idx`` whose noise is drawn now: the last one begun (0 before any)."""

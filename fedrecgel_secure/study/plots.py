@@ -89,8 +89,20 @@ def draw_run(run_dir: str | Path) -> Path | None:
     ax.legend(fontsize="small")
     series(axes[1], "loss", "training loss", color="tab:green")
     axes[1].set_ylabel("mean BCE over local examples")
+    if all(r.get("loss") is None for r in records):  # a deployment under secure aggregation or DP sends none
+        axes[1].text(
+            0.5,
+            0.5,
+            "no training loss:\nthe nodes send none under\nsecure aggregation or DP",
+            ha="center",
+            va="center",
+            transform=axes[1].transAxes,
+            color="grey",
+        )
     if private:
-        series(axes[2], "epsilon", "ε spent", color="tab:red")
+        series(axes[2], "epsilon", "ε against the release", color="tab:red")
+        series(axes[2], "epsilon_server", "ε against the server", color="tab:purple", linestyle="--")
+        axes[2].legend(fontsize="small")
         delta = next(r["delta"] for r in records if "delta" in r)
         seeded = any(r.get("dp_noise") == "seeded" for r in records)
         axes[2].set_ylabel(f"ε (δ = {delta:g})" + (" — seeded noise: no guarantee" if seeded else ""))

@@ -109,18 +109,18 @@ class PrivacyLedger:
     def against_server(self) -> bool:
         return self.dp.max_epsilon is not None and self.dp.max_epsilon_against == "server"
 
-    def refusal_before(self, round: int) -> str | None:
+    def refusal_before(self, round: int, users: np.ndarray | None = None) -> str | None:
         """Why round ``round`` must not start, or None: at its planned noise it could overshoot max_epsilon
-        (against the server: for the most exposed user, were it sampled)."""
+        (per user: for the most exposed of ``users``, the round's, or of everyone when they are not known)."""
         from .accounting import BudgetExhausted
 
         cap, z = self.dp.max_epsilon, self.dp.noise_multiplier
         if cap is None:
             return None
         if self.against_server:
-            epsilon, after = self.server.epsilon(), self.server.epsilon_if(z)
+            epsilon, after = self.server.epsilon(), self.server.epsilon_if(z, users)
         elif self.per_user:
-            epsilon, after = self.release.epsilon(), self.release.epsilon_if(z)
+            epsilon, after = self.release.epsilon(), self.release.epsilon_if(z, users)
         else:
             epsilon, after = self.release.epsilon(), self.release.epsilon_if_step()
         return None if after <= cap else str(BudgetExhausted(round, epsilon, after, cap, self.dp.max_epsilon_against))
