@@ -92,9 +92,16 @@ class HENode:
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
-        proofs. (``sampled`` serves masking's cohort check; BFV's users sign no cohort.) How many values the grid
+        proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.he_wire.Binding`. How many values the grid
         clipped is logged here and never sent: it is a function of the vectors outside the sum (:mod:`..replies`)."""
-        partial, clipped = self.partial_sum(round_idx, clients, vectors, shares)
+        from fedrecgel_secure.deploy.masking_stages import train_binding
+        from fedrecgel_secure.privacy.secagg.he_wire import Binding
+
+        # every proof is signed over the model and DP settings this node was sent, and the sample its users' noise
+        # shares were sized for: the key holder sums no users sent another model, nor fewer than the shares assume
+        digest = train_binding(request["shared"], request.get("participants"), request.get("clip_norm"))
+        binding = Binding(int(sampled) if shares is not None else 0, digest)
+        partial, clipped = self.partial_sum(round_idx, clients, vectors, shares, binding)
         if clipped:
             log.warning("round %d: the grid clipped %d values of this node's users' vectors", round_idx, clipped)
         return {"partial": partial}
@@ -121,7 +128,9 @@ class HENode:
             ]
         )
 
-    def partial_sum(self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None):
+    def partial_sum(
+        self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None, binding=None
+    ):
         """The node's users' vectors as one signed, tagged ciphertext (:meth:`HEGroup.partial`), and the number
         of values the grid clipped.
 
@@ -134,7 +143,7 @@ class HENode:
         """
         self._claim(round_idx, [int(c) for c in clients])
         group = self.group(clients)
-        return group.partial(round_idx, vectors, shares), group.last_clipped
+        return group.partial(round_idx, vectors, shares, binding), group.last_clipped
 
     def _claim(self, round_idx: int, users: list[int]) -> None:
         """Record that the node sums round ``round_idx`` over ``users``; refuse (``replay``) a round it summed over

@@ -93,8 +93,8 @@ class NodeHESum:
 
     def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"") -> None:
         """Round ``round_idx`` starts (the session first, once); ``clip_norm`` goes to the nodes with the train
-        message (the key holder computes its own). ``binding`` (the model's digest) binds masking attempts only:
-        BFV proofs do not carry it yet."""
+        message (the key holder computes its own). ``binding`` (the model's digest) goes unused here: each node
+        signs its users' proofs over the digest of what it was sent, and the key holder checks that they agree."""
         if self.aggregator is None:
             self.start()
         self.partials = {}

@@ -61,6 +61,15 @@ Wire formats (:mod:`.he_wire`; body of a ``Kind.HE_UPLOAD`` envelope)::
     aggregate: b"BFA1" | round u64 | dim u32 | n u32 | proof*n
                | n_chunks u32 | (len u32 | BFVVector)*
                where proof = client u32 | SHA-256(upload body) | signature (100 bytes)
+    bound:     b"BFA2" | round u64 | dim u32 | n u32 | participants u32 | digest 32 | proof*n | (as BFA1)
+
+Binding (a deployment). A node's users sign their group's ciphertext under a
+:class:`~.he_wire.Binding`: the digest of the model and DP settings their node
+was sent, and the sample their noise shares were sized for. The aggregator
+sums only partials of one binding, and the key holder verifies every proof
+under the binding the aggregate states: users sent different models (model
+inconsistency) cannot be summed together, and under distributed noise it
+decrypts only an aggregate of exactly the users the shares were sized for.
 
 Parameters. N = 8192, coefficient moduli (60, 60, 60) bits (180 of the 218 the
 HomomorphicEncryption.org standard allows for 128-bit security at N = 8192;
@@ -92,11 +101,13 @@ from . import he_tags
 from .errors import Reason, RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
 from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
-    _AGG_HEAD,
     _U32,
     _UPLOAD_HEAD,
+    Binding,
     ContextInfo,
     _params_of,
+    aggregate_binding,
+    aggregate_head,
     centre_lift,
     decode_upload,
     encrypt_ints,
@@ -107,6 +118,7 @@ from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to th
     n_chunks,
     parse_aggregate,
     read_chunks,
+    signing_context,
 )
 from .identity import (
     ClientIdentity,
@@ -217,9 +229,12 @@ class HEGroup:
         self.clients = clients
         self.last_clipped = 0
 
-    def partial(self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
+    def partial(
+        self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None, binding: Binding | None = None
+    ) -> bytes:
         """The partial aggregate (:meth:`EncryptedAggregate.serialize`) of row ``i`` of ``x`` (plus row ``i`` of
-        ``noise``) from ``clients[i]``; ``last_clipped`` counts the values the grid clipped."""
+        ``noise``) from ``clients[i]``, each proof signed under ``binding`` (a deployment's node); ``last_clipped``
+        counts the values the grid clipped."""
         check_round(round_idx)
         first, t = self.clients[0], self.clients[0].params.plain_modulus
         total, self.last_clipped = None, 0
@@ -232,11 +247,13 @@ class HEGroup:
         signed = sorted(self.clients, key=lambda c: c.identity.client_id)
         proofs = [
             ContributionProof(
-                c.identity.client_id, digest, c.identity.sign(HE_UPLOAD, round_idx, digest, c.session_tag)
+                c.identity.client_id,
+                digest,
+                c.identity.sign(HE_UPLOAD, round_idx, digest, signing_context(c.session_tag, binding)),
             )
             for c in signed
         ]
-        head = _AGG_HEAD.pack(b"BFA1", round_idx, first.dim, len(proofs))
+        head = aggregate_head(round_idx, first.dim, len(proofs), binding)
         # the body's chunk count and ciphertexts are the aggregate's tail, byte for byte
         return head + b"".join(p.to_bytes() for p in proofs) + body[_UPLOAD_HEAD.size - _U32.size :]
 
@@ -244,18 +261,21 @@ class HEGroup:
 class EncryptedAggregate:
     """Sum of a round's ciphertexts, with the proofs of who contributed."""
 
-    def __init__(self, round_idx: int, dim: int, proofs: list[ContributionProof], vectors: list) -> None:
+    def __init__(
+        self, round_idx: int, dim: int, proofs: list[ContributionProof], vectors: list, binding: Binding | None = None
+    ) -> None:
         self.round_idx = round_idx
         self.dim = dim
         self.proofs = proofs
         self._vectors = vectors
+        self.binding = binding
 
     @property
     def contributors(self) -> list[int]:
         return sorted(p.client_id for p in self.proofs)
 
     def serialize(self) -> bytes:
-        head = _AGG_HEAD.pack(b"BFA1", self.round_idx, self.dim, len(self.proofs))
+        head = aggregate_head(self.round_idx, self.dim, len(self.proofs), self.binding)
         chunks = [v.serialize() for v in self._vectors]
         return head + b"".join(p.to_bytes() for p in self.proofs) + _U32.pack(len(chunks)) + frame(chunks)
 
@@ -282,6 +302,7 @@ class HEAggregator:
         self.last_completed_round = -1
         self._round: int | None = None
         self._proofs: dict[int, ContributionProof] = {}
+        self._binding: Binding | None = None  # the round's: every contribution's must be the same
         self._sum: list | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -311,7 +332,7 @@ class HEAggregator:
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
             raise BadInputError(f"round {round_idx} is not after the last completed round {self.last_completed_round}")
-        self._round, self._proofs, self._sum = round_idx, {}, None
+        self._round, self._proofs, self._sum, self._binding = round_idx, {}, None, None
 
     def receive(self, payload: bytes) -> int:
         """Check one upload and add it to the running sum; returns the client id."""
@@ -336,6 +357,8 @@ class HEAggregator:
             except RejectedPayload as exc:
                 vectors, problem = None, exc
             verify_signature(env, directory=self.directory, context=self.session_tag, digest=hashing.result().digest())
+            if self._proofs and self._binding is not None:
+                raise RejectedPayload(Reason.INCONSISTENT, "an unbound upload in a round of bound ones", env.client_id)
             if env.client_id in self._proofs:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, "already contributed this round", env.client_id)
             if problem is not None:
@@ -368,10 +391,13 @@ class HEAggregator:
             raise BadInputError("begin_round() must be called before receiving uploads")
         data = bytes(data)
         round_idx, dim, proofs, offset, count = parse_aggregate(data)
+        binding = aggregate_binding(data)
         if round_idx != self._round:
             raise RejectedPayload(
                 Reason.WRONG_ROUND, f"a partial aggregate of round {round_idx} in round {self._round}"
             )
+        if self._proofs and binding != self._binding:  # users sent other models, or shares sized otherwise
+            raise RejectedPayload(Reason.INCONSISTENT, "a partial aggregate bound otherwise than the round's others")
         if dim != self.dim or count != n_chunks(self.dim, self.params):
             raise RejectedPayload(Reason.WRONG_SHAPE, f"partial aggregate of dim {dim} in {count} ciphertexts")
         ids = [p.client_id for p in proofs]
@@ -382,8 +408,9 @@ class HEAggregator:
         signed = hashlib.sha256(_UPLOAD_HEAD.pack(b"BFV1", dim, count))  # the group's upload body (HEGroup.partial)
         signed.update(memoryview(data)[offset:])
         digest = signed.digest()
+        context = signing_context(self.session_tag, binding)
         for p in proofs:
-            self.directory.verify(self.session_tag, HE_UPLOAD, round_idx, p.client_id, p.digest, p.signature)
+            self.directory.verify(context, HE_UPLOAD, round_idx, p.client_id, p.digest, p.signature)
             if p.digest != digest:
                 raise RejectedPayload(Reason.BAD_SIGNATURE, "signed another ciphertext than the group's", p.client_id)
         vectors = load_vectors(
@@ -395,6 +422,7 @@ class HEAggregator:
             for acc, vec in zip(self._sum, vectors):
                 acc.add_(vec)
         self._proofs.update({p.client_id: p for p in proofs})
+        self._binding = binding
         return sorted(ids)
 
     def finish(self) -> EncryptedAggregate:
@@ -406,7 +434,7 @@ class HEAggregator:
             self._round, self._proofs, self._sum = None, {}, None
             raise skipped
         aggregate = EncryptedAggregate(
-            self._round, self.dim, [self._proofs[c] for c in sorted(self._proofs)], self._sum
+            self._round, self.dim, [self._proofs[c] for c in sorted(self._proofs)], self._sum, self._binding
         )
         self.last_completed_round = self._round
         self._round, self._proofs, self._sum = None, {}, None

@@ -19,7 +19,13 @@ aggregator; against an honest-but-curious aggregator it guarantees that
   ciphertext's tag slot must equal <α, data> plus the named clients' pads
   (:mod:`.he_tags`), so one client's ciphertext presented with others' proofs,
   a sum missing a named client, double counting or slot-wise masking are
-  refused, and the tag slot is never released.
+  refused, and the tag slot is never released;
+* a deployment's aggregate is bound (:class:`.he_wire.Binding`): every proof
+  must verify under the one binding it states, the digest of the model and DP
+  settings its users were sent (users sent different models are never summed
+  together), and under distributed noise it must hold exactly the users the
+  noise shares were sized for (a server that samples fewer and states a larger
+  sample gets nothing).
 
 The key file (0600) holds the secret context and the tag master key; clients
 get their tag keys from :meth:`KeyHolder.client_key` at registration.
@@ -43,6 +49,7 @@ from .fixedpoint import FixedPoint
 from .he import (
     HE_UPLOAD,
     _params_of,
+    aggregate_binding,
     centre_lift,
     load_context,
     load_vectors,
@@ -50,6 +57,7 @@ from .he import (
     n_chunks,
     parse_aggregate,
     read_chunks,
+    signing_context,
 )
 from .he_params import BFVParams
 from .identity import IdentityDirectory, check_session_tag
@@ -172,13 +180,20 @@ class KeyHolder:
             raise RejectedPayload(
                 Reason.TOO_FEW_CONTRIBUTORS, f"{len(proofs)} contributions, at least {self.min_clients} required"
             )
+        binding = aggregate_binding(data)
+        if binding is not None and binding.participants and len(proofs) != binding.participants:
+            # the noise shares were sized for that many users: fewer would carry less than the planned noise
+            # (a server that samples a few and states a larger sample), more would not be that sample's
+            raise RejectedPayload(
+                Reason.INCONSISTENT,
+                f"{len(proofs)} contributions, but the noise shares were sized for {binding.participants}",
+            )
+        context = signing_context(self.session_tag, binding)  # every proof under the aggregate's one binding
         seen: set[int] = set()
         for proof in proofs:
             if proof.client_id in seen:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, "client listed twice in the aggregate", proof.client_id)
-            self.directory.verify(
-                self.session_tag, HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature
-            )
+            self.directory.verify(context, HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature)
             seen.add(proof.client_id)
         chunks = read_chunks(data, offset, count, max_chunk_bytes(self.params), None)
         vectors = load_vectors(self._ctx, self.params, chunks, None)

@@ -3,12 +3,17 @@
     upload:    b"BFV1" | dim u32 | n_chunks u32 | (len u32 | TenSEAL BFVVector)*
     aggregate: b"BFA1" | round u64 | dim u32 | n u32 | proof*n
                | n_chunks u32 | (len u32 | BFVVector)*
+    bound:     b"BFA2" | round u64 | dim u32 | n u32 | participants u32 | digest 32 | proof*n | (as BFA1)
+
+A bound aggregate's proofs are signed under its :class:`Binding` (a deployment's users: what their contribution
+was computed from); an unbound one's under the session tag alone (the simulator's clients).
 
 Every parser raises only :class:`RejectedPayload` on bad bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from dataclasses import dataclass
@@ -27,6 +32,48 @@ SEAL_NOISE_STD = 3.2
 _UPLOAD_HEAD = struct.Struct(">4sII")
 _AGG_HEAD = struct.Struct(">4sQII")
 _U32 = struct.Struct(">I")
+_BINDING = struct.Struct(">I32s")
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a deployment's users computed their contribution from, which every proof of theirs is signed over.
+
+    ``digest``: SHA-256 of the model and DP settings their node was sent
+    (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), so users sent different models cannot be
+    summed together (model inconsistency); ``participants``: the sample their DP noise shares were sized for (0:
+    no shares), so the key holder can refuse an aggregate of fewer users than the shares assume.
+    """
+
+    participants: int
+    digest: bytes
+
+    def to_bytes(self) -> bytes:
+        return _BINDING.pack(self.participants, self.digest)
+
+    def context(self, session_tag: bytes) -> bytes:
+        """The signature context of a proof under this binding: the session tag, then the binding's hash."""
+        return session_tag + hashlib.sha256(b"fedrecgel/bfv-binding/v1" + self.to_bytes()).digest()
+
+
+def signing_context(session_tag: bytes, binding: Binding | None) -> bytes:
+    """What a contribution proof is signed under: the binding's context, or the session tag when unbound."""
+    return session_tag if binding is None else binding.context(session_tag)
+
+
+def aggregate_head(round_idx: int, dim: int, n: int, binding: Binding | None) -> bytes:
+    """An aggregate's header up to its proofs: BFA1, or BFA2 with the binding."""
+    if binding is None:
+        return _AGG_HEAD.pack(b"BFA1", round_idx, dim, n)
+    return _AGG_HEAD.pack(b"BFA2", round_idx, dim, n) + binding.to_bytes()
+
+
+def aggregate_binding(data: bytes) -> Binding | None:
+    """The binding of a serialized aggregate (None for BFA1); call after :func:`parse_aggregate` accepted it."""
+    if data[:4] != b"BFA2":
+        return None
+    participants, digest = _BINDING.unpack_from(data, _AGG_HEAD.size)
+    return Binding(participants, digest)
 
 
 @dataclass(frozen=True)
@@ -188,14 +235,14 @@ def parse_aggregate(data: bytes) -> tuple[int, int, list[ContributionProof], int
     if len(data) < _AGG_HEAD.size:
         raise RejectedPayload(Reason.TRUNCATED, "aggregate shorter than its header")
     magic, round_idx, dim, n = _AGG_HEAD.unpack_from(data)
-    if magic != b"BFA1":
+    if magic not in (b"BFA1", b"BFA2"):
         raise RejectedPayload(Reason.GARBAGE, "not a BFV aggregate")
-    end = _AGG_HEAD.size + n * ContributionProof.SIZE
+    start = _AGG_HEAD.size + (_BINDING.size if magic == b"BFA2" else 0)
+    end = start + n * ContributionProof.SIZE
     if len(data) < end + 4:
         raise RejectedPayload(Reason.TRUNCATED, "aggregate ends inside the contribution proofs")
     proofs = [
-        ContributionProof.parse(data[k : k + ContributionProof.SIZE])
-        for k in range(_AGG_HEAD.size, end, ContributionProof.SIZE)
+        ContributionProof.parse(data[k : k + ContributionProof.SIZE]) for k in range(start, end, ContributionProof.SIZE)
     ]
     (count,) = _U32.unpack_from(data, end)
     return round_idx, dim, proofs, end + 4, count
