@@ -184,6 +184,19 @@ def test_a_train_message_for_a_round_past_the_run_is_refused(tmp_path, monkeypat
     assert not (run.out / "nodes" / "0" / "secagg" / "inputs-2.npz").exists()
 
 
+def test_under_bfv_no_node_sums_a_round_past_the_run_for_the_key_holder_to_be_probed_with(tmp_path, monkeypatch):
+    # Issue 35, finding 4: the key holder answered one request per round label, and labels were unbounded: 40 probe
+    # aggregates under labels 100-139 got 40 answers. An aggregate's label is bound by its users' signatures, and
+    # now no node signs a partial sum for a label outside the run's rounds: nothing to probe with.
+    run = Deployed(tmp_path, monkeypatch, BFV)
+    run.run()
+    server = run.server
+    users = np.asarray(server.aggregation.summer.users_of[0][:3], dtype=np.int64)
+    common = {**server._common(1), "dim": server.aggregation.summer.setup.dim, "participants": 3}
+    for label in (2, 100, 10**9):
+        assert server.stages.train(label, {0: users}, common) == {}  # node 0 refused: no partial, no proof
+
+
 def test_a_new_session_does_not_reopen_a_confirmed_round(tmp_path, monkeypatch):
     # The server sets up a new session (a resumed server's first step: keys, join), then runs round 1 again over
     # its contributors but the victim, its attempt announced in round 1's train message, as an honest round's is.
