@@ -176,3 +176,17 @@ def simulate(policy: Path, out: Path):
     trainer = open_run(out, policy)
     trainer.run(out)
     return trainer
+
+
+def open_to_others(root: Path) -> list[str]:
+    """Every path under ``root`` (itself included) that another account could read, list or enter."""
+    import stat
+
+    out = []
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if mode & 0o077:
+            out.append(f"{path.relative_to(root.parent)} {oct(mode)}")
+    return out

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, seeded_dp, summed_per_node, write_deploy_policy
+from conftest import BFV, MASKING, open_to_others, seeded_dp, summed_per_node, write_deploy_policy
 from conftest import run_records as _metrics
 from conftest import simulate as _simulate
 
@@ -67,6 +67,9 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+    # another account reads nothing of the run: every folder 0700, every file 0600, also what the SuperLink, the
+    # nodes and the ServerApp wrote (before: the directory 0755, metrics, stages, pins, logs and policy 0644)
+    assert open_to_others(out) == []
     for shard in range(3):  # each node made its own identity key, readable by it alone
         key = out / "nodes" / str(shard) / "identity.pem"
         assert key.stat().st_mode & 0o777 == 0o600

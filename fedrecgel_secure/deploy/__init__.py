@@ -59,3 +59,16 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
+
+
+def private_run_dir(path) -> None:
+    """Make ``path`` a deployment's private directory: 0700 (also if it existed, with looser bits), and every
+    file and folder this process and its children create from now on 0600 / 0700 (umask 077). A deployment's
+    run directory holds the policy, the logs, each round's metrics and stages, the nodes' pins and, under
+    masking, the server's releases: another local account reads none of it."""
+    import os
+    from pathlib import Path
+
+    os.umask(0o077)
+    Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
+    Path(path).chmod(0o700)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
+from fedrecgel_secure.deploy import private_run_dir
 from fedrecgel_secure.deploy.launch.layout import (
     CONTROL_TOKEN_FILE,
     PER_MESSAGE,
@@ -70,7 +71,7 @@ class Deployment:
         process per message runs the handlers (the plain path, for ``benchmarks/deploy_round.py``)."""
         self.policy, self.out, self.resident = policy, Path(out).resolve(), resident
         self.say = say or (lambda _msg: None)
-        self.out.mkdir(parents=True, exist_ok=True)
+        private_run_dir(self.out)  # 0700, and what this process and the processes it starts write 0600 / 0700
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")

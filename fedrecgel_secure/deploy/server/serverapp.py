@@ -18,6 +18,7 @@ app = ServerApp()
 
 def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: Path) -> dict:
     from fedrecgel_secure.data.shards import load_catalogue
+    from fedrecgel_secure.deploy import private_run_dir
     from fedrecgel_secure.deploy.schemes import deployed
     from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.deploy.server.stages import STAGES, FlowerStages
@@ -29,7 +30,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
     public = load_catalogue(catalogue, policy)  # before anything starts: a wrong manifest is a clear error
     if (out_dir / CHECKPOINT).exists() and not resume:
         raise BadInputError(f"{out_dir}: already holds a run; resume it or choose another directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    private_run_dir(out_dir)  # 0700, its files 0600: the run's records are the server's alone
     with_key_holder = deployed(policy).scheme.key_holder
     stages = FlowerStages(
         grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES, run_dir=out_dir
