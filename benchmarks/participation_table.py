@@ -1,12 +1,13 @@
 """docs/results/participation.md: epsilon against the release and against the server, Poisson against cyclic
-participation, from a finished study directory.
+participation, from finished study directories.
 
     fedrecgel study examples/participation_study.toml --out runs/participation --jobs 2
-    python benchmarks/participation_table.py runs/participation [--out docs/results/participation.md]
+    fedrecgel study examples/participation_rate_study.toml --out runs/participation-rate --jobs 2
+    python benchmarks/participation_table.py runs/participation runs/participation-rate
 
-One row per setting (sampler x target epsilon): the noise multiplier z, the epsilon each observer faces after the
-run (the released models' accountant, and the server, which knows who took part: its most exposed user), and the
-best HR@10 and NDCG@10, mean ± sd over the setting's seeds, read from every run's ``summary.json``.
+One row per setting (target epsilon x sampler x rate q): the noise multiplier z, the epsilon each observer faces
+after the run (the released models' accountant, and the server, which knows who took part: its most exposed
+user), and the best HR@10 and NDCG@10, mean ± sd over the setting's seeds, read from every run's ``summary.json``.
 """
 
 from __future__ import annotations
@@ -40,23 +41,26 @@ def _mean_sd(values: list[float], digits: int = 4) -> str:
     return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
-def rows(study: Path) -> list[list[str]]:
-    runs = defaultdict(list)  # (sampler, target) -> summaries
-    for summary_file in sorted(study.glob("runs/*/seed=*/summary.json")):
-        s = settings_of(summary_file.parent)
-        summary = json.loads(summary_file.read_text())
-        if summary["rounds_done"] == summary["rounds_planned"]:
-            runs[(s[SAMPLER], float(s[EPSILON]))].append(summary)
+def rows(studies: list[Path]) -> list[list[str]]:
+    runs = defaultdict(list)  # (target, sampler, q) -> summaries
+    for study in studies:
+        for summary_file in sorted(study.glob("runs/*/seed=*/summary.json")):
+            s = settings_of(summary_file.parent)
+            summary = json.loads(summary_file.read_text())
+            if summary["rounds_done"] == summary["rounds_planned"]:
+                q = summary["privacy"]["sample_rate"]
+                runs[(float(s[EPSILON]), s.get(SAMPLER, "cyclic"), q)].append(summary)
     if not runs:
-        sys.exit(f"{study}: no finished run under runs/*/seed=*/")
+        sys.exit(f"{', '.join(map(str, studies))}: no finished run under runs/*/seed=*/")
     out = []
-    for sampler, target in sorted(runs, key=lambda k: (k[1], list(MEANING).index(k[0]))):
-        group = runs[(sampler, target)]
+    for target, sampler, q in sorted(runs, key=lambda k: (k[0], list(MEANING).index(k[1]), k[2])):
+        group = runs[(target, sampler, q)]
         final = [g["final"] for g in group]
         out.append(
             [
                 f"{target:g}",
                 MEANING[sampler],
+                f"{q:g}",
                 f"{statistics.fmean(f['noise_multiplier'] for f in final):.3f}",
                 f"{max(f['epsilon'] for f in final):.2f}",
                 f"{max(f['epsilon_server'] for f in final):.2f}",
@@ -70,12 +74,13 @@ def rows(study: Path) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", type=Path)
+    parser.add_argument("studies", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=Path("docs/results/participation.md"))
     args = parser.parse_args()
     header = [
         "target ε",
         "sampling, noise",
+        "q",
         "z",
         "ε against the release",
         "ε against the server",
@@ -86,9 +91,11 @@ def main() -> None:
     text = (
         "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
         ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
-        " `python benchmarks/participation_table.py` from `examples/participation_study.toml`. ε is the largest"
+        " `python benchmarks/participation_table.py` from `examples/participation_study.toml` and"
+        " `examples/participation_rate_study.toml`. Under cyclic participation each user trains in at most"
+        " k = 100·q rounds, 1/q apart. ε is the largest"
         " over the seeds, HR@10 and NDCG@10 are mean ± sd. Correlated noise across rounds (DP-FTRL, banded"
-        " matrix factorisation) is not yet implemented: no row.\n\n" + markdown_table(header, rows(args.study))
+        " matrix factorisation) is not yet implemented: no row.\n\n" + markdown_table(header, rows(args.studies))
     )
     args.out.write_text(text)
     print(text)

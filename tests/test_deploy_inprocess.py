@@ -326,7 +326,9 @@ def test_the_start_line_says_what_the_server_sees_and_marks_seeded_noise(tmp_pat
     bfv = load_policy(_policy(tmp_path, BFV + seeded_dp("distributed")))
     line = Deployment(bfv, tmp_path / "a").describe()
     assert "3 client SuperNodes and the BFV key holder's" in line and "ciphertexts and the sum only" in line
-    assert "no TLS" in line and "SEEDED noise" in line
+    assert "no TLS" in line and "SEEDED noise" in line and "ε against the server above the release's" in line
+    cyclic = load_policy(_policy(tmp_path, MASKING + seeded_dp("distributed") + 'sampler = "cyclic"\n'))
+    assert "one ε against the release and the server" in Deployment(cyclic, tmp_path / "c").describe()
     plain = Deployment(load_policy(_policy(tmp_path, "")), tmp_path / "b").describe()
     assert "the server sees every upload" in plain and "key holder" not in plain and "DP" not in plain
 

@@ -105,7 +105,7 @@ class Policy(Section):
 
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
         computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
-        ``tampered = 0``), so runs started before they existed keep their digest."""
+        ``tampered = 0``, ``bfv.max_refusals = 3``), so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
         dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
@@ -118,6 +118,8 @@ class Policy(Section):
         del secagg["simulation"], secagg["workers"]
         if secagg["tampered"] == 0:  # the digest of runs started before the setting existed
             del secagg["tampered"]
+        if secagg["bfv"]["max_refusals"] == 3:  # likewise (the key holder's limit of refusals)
+            del secagg["bfv"]["max_refusals"]
         for field, default in (("max_epsilon_against", "release"), ("shares", "sampled")):  # likewise
             if dump["privacy"]["dp"][field] == default:
                 del dump["privacy"]["dp"][field]

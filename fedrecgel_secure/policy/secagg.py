@@ -29,6 +29,16 @@ class BfvPolicy(Section):
         le=59,
         description="Bits of the plain modulus t, a prime = 1 mod 2N; sums must stay below t/2 (checked at start).",
     )
+    max_refusals: int = Field(
+        3,
+        ge=1,
+        description="Aggregates the key holder may refuse in a run (its refusals are kept on its own disk); then it"
+        " refuses every request, and the run gets no more sums. Each refusal is one bit of a decryption-validity"
+        " oracle, the raw material of reaction attacks on BFV, and an honest server's aggregates are refused only"
+        " when something is wrong. An aggregate of a round outside the run counts; one of a round at or before the"
+        " last it answered (a server resumed from an older checkpoint repeats those), or with fewer users than"
+        " min_clients or than the noise shares were sized for (nodes that dropped out), is refused without counting.",
+    )
 
 
 class MaskingPolicy(Section):

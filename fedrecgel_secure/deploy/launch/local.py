@@ -102,7 +102,13 @@ class Deployment:
         transport = "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "no TLS"
         sees = row.server_sees
         seeded = ", SEEDED noise (research mode: predictable from the policy)" if dp.noise == "seeded" else ""
-        noise = f"; DP {dp.mode}{seeded}" if dp.enabled else ""
+        # whose ε the policy's target is: under Poisson sampling the server, which knows the sample, faces more
+        sampling = (
+            ", cyclic participation (one ε against the release and the server)"
+            if dp.sampler == "cyclic"
+            else ", Poisson sampling (ε against the server above the release's)"
+        )
+        noise = f"; DP {dp.mode}{seeded}{sampling}" if dp.enabled else ""
         # what another account of this machine can still do (see superlink.py for what it cannot)
         fleet = "" if tls.node_authentication else "; any local account can attach a SuperNode (no node authentication)"
         control = f"; runs start with this deployment's control token only{fleet}"

@@ -156,7 +156,14 @@ def keyholder(msg: Message, context: Context) -> Message:
     policy = load_policy(context.node_config["policy"])
     if req["digest"] != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
-    holder = KeyHolderNode(Path(context.node_config["state-dir"]), setup_of(policy, int(req["dim"])))
+    # the rounds of the run and the refusals it allows are the key holder's own policy's: an aggregate of a round the
+    # policy does not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)
+    holder = KeyHolderNode(
+        Path(context.node_config["state-dir"]),
+        setup_of(policy, int(req["dim"])),
+        rounds=policy.federation.rounds,
+        max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
+    )
     if req["stage"] == "start":
         directory = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
         seal = {int(k[5:]): v for k, v in req.items() if k.startswith("seal:")}

@@ -13,7 +13,8 @@ of its users: one set per round, across sessions and restarts).
 key holder: ``keyholder.key`` (the BFV secret key and tag master key, made
 here, never sent), ``session.json`` (the directory, the session tag, the last
 round it released and its contributors: one release per round, also across
-restarts) and ``released.npy`` (that release).
+restarts; and how many requests it refused: a limit per run) and
+``released.npy`` (that release).
 
 Threat model: :mod:`fedrecgel_secure.privacy.secagg.he` (an honest-but-curious
 aggregator that does not collude with the key holder). The tag keys travel
@@ -164,13 +165,32 @@ class HENode:
         write_private_file(path, json.dumps(summed).encode())
 
 
-class KeyHolderNode:
-    """The key holder's node: makes the BFV keys, hands out tag keys sealed per node, decrypts one aggregate a round."""
+# refusals that do not count against max_refusals: decided from the aggregate's public facts before anything is
+# decrypted, and met by an honest run whose nodes drop out (fewer users than min_clients, or than the noise shares
+# were sized for); each still uses its round up
+HONEST_REFUSALS = ("too_few_contributors", "inconsistent")
+# all a refusal of the key holder's node says, besides its reason (the key holder's own: he_keyholder.REFUSED)
+NOT_A_ROUND = "the key holder refused this aggregate: its round is not one of the run's"
+NO_MORE = "the key holder refused as many aggregates as the run allows; it answers no more"
 
-    def __init__(self, state_dir: Path, setup: Setup):
+
+class KeyHolderNode:
+    """The key holder's node: makes the BFV keys, hands out tag keys sealed per node, decrypts one aggregate a round.
+
+    ``rounds``: the run's rounds (the key holder's policy's ``federation.rounds``); an aggregate whose round is not
+    one of 1..rounds is refused. None (tests, library use) bounds the rounds by monotonicity alone.
+    ``max_refusals``: how many requests it may refuse in the run (its policy's
+    ``privacy.secure_aggregation.bfv.max_refusals``) before it refuses every one.
+    """
+
+    def __init__(self, state_dir: Path, setup: Setup, *, rounds: int | None = None, max_refusals: int | None = None):
+        from fedrecgel_secure.policy.secagg import BfvPolicy
+
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.setup = setup
+        self.rounds = rounds
+        self.max_refusals = BfvPolicy().max_refusals if max_refusals is None else max_refusals
 
     def _key_holder(self, directory: Mapping[int, bytes], session_tag: bytes):
         from fedrecgel_secure.privacy.secagg.he_keyholder import KeyHolder
@@ -203,6 +223,7 @@ class KeyHolderNode:
             "last_released": before["last_released"],
             "contributors": before.get("contributors"),
             "counts": before.get("counts", {}),  # round -> last coordinate of its release
+            "refusals": before.get("refusals", 0),  # requests it examined and refused, in the run: a limit
         }
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         sealed = {}
@@ -218,10 +239,21 @@ class KeyHolderNode:
         Each round gets one request: accepted or refused, it uses the round up
         (:meth:`KeyHolder.decrypt`). The round is the aggregate's own, which
         its contributors' signatures and tags bind (no field of the request's
-        payload). A request for the last released round
+        payload), and it must be a round of the run: one of 1..``rounds``
+        (``wrong_round``), after the last one answered. A request for the last released round
         that names the same contributors (a resumed server repeating the round
         its checkpoint missed) gets that same release back, so nothing new
-        leaves; any other request for a released round is refused (``replay``).
+        leaves; any other request for a round at or before the last one answered is refused (``replay``).
+
+        Each refusal of a request it examined is one bit of a decryption-validity
+        oracle (the server chooses the rounds its users sign), so they count, in
+        the record: once ``max_refusals`` are reached, every request is refused
+        (``too_many_refusals``) and nothing is decrypted. A ``replay`` refusal is
+        decided from the round and the record alone (an honest server resumed
+        from an older checkpoint sends such rounds) and does not count, nor do
+        ``too_few_contributors`` and ``inconsistent`` (fewer users than the noise
+        shares were sized for): decided before decrypting, they are what an
+        honest run's dropouts meet.
 
         ``noise_for(round, counts)`` gets the aggregate's round and the last
         coordinate of every earlier release, in round order: the key holder's
@@ -229,15 +261,28 @@ class KeyHolderNode:
         noised clipped count its clip norm follows from. Nothing the server
         says about rounds or counts sizes the noise.
         """
-        from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+        from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
+        from fedrecgel_secure.privacy.secagg.he_keyholder import REFUSED
         from fedrecgel_secure.privacy.secagg.he_wire import parse_aggregate
 
         facts = json.loads(read_private_file(self.dir / "session.json"))
-        round_idx, _, proofs, _, _ = parse_aggregate(bytes(aggregate))
+        if facts.get("refusals", 0) >= self.max_refusals:  # examines nothing, decrypts nothing
+            raise RejectedPayload(Reason.TOO_MANY_REFUSALS, NO_MORE)
+        try:
+            round_idx, _, proofs, _, _ = parse_aggregate(bytes(aggregate))
+        except RejectedPayload as exc:
+            self._refused(facts, exc)
+            raise RejectedPayload(exc.reason, REFUSED) from None
         contributors = sorted(p.client_id for p in proofs)
         released = self.dir / "released.npy"
         if round_idx == facts["last_released"] and contributors == facts.get("contributors") and released.exists():
             return np.frombuffer(read_private_file(released), dtype=np.float64).copy()
+        if round_idx <= facts["last_released"]:  # the round and the record alone decide it: no oracle, no count
+            log.warning("key holder refused round %d: round %d was answered", round_idx, facts["last_released"])
+            raise RejectedPayload(Reason.REPLAY, REFUSED)
+        if round_idx < 1 or (self.rounds is not None and round_idx > self.rounds):  # uses no round up
+            self._refused(facts, RejectedPayload(Reason.WRONG_ROUND, f"round {round_idx}, the run has {self.rounds}"))
+            raise RejectedPayload(Reason.WRONG_ROUND, NOT_A_ROUND)
         directory = {int(u): bytes.fromhex(k) for u, k in facts["directory"].items()}
         holder = self._key_holder(directory, bytes.fromhex(facts["session_tag"]))
         holder.last_decrypted_round = facts["last_released"]
@@ -246,13 +291,22 @@ class KeyHolderNode:
         noise = None if noise_for is None else noise_for(round_idx, earlier)
         try:
             total = np.asarray(holder.decrypt(aggregate, noise), dtype=np.float64)
-        except RejectedPayload:  # a refused request for a new round uses it up too (KeyHolder.decrypt): record that
+        except RejectedPayload as exc:  # a refused request for a new round uses it up too (KeyHolder.decrypt)
             if holder.last_decrypted_round != facts["last_released"]:
                 facts.update(last_released=holder.last_decrypted_round, contributors=None)
+            if exc.reason in HONEST_REFUSALS:  # decided before decrypting, by what an honest run's dropouts do
                 write_private_file(self.dir / "session.json", json.dumps(facts).encode())
+            else:
+                self._refused(facts, exc)
             raise
         write_private_file(released, total.tobytes())
         counts[str(round_idx)] = float(total[-1])
         facts.update(last_released=holder.last_decrypted_round, contributors=contributors, counts=counts)
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total
+
+    def _refused(self, facts: dict, exc: Exception) -> None:
+        """Count a refusal of a request the key holder examined, in its record (with ``facts``' other changes)."""
+        facts["refusals"] = facts.get("refusals", 0) + 1
+        write_private_file(self.dir / "session.json", json.dumps(facts).encode())
+        log.warning("key holder refusal %d of %d in this run: %s", facts["refusals"], self.max_refusals, exc)
