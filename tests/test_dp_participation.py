@@ -71,6 +71,7 @@ def test_a_cyclic_run_spends_one_epsilon_against_the_release_and_the_server(tmp_
         "policies/secagg-dp.toml",
         [
             "privacy.dp.sampler=cyclic",
+            "federation.fraction=0.1",
             "privacy.dp.noise=seeded",
             "privacy.secure_aggregation.simulation=arithmetic",
             "federation.rounds=20",

@@ -35,6 +35,10 @@ def test_the_shipped_policies_epsilon_recomputed_with_dp_accounting_directly(nam
         dp, FILMTRUST_USERS, federation.rounds, federation.fraction, policy.privacy.secure_aggregation
     )
     q = dp.sample_rate or federation.fraction
+    if dp.sampler == "cyclic":  # k Gaussian mechanisms a user, nothing amplified (tests/test_dp_participation.py)
+        event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(resolved.noise_multiplier), resolved.max_rounds)
+        assert PLDAccountant().compose(event).get_epsilon(dp.delta) == pytest.approx(dp.target_epsilon, rel=2e-3)
+        return
     # the library's own accountant at its default (finer) discretisation, fed the event by hand
     independent = PLDAccountant().compose(_subsampled(resolved.noise_multiplier, q, federation.rounds))
     epsilon = independent.get_epsilon(dp.delta)
