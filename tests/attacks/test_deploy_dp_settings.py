@@ -260,11 +260,15 @@ def test_under_adaptive_clipping_the_key_holder_sizes_its_noise_from_its_own_rec
     assert min(stds) > 0.5 * Z * 0.2
 
 
-def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("scheme", ["masking", "bfv"])
+def test_a_sample_stated_larger_than_the_one_drawn_is_refused(tmp_path, monkeypatch, scheme):
     # The server samples two users and states the largest sample a node accepts (the policy's Poisson bound):
     # each share is sized for the bound, so the release carried z*C*sqrt(2/bound). Found by a hostile review:
-    # no node refused, and the noise was 0.144 for a planned 0.5. Each user now checks the stated sample against
-    # the cohort it signed in, at the masked stage, and refuses when it is larger: the round is skipped.
+    # no node refused, and the noise was 0.144 for a planned 0.5 (under BFV too, issue 35, until c6d203b). Under
+    # masking each user now checks the stated sample against the cohort it signed in, at the masked stage, and
+    # refuses when it is larger; under BFV each user's proof is bound to the sample its share was sized for, and
+    # the key holder decrypts only an aggregate of exactly that many users
+    # (tests/attacks/test_deploy_bfv_binding.py). Either way the round is skipped.
     from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.federation.build import make_dp_mechanism
     from fedrecgel_secure.policy import load_policy
@@ -279,9 +283,13 @@ def test_under_masking_a_sample_stated_larger_than_the_cohort_is_refused(tmp_pat
         return True
 
     seen = Observed(monkeypatch)
-    grid = _deploy(tmp_path, MASKING + dp("distributed"), at_the_bound)
+    secagg = MASKING if scheme == "masking" else BFV
+    grid = _deploy(tmp_path, secagg + dp("distributed"), at_the_bound, key_holder=scheme == "bfv")
+    for _, ids, total in seen.releases:
+        noise = total - sum(seen.vectors[(1, int(c))] for c in ids)
+        print(f"released over {len(ids)} users: the noise's std {noise.std():.3f}, planned {Z * C:.3f}")
     print("refusals:", grid.refusals, "releases:", len(seen.releases))
-    assert seen.releases == []  # nothing released from shares sized for a sample that did not sign in
+    assert seen.releases == []  # nothing released from shares sized for a sample that was not drawn
     assert run_records(tmp_path / "deployed")[0]["contributors"] == 0
 
 

@@ -195,7 +195,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise_for), dtype=np.float64)}
         except RejectedPayload as exc:
             out = {"refused": exc.reason.value}
-    return Message(to_record(out), reply_to=msg)
+    return _reply(msg, policy, out)
 
 
 @app.query("evaluate")
