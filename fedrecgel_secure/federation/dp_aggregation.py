@@ -190,6 +190,7 @@ class DPFedAvg:
         self._spent: _Spent | None = None
         self.last_released = -1  # rounds only move forward: one release each
         self._attempts: dict[int, int] = {}  # round -> attempts begun (of rounds not yet released)
+        self._slots: np.ndarray | None = None  # cyclic participation: each client's slot, drawn once (sample)
 
     @property
     def extra(self) -> int:
@@ -200,8 +201,10 @@ class DPFedAvg:
         """Round ``round_idx``'s clients from the run's secret: a Poisson sample, or under cyclic participation the
         round's slot (each client's slot drawn once, from draw "slots" of round 0)."""
         if self.dp.cyclic:
-            slots = mechanism.cyclic_slots(self.randomness.uniform("slots", 0, 0, n_clients).numpy(), self.dp.period)
-            return mechanism.cyclic_sample(slots, round_idx, self.dp.period)
+            if self._slots is None or self._slots.size != n_clients:  # a run constant: drawn once, not each round
+                uniforms = self.randomness.uniform("slots", 0, 0, n_clients).numpy()
+                self._slots = mechanism.cyclic_slots(uniforms, self.dp.period)
+            return mechanism.cyclic_sample(self._slots, round_idx, self.dp.period)
         return mechanism.poisson_sample(
             self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate
         )
@@ -338,5 +341,6 @@ class DPFedAvg:
         self.last_released = state.get("last_released", -1)  # checkpoints before attempts: rounds after it are new
         self._attempts = {}
         self.randomness = DPRandomness.from_state_dict(state["randomness"])
+        self._slots = None  # drawn from the restored secret
         if self.canaries is not None:
             self.canaries.load_state_dict(state["canaries"])

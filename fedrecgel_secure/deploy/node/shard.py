@@ -291,11 +291,12 @@ class Node:
         if not (dp.enabled and dp.sampler == "cyclic"):
             return
         from fedrecgel_secure.deploy.node.participation import Participation
-        from fedrecgel_secure.federation.build import make_dp_mechanism
+        from fedrecgel_secure.privacy.dp.resolution import cyclic_bound
 
-        resolved = make_dp_mechanism(self.policy, self.population).dp
+        federation = self.policy.federation
+        max_rounds, period = cyclic_bound(dp, federation.rounds, federation.fraction)
         record = Participation(self.state_dir)
-        why = record.refusal(round_idx, np.asarray(clients).tolist(), resolved.max_rounds, resolved.period)
+        why = record.refusal(round_idx, np.asarray(clients).tolist(), max_rounds, period)
         if why is not None:
             self._refuse(f"node {self.shard}, round {round_idx}: {why}")
         record.record(round_idx, np.asarray(clients).tolist())

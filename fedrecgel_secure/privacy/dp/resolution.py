@@ -173,6 +173,20 @@ class ResolvedDP:
         return self.reached_noise_multiplier(participants, contributors)
 
 
+def sample_rate_of(settings: DPSettings, fraction: float) -> float:
+    """q: ``privacy.dp.sample_rate``, or the federation's client ``fraction`` when it is unset."""
+    if settings.sample_rate is not None:
+        return settings.sample_rate
+    return open_unit(fraction, f"{FIELD}.sample_rate (unset, so the federation's client fraction)", closed_right=True)
+
+
+def cyclic_bound(settings: DPSettings, rounds: int, fraction: float) -> tuple[int, int]:
+    """(k, b) of cyclic participation: the most rounds a client takes part in, and how many rounds apart; from
+    the policy alone, without calibrating z (what a deployment's node enforces)."""
+    period = cyclic_period(sample_rate_of(settings, fraction))
+    return cyclic_participations(rounds, period), period
+
+
 def validate_against_population(
     settings: DPSettings,
     population: int,
@@ -205,10 +219,7 @@ def validate_against_population(
         raise ValueError(f"population must be at least 1 client, got {population!r}")
     if rounds < 1:
         raise ValueError(f"the planned number of rounds must be at least 1, got {rounds!r}")
-    if settings.sample_rate is not None:
-        q = settings.sample_rate
-    else:
-        q = open_unit(fraction, f"{FIELD}.sample_rate (unset, so the federation's client fraction)", closed_right=True)
+    q = sample_rate_of(settings, fraction)
     if settings.delta >= 1 / population:
         raise BadInputError(
             f"{FIELD}.delta = {settings.delta:g} must be below 1/population = 1/{population}"
