@@ -18,8 +18,10 @@ def round_fields(event, metrics: dict | None, secagg) -> list[str]:
     Add a field here: every other part of the line stays as it is.
     """
     fields = ["loss -" if event.loss is None else f"loss {event.loss:.4f}"]
-    if metrics is not None:
-        fields += [f"HR@10 {metrics['hr@10']:.4f}", f"NDCG@10 {metrics['ndcg@10']:.4f}"]
+    if metrics is not None:  # HR and NDCG at 10, or under evaluation scope "round" at the K the users report
+        fields += [f"{k.upper()} {v:.4f}" for k, v in metrics.items() if k in ("hr@10", "ndcg@10")] or [
+            f"{k.upper()} {v:.4f}" for k, v in metrics.items() if k[:3] == "hr@" or k[:5] == "ndcg@"
+        ]
     info = event.info
     if info.epsilon is not None:
         rdp = "" if info.epsilon_rdp is None else f" (RDP {info.epsilon_rdp:.3f})"
@@ -62,7 +64,7 @@ class RoundProgress:
         self.task = self.progress.add_task("train", total=rounds, completed=done, line="loss -")
 
     def on_round(self, event) -> None:
-        if event.metrics is not None:
+        if event.metrics is not None and any(k[:3] == "hr@" for k in event.metrics):  # (a last round may have none)
             self.metrics = event.metrics
         line = "  ".join(round_fields(event, self.metrics, self.secagg))
         self.progress.update(self.task, completed=event.round, line=line)

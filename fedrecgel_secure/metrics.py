@@ -26,6 +26,16 @@ def ranking_sums(scores: torch.Tensor, ks: tuple[int, ...] = KS, prefix: str = "
     return out
 
 
+def ranking_values(scores: torch.Tensor, ks: tuple[int, ...] = KS) -> torch.Tensor:
+    """(rows, 2 len(ks)) float64: each row's HR@K for every K, then its NDCG@K: what one user reports when its
+    metrics go inside the round's secure sum (:mod:`fedrecgel_secure.federation.reports`); column sums are
+    :func:`ranking_sums`'s values."""
+    rank = rank_of_target(scores).to(torch.float64)
+    gain = 1.0 / torch.log2(rank + 2.0)
+    hits = [(rank < k).to(torch.float64) for k in ks]
+    return torch.stack(hits + [torch.where(rank < k, gain, 0.0) for k in ks], dim=1)
+
+
 def means(sums: dict[str, float], count: int) -> dict[str, float]:
     return {k: v / count for k, v in sums.items()}
 

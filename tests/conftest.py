@@ -153,12 +153,12 @@ def summed_per_node(records: list[dict], policy_file: Path, tol: float = 1e-12) 
     """The simulator's ``records`` as a deployment of ``policy_file`` writes them: the loss and the metrics as
     ``pytest.approx`` within ``tol`` (a deployment adds its nodes' sums, of BCE, of HR and NDCG over their users,
     in another order than the simulator adds its users'), and no loss at all where the nodes do not report one
-    (``deploy.replies.reports_loss``: under secure aggregation or DP); every other field (sampling, contributors,
+    (``deploy.replies.reports_in_clear``: under secure aggregation or DP); every other field (sampling, contributors,
     privacy spent, ...) must be equal exactly."""
-    from fedrecgel_secure.deploy.replies import reports_loss
+    from fedrecgel_secure.deploy.replies import reports_in_clear
     from fedrecgel_secure.policy import load_policy
 
-    loss = reports_loss(load_policy(policy_file))
+    loss = reports_in_clear(load_policy(policy_file))
 
     def approx(key, value):
         if key == "loss" and not loss:
@@ -170,10 +170,15 @@ def summed_per_node(records: list[dict], policy_file: Path, tol: float = 1e-12) 
 
 
 def simulate(policy: Path, out: Path):
-    """``fedrecgel train`` of ``policy`` into ``out``; the trainer."""
+    """``fedrecgel train`` of ``policy`` into ``out``, with its metrics from where a deployment of it takes them
+    (``evaluation.scope`` as a deployment resolves it: under secure aggregation or DP, inside the round's sum);
+    the trainer."""
+    from fedrecgel_secure.federation.reports import scope_of
+    from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.runner import open_run
 
-    trainer = open_run(out, policy)
+    scope = scope_of(load_policy(policy), deployed=True)
+    trainer = open_run(out, policy, [f'evaluation.scope="{scope}"'])
     trainer.run(out)
     return trainer
 

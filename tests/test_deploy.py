@@ -106,7 +106,7 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     # with an error at once). The others have masked with their keys, so the round completes only through the
     # protocol's recovery (their masks are rebuilt from shares), or is skipped if too few remain; either way within
     # the stage timeouts, never a hang. Both kills in one deployment: each is seen on its own node (no masked
-    # input, no evaluation). The server learns of node 1 at the stage timeout, or once the SuperLink has missed
+    # input). The server learns of node 1 at the stage timeout, or once the SuperLink has missed
     # its heartbeats (flwr 1.42: 2 x 30 s after the last one), whichever comes first.
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
@@ -137,7 +137,7 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
                 os.kill(pid, 0)
         started = time.monotonic()
         summary = dep.wait(run, 1)
-        assert time.monotonic() - started < TIMEOUT * 3 + 90  # the masked and evaluate stages time out; no hang
+        assert time.monotonic() - started < TIMEOUT * 3 + 90  # the masked stage times out; no hang
     finally:
         dep.stop()
     record = _metrics(out)[-1]
@@ -150,8 +150,8 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     else:  # recovered: the survivors' sum, without the killed nodes' users, who count as dropped
         assert 0 < record["contributors"] < record["sampled"]
         assert record["dropped"] == record["sampled"] - record["contributors"]
-    live = sum(resolved.deployment.shard_users(24, s).size for s in (0, 2, 4))
-    assert record["eval_users"] == live and summary["rounds_done"] == 1  # the evaluation: the live nodes' users
+    # no evaluation: under masking round 1's metrics would ride inside round 2's sum, and there is none
+    assert "hr@10" not in record and summary["rounds_done"] == 1
     assert not dep.procs.procs
 
 

@@ -1,6 +1,8 @@
 """Evaluation in the train stage (``deployment.evaluate_in_train``): round R's metrics come with round R+1's train
 stage, one stage less per round. The plain path (``evaluate_in_train = false``: an evaluate stage per round) is
-the oracle: both write the same records and the same model, in process (:mod:`inprocess_grid`)."""
+the oracle: both write the same records and the same model, in process (:mod:`inprocess_grid`). Only where the
+evaluation has stages at all: a deployment with secure aggregation or DP evaluates inside the round's sum
+(evaluation scope "round", tests/test_deploy_evaluation_in_sum.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, run_records, seeded_dp, write_deploy_policy
+from conftest import run_records, write_deploy_policy
 from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
@@ -57,25 +59,10 @@ def _same_runs(a: Path, b: Path) -> None:
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
 
 
-@pytest.mark.parametrize(
-    ("scheme", "extra", "per_round"),
-    [
-        ("plaintext", "", ["round"]),
-        pytest.param(
-            "masking",
-            MASKING + seeded_dp("distributed"),
-            ["round", "share", "masked", "confirm", "unmask"],
-            marks=pytest.mark.slow,
-        ),
-        pytest.param("bfv", BFV + seeded_dp("central"), ["round", "keyholder-decrypt"], marks=pytest.mark.slow),
-    ],
-)
-def test_evaluating_in_the_train_stage_writes_the_plain_paths_records_with_one_stage_less(
-    tmp_path, scheme, extra, per_round
-):
-    bfv = scheme == "bfv"
-    _deploy(_policy(tmp_path, extra, separate=True), tmp_path / "plain", key_holder=bfv)
-    _deploy(_policy(tmp_path, extra), tmp_path / "merged", key_holder=bfv)
+def test_evaluating_in_the_train_stage_writes_the_plain_paths_records_with_one_stage_less(tmp_path):
+    per_round = ["round"]
+    _deploy(_policy(tmp_path, separate=True), tmp_path / "plain")
+    _deploy(_policy(tmp_path), tmp_path / "merged")
     _same_runs(tmp_path / "merged", tmp_path / "plain")
 
     def kinds(out: Path, r: int) -> list[str]:
@@ -142,19 +129,3 @@ def test_a_server_killed_with_an_evaluation_pending_resumes_to_the_plain_paths_r
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     _same_runs(out, tmp_path / "plain")
-
-
-@pytest.mark.slow  # three deployed runs under DP accounting
-def test_a_run_the_privacy_budget_stops_evaluates_its_last_round_in_a_stage_of_its_own(tmp_path):
-    # max_epsilon between round 2's epsilon and round 3's: the run stops before round 3, so no train stage follows
-    # round 2, and its evaluation gets the eval-2 stage. The records are the plain path's.
-    _deploy(_policy(tmp_path, seeded_dp("central"), separate=True), tmp_path / "uncapped")
-    epsilons = [r["epsilon"] for r in run_records(tmp_path / "uncapped")]
-    cap = seeded_dp("central") + f"max_epsilon = {(epsilons[1] + epsilons[2]) / 2!r}\n"
-    _deploy(_policy(tmp_path, cap, separate=True), tmp_path / "plain")
-    _deploy(_policy(tmp_path, cap), tmp_path / "merged")
-    _same_runs(tmp_path / "merged", tmp_path / "plain")
-    assert [r["round"] for r in run_records(tmp_path / "merged")] == [1, 2]
-    assert [s["stage"] for s in _stages(tmp_path / "merged")] == ["round-1", "round-2", "eval-2"]
-    summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
-    assert summary["stopped_early"] and summary["final"]["round"] == 2

@@ -357,8 +357,8 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     made = []  # (what was drawn, the randomness secret it was drawn from)
     make = build_module.make_dp_mechanism
 
-    def recording(policy, n_users):
-        mechanism = make(policy, n_users)
+    def recording(policy, n_users, *args, **kwargs):
+        mechanism = make(policy, n_users, *args, **kwargs)
         normal = mechanism.randomness.normal
 
         def drawn(purpose, *args, **kwargs):
@@ -484,9 +484,15 @@ def test_every_stage_is_journaled_with_its_time_and_who_answered(tmp_path):
     lines = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
     stages = [line["stage"] for line in lines]
     assert stages == [
-        "hello", "secagg-keys", "secagg-join", "round-1",
-        "secagg-share", "secagg-masked", "secagg-confirm", "secagg-unmask", "eval-1",
-    ]  # fmt: skip
+        "hello",
+        "secagg-keys",
+        "secagg-join",
+        "round-1",
+        "secagg-share",
+        "secagg-masked",
+        "secagg-confirm",
+        "secagg-unmask",
+    ]  # fmt: skip  (no evaluate stage: under masking the metrics ride inside a later round's sum, and there is none)
     unmask = lines[stages.index("secagg-unmask")]
     assert unmask["answered"] == unmask["sent"] - 1 and unmask["seconds"] >= 1.0  # node 2 waited out the timeout
     assert all(line["seconds"] >= 0 for line in lines)

@@ -59,6 +59,14 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
+    from fedrecgel_secure.federation.reports import protects_uploads
+
+    if policy.evaluation.scope == "all" and protects_uploads(policy):
+        raise BadInputError(
+            "evaluation.scope = 'all' cannot be deployed with secure aggregation or DP: a node that returns its users'"
+            " metrics for whatever model it is sent tells the server which items they hold out; use 'round' (the"
+            " round's users report inside the secure sum), or leave it unset"
+        )
 
 
 def private_run_dir(path) -> None:

@@ -3,10 +3,13 @@ the declaration of every field any reply may carry (:data:`FIELDS`).
 
 The rule (docs/privacy/threat-model.md): a node sends the server its share of a secure sum, and protocol messages
 that carry no function of its users' data; nothing else. Under secure aggregation or DP a train reply carries no
-loss and no example count (:func:`reports_loss`): a server that samples one user on a node and sends it a crafted
-model read that user's whole training set from the summed loss, and its number of positives from the count,
-channels neither the secure sum nor DP touches. Where nothing protects the uploads (no secure aggregation, no DP)
-the server sees every upload in the clear anyway, and the node reports its users' summed loss and examples.
+loss and no example count, and a node answers no evaluation of its own (:func:`reports_in_clear`): a server that
+samples one user on a node and sends it a crafted model read that user's whole training set from the summed loss,
+its number of positives from the count, and which items a node's users hold out from its evaluation sums,
+channels neither the secure sum nor DP touches. There the metrics ride inside the round's sum instead
+(:mod:`fedrecgel_secure.federation.reports`). Where nothing protects the uploads (no secure aggregation, no DP)
+the server sees every upload in the clear anyway, and the node reports its users' summed loss, examples and
+metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from fnmatch import fnmatchcase
 import numpy as np
 
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
-LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_loss
+REPORTS = ("reports",)  # their metrics (evaluation scope "round"), in the clear only beside them
+LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_in_clear
+EVALUATION = ("evaluation", "users", "sums")  # a node's HR/NDCG sums over all its users, only where reports_in_clear
 
 # Every field of every reply a node (or the key holder) sends, by what it is; ``*`` stands for a user or node id.
 # A node refuses to send a field that is not here (:func:`check`), and tests/attacks/test_deploy_reply_fields.py
@@ -44,20 +49,18 @@ FIELDS: dict[str, tuple[str, ...]] = {
     ),
     # the users that trained: the server's own sample, echoed back (a node answers for exactly the users asked)
     "sample": ("clients",),
-    # in the clear: only where no secure aggregation protects the uploads (and for the loss, no DP either)
-    "clear": VECTORS + LOSS,
-    # open (threat model, "What the server can still do"): a node's HR/NDCG sums over its users, not yet inside
-    # the secure sum; a server that crafts the evaluated model learns from them which items a node's users hold out
-    "evaluation, open": ("evaluation", "users", "sums"),
+    # in the clear: only where no secure aggregation protects the uploads (and for the loss and the evaluation
+    # sums, no DP either)
+    "clear": VECTORS + REPORTS + LOSS + EVALUATION,
 }
 
 
-def reports_loss(policy) -> bool:
-    """Whether a node reports its users' summed loss and examples: only where the server sees their uploads in the
-    clear and no DP bounds what it learns (scheme ``none``, DP off)."""
-    from fedrecgel_secure.deploy.schemes import deployed
+def reports_in_clear(policy) -> bool:
+    """Whether a node reports its users' summed loss, examples and evaluation sums: only where the server sees their
+    uploads in the clear and no DP bounds what it learns (scheme ``none``, DP off)."""
+    from fedrecgel_secure.federation.reports import protects_uploads
 
-    return not deployed(policy).scheme.sealed and not policy.privacy.dp.enabled
+    return not protects_uploads(policy)
 
 
 def allowed(policy) -> list[str]:
@@ -66,8 +69,8 @@ def allowed(policy) -> list[str]:
 
     sealed = deployed(policy).scheme.sealed
     out = [p for kind, patterns in FIELDS.items() if kind != "clear" for p in patterns]
-    out += [] if sealed else list(VECTORS)
-    out += list(LOSS) if reports_loss(policy) else []
+    out += [] if sealed else list(VECTORS + REPORTS)
+    out += list(LOSS + EVALUATION) if reports_in_clear(policy) else []
     return out
 
 
@@ -88,8 +91,9 @@ def check(policy, payload: dict) -> dict:
 @dataclass(frozen=True)
 class TrainReply:
     """A node's answer to round R: which sampled users trained, their summed BCE and number of examples (only
-    where :func:`reports_loss`; None otherwise) and (plaintext only) their uploads: for the ``c``-th client, the
-    item rows ``rows[row_owner == c]`` at ``row_item[row_owner == c]`` and its dense part ``mlp[c]``."""
+    where :func:`reports_in_clear`; None otherwise) and (plaintext only) their uploads: for the ``c``-th client, the
+    item rows ``rows[row_owner == c]`` at ``row_item[row_owner == c]``, its dense part ``mlp[c]`` and, under
+    evaluation scope "round", its metrics ``reports[c]``."""
 
     clients: np.ndarray
     bce: float | None
@@ -98,15 +102,18 @@ class TrainReply:
     row_item: np.ndarray | None = None
     row_owner: np.ndarray | None = None
     mlp: np.ndarray | None = None
+    reports: np.ndarray | None = None
 
     def payload(self, sealed: bool = False, loss: bool = True) -> dict:
         """The message's fields; ``sealed``: without the uploads, which secure aggregation carries instead;
-        ``loss``: with the summed BCE and examples (:func:`reports_loss`)."""
+        ``loss``: with the summed BCE and examples (:func:`reports_in_clear`)."""
         out: dict = {"clients": np.asarray(self.clients, dtype=np.int64)}
         if loss:
             out.update(bce=float(self.bce), examples=int(self.examples))
         if not sealed:
             out.update({k: getattr(self, k) for k in VECTORS})
+            if self.reports is not None:
+                out["reports"] = np.asarray(self.reports, dtype=np.float64)
         return out
 
     @classmethod
@@ -115,7 +122,7 @@ class TrainReply:
             clients=np.asarray(payload["clients"]),
             bce=float(payload["bce"]) if "bce" in payload else None,
             examples=int(payload["examples"]) if "examples" in payload else None,
-            **{k: payload.get(k) for k in VECTORS},
+            **{k: payload.get(k) for k in VECTORS + REPORTS},
         )
 
 

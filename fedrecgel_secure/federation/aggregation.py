@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fedrecgel_secure.federation.reports import with_reports
 from fedrecgel_secure.federation.sampling import sample_clients
 from fedrecgel_secure.federation.summers import Contributions, SecAggCost, Summer, SumResult
 from fedrecgel_secure.federation.uploads import Uploads
@@ -77,6 +78,7 @@ class Aggregate:
     gradient: torch.Tensor | None  # None: the round was skipped and changes nothing
     contributors: np.ndarray  # positions (in the round's client list) of the uploads in it
     info: RoundInfo
+    reports: torch.Tensor | None = None  # the released sums of the reported metrics (evaluation.scope = "round")
 
 
 class CanaryHook(Protocol):
@@ -129,8 +131,14 @@ class AggregationRule(Protocol):
 class MeanAggregation:
     canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
 
-    def __init__(self, fraction: float, summer: Summer):
+    def __init__(self, fraction: float, summer: Summer, reports: int = 0):
         self.fraction, self.summer = fraction, summer
+        self.reports = reports  # metrics appended to every upload (evaluation.scope = "round")
+
+    @property
+    def extra(self) -> int:
+        """Coordinates appended to every upload: the reports."""
+        return self.reports
 
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
         return sample_clients(rng, n_clients, self.fraction)
@@ -143,18 +151,23 @@ class MeanAggregation:
     ) -> Aggregate:
         if uploads is None:  # no upload arrived (every sampled client of a deployment dropped out): nothing changes
             return Aggregate(None, np.zeros(0, dtype=np.int64), RoundInfo(skipped="no upload arrived"))
-        contributions = Contributions(
-            clients, dim, dtype, uploads.vector, total=uploads.total, grid_total=uploads.grid_total
-        )
+        if uploads.sealed:  # a deployment's nodes appended their reports to what they masked or encrypted
+            contributions = Contributions(clients, dim + self.reports, dtype, uploads.vector)
+        else:
+            contributions = with_reports(
+                Contributions(clients, dim, dtype, uploads.vector, total=uploads.total, grid_total=uploads.grid_total),
+                uploads.reports,
+            )
         result = self.summer(round_idx, contributions)
         info = RoundInfo.of(result, int(clients.size))
         if result.total is None:
             return Aggregate(None, result.contributors, info)
-        total, n_canaries = _with_canaries(self.canaries, round_idx, result.total)
+        reports = result.total[dim:] if self.reports else None
+        total, n_canaries = _with_canaries(self.canaries, round_idx, result.total[:dim])
         gradient = total / (result.contributors.size + n_canaries)
         if self.canaries is not None:
             self.canaries.released(round_idx, gradient)
-        return Aggregate(gradient, result.contributors, info)
+        return Aggregate(gradient, result.contributors, info, reports)
 
     def commit(self, info: RoundInfo) -> None:
         pass

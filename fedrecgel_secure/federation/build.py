@@ -16,6 +16,7 @@ from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.federation.aggregation import AggregationRule, MeanAggregation
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg, DPMechanism
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
+from fedrecgel_secure.federation.reports import report_count
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.summers import Summer
 from fedrecgel_secure.model import NeuMF
@@ -23,36 +24,44 @@ from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.settings import encoding
 
 
-def make_aggregation(policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer]) -> AggregationRule:
+def make_aggregation(
+    policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer], deployed: bool = False
+) -> AggregationRule:
     """The policy's aggregation rule with the summer ``summer(dim)`` of ``dim``-long uploads
     (:meth:`~fedrecgel_secure.federation.trainer.Trainer.make_summer`); under DP, with a fresh CSPRNG secret unless
-    the policy asks for seeded noise."""
+    the policy asks for seeded noise. ``deployed``: for a deployment's server (where the metrics may come from)."""
     dim = sum(p.numel() for p in model.parameters())
     settings = policy.privacy.dp
     if not settings.enabled:
-        return _with_canaries(policy, MeanAggregation(policy.federation.fraction, summer(dim)), dim)
-    rule = make_dp_rule(policy, n_users)
+        rule = MeanAggregation(policy.federation.fraction, None, report_count(policy, deployed))
+    else:
+        rule = make_dp_rule(policy, n_users, deployed)
     rule.summer = summer(dim + rule.extra)
     return _with_canaries(policy, rule, dim)
 
 
-def make_dp_rule(policy: Policy, n_users: int) -> DPFedAvg:
+def make_dp_rule(policy: Policy, n_users: int, deployed: bool = False) -> DPFedAvg:
     """The policy's DP-FedAvg, with no summer yet. Its randomness is a fresh CSPRNG secret unless the policy asks
     for seeded noise."""
-    m = make_dp_mechanism(policy, n_users)
+    m = make_dp_mechanism(policy, n_users, deployed)
     return DPFedAvg(m.dp, None, m.grid, m.randomness)
 
 
-def make_dp_mechanism(policy: Policy, n_users: int) -> DPMechanism:
+def make_dp_mechanism(policy: Policy, n_users: int, deployed: bool = False) -> DPMechanism:
     """The policy's DP clipping and noise over ``n_users`` clients, without an accountant: what a deployment's
-    node (its users' part) and the BFV key holder (the central noise) run. Its randomness is a fresh CSPRNG
-    secret unless the policy asks for seeded noise."""
+    node (its users' part) and the BFV key holder (the central noise) run, with ``deployed`` set. Its randomness
+    is a fresh CSPRNG secret unless the policy asks for seeded noise."""
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     settings = policy.privacy.dp
     resolved = validate_against_population(
-        settings, n_users, policy.federation.rounds, policy.federation.fraction, policy.privacy.secure_aggregation
+        settings,
+        n_users,
+        policy.federation.rounds,
+        policy.federation.fraction,
+        policy.privacy.secure_aggregation,
+        reports=report_count(policy, deployed),
     )
     randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
     return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)

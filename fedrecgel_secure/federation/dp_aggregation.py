@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.federation.aggregation import Aggregate, CanaryHook, RoundInfo, _with_canaries
+from fedrecgel_secure.federation.reports import with_reports
 from fedrecgel_secure.federation.summers import Contributions, Summer
 from fedrecgel_secure.federation.uploads import GROUPS, Uploads
 from fedrecgel_secure.privacy.dp import mechanism
@@ -68,8 +69,9 @@ class DPMechanism:
 
     @property
     def extra(self) -> int:
-        """Coordinates appended to every upload: the clipped bit under adaptive clipping."""
-        return 0 if self.dp.adaptive is None else 1
+        """Coordinates appended to every upload: the clipped bit under adaptive clipping, then the reported
+        metrics under evaluation.scope = "round" (:mod:`..reports`)."""
+        return (0 if self.dp.adaptive is None else 1) + self.dp.reports
 
     def clip(self, uploads: Uploads, dim: int, clip_norm: float) -> tuple[Uploads, torch.Tensor]:
         """Clipped uploads and the unclipped norms (the clipped bit needs those).
@@ -110,6 +112,8 @@ class DPMechanism:
         attempt = self._attempt("share", round_idx, attempt)
         clipped, norms = self.clip(uploads, dim, clip_norm)
         bits = None if self.dp.adaptive is None else clipped_bits(norms, clip_norm)
+        if (uploads.reports is None) != (self.dp.reports == 0):
+            raise ValueError(f"uploads with reports need a mechanism that noises {self.dp.reports} of them")
 
         def vector(pos: int) -> torch.Tensor:
             v = clipped.vector(pos)
@@ -123,30 +127,34 @@ class DPMechanism:
         if self.dp.mode == "distributed":
             share = self.dp.update_noise_std(clip_norm, participants)
             count_share = None if bits is None else self.dp.count_noise_std(participants)
+            report_share = self.dp.report_noise_std(participants) if self.dp.reports else None
 
             def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
                 cid = int(clients[pos])
-                update = self.randomness.normal("update-share", round_idx, cid, dim, share, attempt=attempt)
-                if count_share is None:
-                    return update
-                count = self.randomness.normal("count-share", round_idx, cid, 1, count_share, attempt=attempt)
-                return torch.cat([update, count])
+                parts = [self.randomness.normal("update-share", round_idx, cid, dim, share, attempt=attempt)]
+                for draw, n, std in (("count-share", 1, count_share), ("report-share", self.dp.reports, report_share)):
+                    if std is not None:
+                        parts.append(self.randomness.normal(draw, round_idx, cid, n, std, attempt=attempt))
+                return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-        return Contributions(clients, dim + self.extra, dtype, vector, noise, total)
+        own = Contributions(clients, dim + self.extra - self.dp.reports, dtype, vector, noise, total)
+        return with_reports(own, uploads.reports)
 
     def central_noise(
         self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None, device=None
     ) -> torch.Tensor:
-        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count), for
+        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count, and the
+        reports' std on each reported metric), for
         ``attempt`` of the round (default: this mechanism's next one for the round), made on ``device``."""
         attempt = self._attempt("central", round_idx, attempt)
         std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
-        noise = self.randomness.normal("update-noise", round_idx, 0, dim, std, attempt=attempt, device=device)
-        if self.dp.adaptive is None:
-            return noise
-        sigma_b = self.dp.clipped_count_stddev
-        count = self.randomness.normal("count-noise", round_idx, 0, 1, sigma_b, attempt=attempt, device=device)
-        return torch.cat([noise, count])
+        draws = [("update-noise", dim, std)]
+        if self.dp.adaptive is not None:
+            draws.append(("count-noise", 1, self.dp.clipped_count_stddev))
+        if self.dp.reports:
+            draws.append(("report-noise", self.dp.reports, self.dp.report_noise_std(1)))
+        parts = [self.randomness.normal(d, round_idx, 0, n, s, attempt=attempt, device=device) for d, n, s in draws]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class DPFedAvg:
@@ -194,8 +202,8 @@ class DPFedAvg:
 
     @property
     def extra(self) -> int:
-        """Coordinates appended to every upload: the clipped bit under adaptive clipping."""
-        return 0 if self.adaptive is None else 1
+        """Coordinates appended to every upload: the clipped bit under adaptive clipping, then the reports."""
+        return (0 if self.adaptive is None else 1) + self.dp.reports
 
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
         """Round ``round_idx``'s clients from the run's secret: a Poisson sample, or under cyclic participation the
@@ -299,6 +307,7 @@ class DPFedAvg:
         self.last_released = round_idx
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
+        reports = result.total[dim + self.extra - self.dp.reports : dim + self.extra] if self.dp.reports else None
         tail = self.dp.release_tail_delta(
             self.clip_norm, dim, 1.0 / self.grid.scale, participants, result.contributors.size
         )
@@ -309,7 +318,7 @@ class DPFedAvg:
         )
         if self.canaries is not None:
             self.canaries.released(round_idx, gradient)
-        return Aggregate(gradient, result.contributors, info)
+        return Aggregate(gradient, result.contributors, info, reports)
 
     def commit(self, info: RoundInfo) -> None:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""

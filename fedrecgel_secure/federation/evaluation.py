@@ -22,7 +22,7 @@ def _splits(split: Split):
         yield "val", "val_"
 
 
-def _batched_scores(model: NeuMF, theta: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+def batched_scores(model: NeuMF, theta: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     step = USERS_PER_PASS if theta.device.type == "cpu" else GPU_USERS_PER_PASS
     return torch.cat(
         [
@@ -48,7 +48,7 @@ def _sums(score, model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, f
 def evaluation_sums(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:
     """:func:`evaluate`'s metrics summed over the split's users instead of averaged (a node's report on its users:
     no user's score leaves it)."""
-    return _sums(_batched_scores, model, theta, split)
+    return _sums(batched_scores, model, theta, split)
 
 
 def evaluation_sums_per_user(model: NeuMF, theta: torch.Tensor, split: Split) -> dict[str, float]:

@@ -24,6 +24,7 @@ from fedrecgel_secure.federation.aggregation import RoundInfo
 from fedrecgel_secure.federation.build import init_model, local_sets, make_aggregation, make_engine, negatives_index
 from fedrecgel_secure.federation.device import resolve_device
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
+from fedrecgel_secure.federation.reports import ROUND, metrics_of, scope_of, user_reports, zero_reports
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import SecAggCost, make_summer
@@ -64,6 +65,7 @@ class Trainer:
     # exactly round r's model): then round r's record is written one round later, and a checkpoint taken between
     # holds the round still to be evaluated (``pending``), so a resumed run evaluates the same model
     defers_evaluation = False
+    deployed = False  # a deployment's server (RemoteTrainer): where the metrics may come from (federation.reports)
 
     def __init__(self, policy: Policy, data: Split | Catalogue):
         """A run of ``policy`` on ``data``: the simulator's whole split, or, on a deployment's server, the
@@ -87,7 +89,13 @@ class Trainer:
         self.model.to(self.device)
         self.server = Server(self.model, policy.federation.server_lr)
         self.engine = make_engine(policy)
-        self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer)
+        self.aggregation = make_aggregation(
+            policy, self.catalogue.n_users, self.model, self.make_summer, deployed=self.deployed
+        )
+        # under scope "round" the metrics of round R's model ride in round R+1's uploads (federation.reports)
+        self.scope = scope_of(policy, self.deployed)
+        self.defers_evaluation = self.defers_evaluation or self.scope == ROUND
+        self.reported: tuple[torch.Tensor | None, int] = (None, 0)  # the last round's released report sums, and n
         self.stopped: str | None = None  # why training ended before federation.rounds
         self.interrupted: int | None = None  # the signal that stopped :meth:`run` between rounds
         self.rng = np.random.default_rng(policy.seed)
@@ -123,6 +131,7 @@ class Trainer:
         if sampled.size > clients.size:  # a deployment's clients that did not answer in time
             result.info.sampled = int(sampled.size)
             result.info.dropped += int(sampled.size - clients.size)
+        self.reported = (result.reports, int(result.contributors.size))
         if result.gradient is not None:
             self.server.step(result.gradient)
             if update is not None:
@@ -141,7 +150,20 @@ class Trainer:
         """
         if not clients.size:
             return clients, None
-        return clients, self.engine.train_round(self.model, self.states, self.local_sets(clients, self.round + 1))
+        reports = self.round_reports(clients)  # before training: the states the model due for evaluation meets
+        update = self.engine.train_round(self.model, self.states, self.local_sets(clients, self.round + 1))
+        update.uploads.reports = reports
+        return clients, update
+
+    def round_reports(self, clients: np.ndarray) -> torch.Tensor | None:
+        """Under scope "round", what the round's ``clients`` report inside the sum: their metrics on the model
+        they are sent, when its evaluation is due (:attr:`pending`), zeros otherwise; None under scope "all"."""
+        if self.scope != ROUND:
+            return None
+        if self.pending is None:
+            return zero_reports(clients.size, self.policy)
+        theta = self.states.theta[torch.from_numpy(clients).to(self.states.theta.device)]
+        return user_reports(self.model, theta, self.split, clients, self.policy)
 
     def local_sets(self, clients: np.ndarray, round_idx: int):
         """The clients' examples for round ``round_idx`` (:func:`local_sets`)."""
@@ -195,7 +217,14 @@ class Trainer:
             event, self.pending = RoundEvent(self.round, rounds, loss, None, info, self.elapsed), None
             self.interrupted = None if stop is None else stop.requested
             if self.round % self.policy.evaluation.every == 0 or self.round == rounds:
-                if self.defers_evaluation and self.round < last and not self.interrupted:
+                if self.scope == ROUND:
+                    # evaluated inside the next round's sum, in this call or a resumed one (the checkpoint holds
+                    # it); the last round's model has no next round, and no metrics
+                    if self.round < rounds:
+                        self.pending = event
+                    else:
+                        self._record(event, {}, log, None)
+                elif self.defers_evaluation and self.round < last and not self.interrupted:
                     self.pending = event  # evaluated by the next round's client step (and checkpointed so)
                 else:
                     start = time.perf_counter()
@@ -210,9 +239,11 @@ class Trainer:
                 on_round(event)
             if self.interrupted:
                 break
-        if self.pending is not None:  # the privacy budget stopped the run: no client step follows to evaluate it
+        if self.pending is not None and (self.stopped or self.scope != ROUND):
+            # the privacy budget stopped the run: no client step follows to evaluate it (under scope "round" none
+            # can, and it has no metrics; a round left pending otherwise waits in the checkpoint for the resume)
             start = time.perf_counter()
-            metrics = self.evaluate()
+            metrics = self.evaluate() if self.scope != ROUND else {}
             self.elapsed += time.perf_counter() - start
             self._record(self.pending, metrics, log, on_round)
             self.pending = None
@@ -240,20 +271,25 @@ class Trainer:
             on_round(event)
 
     def deferred_metrics(self) -> dict[str, float]:
-        """The metrics of :attr:`pending`'s round, made in the round just trained (:attr:`defers_evaluation`)."""
-        raise NotImplementedError("only a trainer that defers evaluation has deferred metrics")
+        """The metrics of :attr:`pending`'s round, made in the round just trained (:attr:`defers_evaluation`):
+        under scope "round" the released report sums over its contributors (none if it released nothing)."""
+        if self.scope != ROUND:
+            raise NotImplementedError("only a trainer that defers evaluation has deferred metrics")
+        sums, contributors = self.reported
+        return {} if sums is None or contributors == 0 else metrics_of(sums, contributors, self.policy)
 
     # -- results ------------------------------------------------------------
     def summary(self) -> RunSummary:
         key = self.policy.evaluation.select_by
         test_keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in KS]
         best = final = validation_selected = best_each = None
-        if self.history:
-            best = max(self.history, key=lambda r: (r[key], -r["round"]))
-            final = self.history[-1]
-            best_each = {k: max(r[k] for r in self.history) for k in test_keys}
+        evaluated = [r for r in self.history if key in r]  # under scope "round" the last round has no metrics
+        if evaluated:
+            best = max(evaluated, key=lambda r: (r[key], -r["round"]))
+            final = evaluated[-1]
+            best_each = {k: max(r[k] for r in evaluated) for k in test_keys if k in final}
             if "val_" + key in final:
-                validation_selected = max(self.history, key=lambda r: (r["val_" + key], -r["round"]))
+                validation_selected = max(evaluated, key=lambda r: (r["val_" + key], -r["round"]))
         return RunSummary(
             version=__version__,
             policy_digest=self.policy.digest(),

@@ -27,6 +27,9 @@ GROUPS = ("item_embeddings", "mlp")
 class Uploads:
     num_clients: int
     sealed = False  # True: the server holds no client's upload (a deployment under secure aggregation)
+    # (C, r) float64: each client's metrics, appended after the update inside the sum (federation.reports); not
+    # part of the update's norm, clipping or vector
+    reports: torch.Tensor | None = None
     device = torch.device("cpu")  # where the uploads are, and so where their sum is made
 
     def group_sq_norms(self) -> torch.Tensor:

@@ -104,7 +104,8 @@ class DeploymentPolicy(Section):
         description="Each node evaluates round R's model for its users in round R+1's train stage, which carries"
         " exactly that model, so a round costs one stage less; only the last round (or one no train stage"
         " follows) has an evaluate stage of its own. false: every evaluated round has its own evaluate stage"
-        " (the plain path; the same metrics).",
+        " (the plain path; the same metrics). Only under evaluation.scope = 'all': with secure aggregation or DP"
+        " the round's users report their metrics inside the round's sum, and no evaluate stage exists.",
     )
     state_dir: str = Field(
         "nodes/{shard}",

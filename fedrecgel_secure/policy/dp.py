@@ -106,6 +106,12 @@ class DPSettings(Section):
         " trains in rounds s+1, s+1+b, ...: every client at most ceil(rounds/b) times, b rounds apart (a deployment's"
         " nodes enforce both), and epsilon, with no amplification, holds against the server too. fixed: not with DP.",
     )
+    evaluation_share: float = Field(
+        0.1,
+        description="Under evaluation.scope = 'round': the share s of each round's privacy (1/z^2) spent on the"
+        " metrics its users report inside the sum. The updates get noise multiplier z/sqrt(1-s), the metrics"
+        " z/sqrt(s) on their sensitivity sqrt(number of metrics); the round stays one Gaussian mechanism of z.",
+    )
     per_group_clipping: bool = Field(
         False, description="Clip the item table and the MLP separately, the budget split by group_fractions."
     )
@@ -125,6 +131,11 @@ class DPSettings(Section):
     @classmethod
     def _validate_delta(cls, value: float) -> float:
         return open_unit(value, f"{DP}.delta")
+
+    @field_validator("evaluation_share")
+    @classmethod
+    def _validate_share(cls, value: float) -> float:
+        return open_unit(value, f"{DP}.evaluation_share")
 
     @field_validator("sample_rate")
     @classmethod

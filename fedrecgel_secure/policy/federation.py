@@ -32,6 +32,14 @@ class EvaluationPolicy(Section):
         "hr@10",
         description="The metric that picks the summary's best round (on the test items) and validation-selected round.",
     )
+    scope: Literal["all", "round"] | None = Field(
+        None,
+        description="Whose metrics are reported. all: every user on each evaluated model, exact (the simulator's"
+        " research measure). round: the users sampled for round R report HR and NDCG at select_by's K on the model"
+        " they were sent (round R-1's) inside the round's upload, so the metrics leave only in the round's secure"
+        " sum, noised under DP (privacy.dp.evaluation_share); means over the round's contributors. Unset: round in a"
+        " deployment with secure aggregation or DP (which refuses all), all otherwise.",
+    )
 
 
 class CheckpointPolicy(Section):

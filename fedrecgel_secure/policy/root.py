@@ -105,7 +105,8 @@ class Policy(Section):
 
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
         computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
-        ``tampered = 0``, ``bfv.max_refusals = 3``), so runs started before they existed keep their digest."""
+        ``tampered = 0``, ``bfv.max_refusals = 3``, ``evaluation.scope`` unset, ``dp.evaluation_share = 0.1``),
+        so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
         dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
@@ -120,7 +121,9 @@ class Policy(Section):
             del secagg["tampered"]
         if secagg["bfv"]["max_refusals"] == 3:  # likewise (the key holder's limit of refusals)
             del secagg["bfv"]["max_refusals"]
-        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled")):  # likewise
+        if dump["evaluation"]["scope"] is None:  # likewise
+            del dump["evaluation"]["scope"]
+        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1)):
             if dump["privacy"]["dp"][field] == default:
                 del dump["privacy"]["dp"][field]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))

@@ -80,11 +80,21 @@ def draw_run(run_dir: str | Path) -> Path | None:
             ax.plot(*zip(*points), label=label, marker="." if len(points) < 30 else None, **style)
 
     ax = axes[0]
-    for metric, color in (("hr@10", "tab:blue"), ("ndcg@10", "tab:orange")):
+    # K = 10, or under evaluation scope "round" the one K the users report (select_by's)
+    cut = (
+        "10"
+        if any("hr@10" in r for r in records)
+        else next((k[3:] for r in records for k in r if k[:3] == "hr@"), "10")
+    )
+    hr = f"hr@{cut}"
+    for metric, color in ((hr, "tab:blue"), (f"ndcg@{cut}", "tab:orange")):
         series(ax, metric, f"test {metric.upper()}", color=color)
         series(ax, f"val_{metric}", f"validation {metric.upper()}", color=color, linestyle="--")
-    best = max(records, key=lambda r: r["hr@10"])
-    ax.axvline(best["round"], color="grey", linestyle=":", label=f"best test HR@10 (round {best['round']})")
+    best = max((r for r in records if hr in r), key=lambda r: r[hr], default=None)
+    if best is not None:
+        ax.axvline(best["round"], color="grey", linestyle=":", label=f"best test {hr.upper()} (round {best['round']})")
+    if any(r.get("evaluated_by") == "round" for r in records):  # a noisy estimate, not every user's mean
+        ax.set_title("the round's users, inside the secure sum", fontsize="small")
     ax.set_ylabel("metric")
     ax.legend(fontsize="small")
     series(axes[1], "loss", "training loss", color="tab:green")

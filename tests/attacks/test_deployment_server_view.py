@@ -34,7 +34,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, write_deploy_policy
+from conftest import BFV, MASKING, run_records, write_deploy_policy
 from inprocess_grid import InProcessGrid
 
 # what the audit hook watches: set while a test runs a server, None otherwise (the hook stays installed)
@@ -136,13 +136,15 @@ def test_the_evaluation_replies_give_the_server_no_users_held_out_rank(plaintext
     assert all(isinstance(v, float) for rep in replies for v in rep["sums"].values())
 
 
-def test_an_evaluation_riding_on_a_train_reply_is_the_same_sums(masking_run):
-    # deployment.evaluate_in_train: round 1's evaluation comes with round 2's train replies. What rides there is
-    # the evaluation reply above, its number of users and their metrics summed, no per-user array.
-    carried = [rep["evaluation"] for rep in _replies(masking_run["pulled"], "round-2")]
-    assert carried and all(set(e) == {"users", "sums"} and isinstance(e["users"], int) for e in carried)
-    assert all(isinstance(v, float) for e in carried for v in e["sums"].values())
-    assert all("evaluation" not in rep for rep in _replies(masking_run["pulled"], "round-1"))
+def test_under_masking_no_reply_carries_an_evaluation_outside_the_sum(masking_run):
+    # Under secure aggregation a node answers no evaluation of its own (a crafted model made its sums an oracle
+    # for what its users hold out, tests/attacks/test_deploy_evaluation_oracle.py): round 1's metrics come with
+    # round 2's train stage inside the masked uploads, and no reply has a field of an evaluation.
+    pulled = masking_run["pulled"]
+    assert not _replies(pulled, "eval-")
+    assert all(not {"evaluation", "users", "sums"} & set(rep) for _, rep in pulled)
+    records = run_records(masking_run["dir"] / "deployed")
+    assert records[0]["evaluated_by"] == "round" and "hr@10" in records[0] and "hr@10" not in records[-1]
 
 
 def test_under_masking_the_train_replies_give_the_server_no_users_interaction_count(masking_run):

@@ -68,7 +68,8 @@ def hello(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     import numpy as np
 
-    from fedrecgel_secure.deploy.replies import reports_loss
+    from fedrecgel_secure.deploy.replies import reports_in_clear
+    from fedrecgel_secure.federation.reports import ROUND, scope_of
 
     req = from_record(msg.content)
     node = _node(context, req["digest"])
@@ -76,7 +77,8 @@ def train(msg: Message, context: Context) -> Message:
     node.check_round(round_idx)
     sealed = deployed(node.policy).scheme.sealed
     evaluation = None
-    if "evaluate" in req:  # the model sent is round R-1's result: its evaluation rides on this stage
+    in_sum = scope_of(node.policy, deployed=True) == ROUND  # the sampled users report inside the round's sum
+    if "evaluate" in req and not in_sum:  # the model sent is round R-1's result: its evaluation rides on this stage
         commits = _commits(req)
         evaluation = node.evaluate(int(req["evaluate"]), req["shared"], commits, int(req["keep_from"])).payload()
     dp = None
@@ -85,10 +87,13 @@ def train(msg: Message, context: Context) -> Message:
         dp = node.dp_round(
             round_idx, sampled.size, req.get("participants"), req.get("clip_norm"), req.get("released_counts", ())
         )
-    trained, uploads = node.train(round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]))
+    report = in_sum and "evaluate" in req
+    trained, uploads = node.train(
+        round_idx, req["sampled"], req["shared"], _commits(req), int(req["keep_from"]), report=report
+    )
     # under secure aggregation no vector leaves in the clear; under secure aggregation or DP no loss or example
     # count either (deploy.replies: a crafted model made the summed loss an oracle for a user's training set)
-    out = trained.payload(sealed=sealed, loss=reports_loss(node.policy))
+    out = trained.payload(sealed=sealed, loss=reports_in_clear(node.policy))
     if sealed:
         # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
         # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
@@ -146,6 +151,7 @@ def keyholder(msg: Message, context: Context) -> Message:
 
     from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
     from fedrecgel_secure.deploy.node.shard import private_umask
+    from fedrecgel_secure.federation.reports import report_count
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
@@ -163,6 +169,7 @@ def keyholder(msg: Message, context: Context) -> Message:
         setup_of(policy, int(req["dim"])),
         rounds=policy.federation.rounds,
         max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
+        reports=report_count(policy, deployed=True),
     )
     if req["stage"] == "start":
         directory = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
@@ -180,7 +187,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             from fedrecgel_secure.federation.build import make_dp_mechanism
 
             population = key_holder_population(policy, context.node_config.get("catalogue"))
-            mechanism = make_dp_mechanism(policy, population)
+            mechanism = make_dp_mechanism(policy, population, deployed=True)
             dim = int(req["dim"]) - mechanism.extra
 
             def noise_for(round_idx: int, counts) -> np.ndarray:

@@ -183,9 +183,18 @@ class KeyHolderNode:
     ``privacy.secure_aggregation.bfv.max_refusals``) before it refuses every one.
     """
 
-    def __init__(self, state_dir: Path, setup: Setup, *, rounds: int | None = None, max_refusals: int | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        setup: Setup,
+        *,
+        rounds: int | None = None,
+        max_refusals: int | None = None,
+        reports: int = 0,
+    ):
         from fedrecgel_secure.policy.secagg import BfvPolicy
 
+        self.reports = reports  # the coordinates after the clipped count: the users' metrics (federation.reports)
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.setup = setup
@@ -256,7 +265,7 @@ class KeyHolderNode:
         honest run's dropouts meet.
 
         ``noise_for(round, counts)`` gets the aggregate's round and the last
-        coordinate of every earlier release, in round order: the key holder's
+        coordinate before the reports of every earlier release, in round order: the key holder's
         own record (``session.json``), which under adaptive clipping is the
         noised clipped count its clip norm follows from. Nothing the server
         says about rounds or counts sizes the noise.
@@ -300,7 +309,7 @@ class KeyHolderNode:
                 self._refused(facts, exc)
             raise
         write_private_file(released, total.tobytes())
-        counts[str(round_idx)] = float(total[-1])
+        counts[str(round_idx)] = float(total[-1 - self.reports])
         facts.update(last_released=holder.last_decrypted_round, contributors=contributors, counts=counts)
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total

@@ -171,9 +171,19 @@ class Node:
 
     # -- the two things a node does ------------------------------------------------------
     def train(
-        self, round_idx: int, clients: np.ndarray, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int
+        self,
+        round_idx: int,
+        clients: np.ndarray,
+        shared: np.ndarray,
+        commits: dict[int, list[int]],
+        keep_from: int,
+        report: bool = False,
     ):
         """Round ``round_idx`` for this node's sampled ``clients``: the simulator's engine on its own local sets.
+
+        Under evaluation scope "round" (:mod:`fedrecgel_secure.federation.reports`) their uploads carry their
+        metrics on ``shared`` (the model they were sent, before they train it) when ``report`` (the server asks
+        for the evaluation of that model), zeros otherwise; the reports go into the sum with the uploads.
 
         Returns the reply (:class:`TrainReply`: their uploads as item rows and
         dense parts, their summed BCE and number of examples) and the uploads
@@ -184,13 +194,21 @@ class Node:
 
         from fedrecgel_secure.deploy.replies import TrainReply
         from fedrecgel_secure.federation.build import local_sets, make_engine
+        from fedrecgel_secure.federation.reports import ROUND, scope_of, user_reports, zero_reports
 
         self.admit(round_idx, clients)
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
-        local = local_sets(self.policy, self.split, self.seen, self.local_index(clients), round_idx, users=clients)
+        rows = self.local_index(clients)
+        reports = None
+        if scope_of(self.policy, deployed=True) == ROUND:
+            theta = states.theta[torch.from_numpy(rows)]
+            reports = user_reports(self.model, theta, self.split, rows, self.policy) if report else None
+            reports = zero_reports(clients.size, self.policy) if reports is None else reports
+        local = local_sets(self.policy, self.split, self.seen, rows, round_idx, users=clients)
         update = make_engine(self.policy).train_round(self.model, states, local)
+        update.uploads.reports = reports
         p = update.private
         self._save(
             self.state_dir / f"pending-{round_idx}.pt",
@@ -223,6 +241,7 @@ class Node:
             row_item=torch.cat(row_item).numpy(),
             row_owner=torch.cat(row_owner).numpy(),
             mlp=torch.stack(mlp).numpy(),
+            reports=None if reports is None else reports.numpy(),
         )
         return reply, update.uploads
 
@@ -263,7 +282,7 @@ class Node:
             return None
         from fedrecgel_secure.federation.build import make_dp_mechanism
 
-        mechanism = make_dp_mechanism(self.policy, self.population)
+        mechanism = make_dp_mechanism(self.policy, self.population, deployed=True)
         dp = mechanism.dp
         where = f"node {self.shard}, round {round_idx}"
         if len(released_counts) > round_idx - 1:
@@ -325,10 +344,14 @@ class Node:
         """
         import torch
 
+        from fedrecgel_secure.federation.reports import with_reports
+        from fedrecgel_secure.federation.summers import Contributions
+
         dim = sum(p.numel() for p in self.model.parameters())
         dtype = self.model.item_embeddings.dtype
         if dp is None:
-            return torch.stack([uploads.vector(c).double() for c in range(clients.size)]).numpy(), None
+            part = with_reports(Contributions(clients, dim, dtype, uploads.vector), uploads.reports)
+            return torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy(), None
         sample = clients.size if dp.participants is None else dp.participants  # None: central, no share to size
         part = dp.mechanism.protect(
             round_idx, clients, uploads, dim, dtype, participants=sample, clip_norm=dp.clip_norm
@@ -339,9 +362,18 @@ class Node:
 
     def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int):
         """Its users' HR and NDCG, summed (:class:`EvaluationReply`), as the engine's evaluation computes them:
-        no user's score or rank leaves the node."""
+        no user's score or rank leaves the node. Only under evaluation scope "all", a deployment that protects
+        nothing: elsewhere a node's sums over whatever model it is sent are an oracle for what its users hold
+        out, and it refuses (:class:`RefusedRequest`); its users report inside the round's sum instead."""
         from fedrecgel_secure.deploy.replies import EvaluationReply
         from fedrecgel_secure.federation.build import make_engine
+        from fedrecgel_secure.federation.reports import ROUND, scope_of
+
+        if scope_of(self.policy, deployed=True) == ROUND:
+            self._refuse(
+                f"node {self.shard}: an evaluation outside the round's sum (evaluation.scope is 'round': this"
+                " deployment's metrics come only inside the secure sum)"
+            )
 
         states = self.state(round_idx, commits, keep_from)
         self.load_shared(shared)

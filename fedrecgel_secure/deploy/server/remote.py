@@ -27,9 +27,10 @@ from torch.nn.utils import parameters_to_vector
 
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
-from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply, reports_loss
+from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply, reports_in_clear
 from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
+from fedrecgel_secure.federation.reports import ROUND
 from fedrecgel_secure.federation.state import RoundUpdate
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads
@@ -41,7 +42,12 @@ class Stages(Protocol):
     """One request to a set of nodes and their replies within the stage timeout (dropped nodes are absent)."""
 
     def train(
-        self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict, evaluate: int | None = None
+        self,
+        round_idx: int,
+        per_shard: dict[int, np.ndarray],
+        common: dict,
+        evaluate: int | None = None,
+        everyone: bool = True,
     ) -> dict[int, dict]: ...
 
     def evaluate(self, round_idx: int, common: dict, shards: list[int] | None = None) -> dict[int, dict]: ...
@@ -67,13 +73,15 @@ class SealedUploads(Uploads):
 
 
 class RemoteTrainer(Trainer):
+    deployed = True
+
     def __init__(self, policy: Policy, catalogue: Catalogue, stages: Stages):
         check_deployable(policy)
         self.stages = stages  # before Trainer.__init__, which builds the summer through make_summer
         self.sealed = deployed(policy).scheme.sealed  # the uploads never reach the server
         super().__init__(policy, catalogue)
         self.contributors: dict[int, list[int]] = {}  # round -> client ids whose private step counts
-        self.defers_evaluation = policy.deployment.evaluate_in_train
+        self.defers_evaluation = policy.deployment.evaluate_in_train or self.scope == ROUND
         self.evaluated: dict[str, float] | None = None  # the pending round's metrics, from the last train stage
         self.checkpointed = 0
         self.shard = np.empty(catalogue.n_users, dtype=np.int64)
@@ -134,7 +142,7 @@ class RemoteTrainer(Trainer):
             raise RuntimeError(f"round {r}: round {pending}'s evaluation is pending, but the model is {self.round}'s")
         self.evaluated = None
         if not clients.size:
-            if pending is not None:  # no train stage this round: the evaluation has a stage of its own
+            if pending is not None and self.scope != ROUND:  # no train stage: the evaluation has a stage of its own
                 self.evaluated = self.evaluate()
             return clients, None
         per_shard = {int(s): clients[self.shard[clients] == s] for s in np.unique(self.shard[clients])}
@@ -156,8 +164,8 @@ class RemoteTrainer(Trainer):
                 clip_norm=clip_norm,
                 released_counts=self.released_counts() if clip_norm is not None else None,
             )
-        replies = self.stages.train(r, per_shard, common, evaluate=pending)
-        if pending is not None:
+        replies = self.stages.train(r, per_shard, common, evaluate=pending, everyone=self.scope != ROUND)
+        if pending is not None and self.scope != ROUND:  # under scope "round" it comes inside the sum
             evaluations = {s: rep.get("evaluation") if s in per_shard else rep for s, rep in replies.items()}
             evaluations = {s: e for s, e in evaluations.items() if e is not None}
             missing = [s for s in range(self.policy.deployment.nodes) if s not in evaluations]
@@ -176,8 +184,8 @@ class RemoteTrainer(Trainer):
         answered = np.sort(np.concatenate([rep.clients for rep in got.values()] or [clients[:0]])).astype(clients.dtype)
         if not answered.size:
             return answered, None
-        loss = None  # under secure aggregation or DP the nodes send no loss (replies.reports_loss)
-        if reports_loss(self.policy):  # each node's summed BCE and examples, added in shard order
+        loss = None  # under secure aggregation or DP the nodes send no loss (replies.reports_in_clear)
+        if reports_in_clear(self.policy):  # each node's summed BCE and examples, added in shard order
             bce_sum = sum((rep.bce for rep in got.values()), 0.0)
             loss = bce_sum / max(1, sum(rep.examples for rep in got.values()))
         if self.sealed:  # the vectors stay on the nodes
@@ -197,6 +205,9 @@ class RemoteTrainer(Trainer):
         uploads = RowUploads(rows, owner, items, mlp, n_items)
         if self.policy.federation.engine == "per-client":  # the simulator's exact holder, so sums match bit for bit
             uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(answered.size)]), n_items * width)
+        if self.scope == ROUND:  # each user's metrics, in the clear beside its upload (nothing protects either)
+            mine = {c: rep.reports[i] for rep in got.values() for i, c in enumerate(rep.clients.tolist())}
+            uploads.reports = torch.from_numpy(np.stack([mine[c] for c in answered.tolist()]))
         return answered, RoundUpdate(uploads=uploads, private=None, loss=loss)
 
     def commit_private(self, update: RoundUpdate, contributors: np.ndarray) -> None:
@@ -207,13 +218,14 @@ class RemoteTrainer(Trainer):
         return self._metrics(self.stages.evaluate(self.round, self._common(self.round)))
 
     def deferred_metrics(self) -> dict[str, float]:
-        """The pending round's metrics, made in the train stage just run (or its own stage, if none ran).
+        """The pending round's metrics, made in the train stage just run (or its own stage, if none ran); under
+        evaluation scope "round", the report sums released with the round's aggregate (:class:`Trainer`'s).
 
         Exact: round R's metrics depend on the shared model after R's server step and the users' states after
         the commits of rounds up to R, and round R+1's train message carries exactly these (``_common(R)``,
         the same payload an evaluate stage of round R sends); each node evaluates them before it trains.
         """
-        return self.evaluated
+        return super().deferred_metrics() if self.scope == ROUND else self.evaluated
 
     def _metrics(self, replies: dict[int, dict]) -> dict[str, float]:
         """The metrics over every user that answered: the nodes' sums added, divided by their count."""

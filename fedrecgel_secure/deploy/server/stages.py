@@ -170,13 +170,19 @@ class FlowerStages:
         return claims
 
     def train(
-        self, round_idx: int, per_shard: dict[int, np.ndarray], common: dict, evaluate: int | None = None
+        self,
+        round_idx: int,
+        per_shard: dict[int, np.ndarray],
+        common: dict,
+        evaluate: int | None = None,
+        everyone: bool = True,
     ) -> dict[int, dict]:
         """Round ``round_idx`` on the nodes of ``per_shard`` (shard -> its sampled users); the train replies by shard.
 
         With ``evaluate`` (the round the model in ``common`` is the result of), the same stage also evaluates
-        that model on every node: the train message asks for it (its reply then holds ``evaluation``), and a node
-        with no sampled user gets an evaluate message instead (its reply is the evaluation). One stage, one pull.
+        that model: the train message asks for it (its reply then holds ``evaluation``, or under evaluation scope
+        "round" its users' uploads carry their metrics) and, with ``everyone``, a node with no sampled user gets
+        an evaluate message instead (its reply is the evaluation). One stage, one pull.
         """
         payloads = {
             s: {"round": round_idx, "sampled": clients, **self._wire(common)} for s, clients in per_shard.items()
@@ -192,7 +198,7 @@ class FlowerStages:
         if evaluate is not None:
             for p in payloads.values():
                 p["evaluate"] = evaluate
-            for s in range(self.settings.nodes):
+            for s in range(self.settings.nodes if everyone else 0):
                 if s not in payloads:
                     payloads[s], types[s] = {"round": evaluate, **self._wire(common)}, EVALUATE
         return self.exchange(types, f"round-{round_idx}", payloads, evaluates=evaluate)

@@ -37,7 +37,7 @@ class ResolvedDP:
     noise_multiplier: float
     """z, the noise multiplier the accountant composes (calibrated if target_epsilon was given)."""
     update_noise_multiplier: float
-    """z_Delta for the updates: z itself, or larger under adaptive clipping."""
+    """z_Delta for the updates: z itself, or larger under adaptive clipping and metrics reported in the sum."""
     clip_norm: float
     """C of the first round."""
     rounds: int
@@ -60,6 +60,10 @@ class ResolvedDP:
     """f of the masking protocol's consistency check (shares = "threshold" only)."""
     sampler: str = "poisson"
     """privacy.dp.sampler: "poisson" (amplified by sampling) or "cyclic" (bounded participation, no amplification)."""
+    reports: int = 0
+    """Metrics each upload carries inside the sum (evaluation.scope = "round"), each in [0, 1]; 0: none."""
+    report_noise_multiplier: float | None = None
+    """z_m of the reports, on their sensitivity sqrt(reports): z / sqrt(privacy.dp.evaluation_share)."""
 
     @property
     def cyclic(self) -> bool:
@@ -130,6 +134,12 @@ class ResolvedDP:
         """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""
         return noise_std(self.mode, self.update_noise_multiplier, clip_norm, self.noise_shares(participants))
 
+    def report_noise_std(self, participants: int) -> float:
+        """Std one party adds to each reported metric this round (evaluation.scope = "round" only)."""
+        assert self.report_noise_multiplier is not None
+        sensitivity = math.sqrt(self.reports)  # each of the metrics in [0, 1]
+        return noise_std(self.mode, self.report_noise_multiplier, sensitivity, self.noise_shares(participants))
+
     def count_noise_std(self, participants: int) -> float:
         """Std one party adds to the centred clipped count this round (adaptive clipping only)."""
         z_b = AdaptiveClipping.count_noise_multiplier_for(self.clipped_count_stddev)
@@ -149,10 +159,14 @@ class ResolvedDP:
             draws = [(noise_std("central", self.update_noise_multiplier, clip_norm, 1), dim)]
             if self.adaptive is not None:
                 draws.append((self.clipped_count_stddev, 1))
+            if self.reports:
+                draws.append((self.report_noise_std(1), self.reports))
         else:
             draws = [(self.update_noise_std(clip_norm, participants), dim * contributors)]
             if self.adaptive is not None:
                 draws.append((self.count_noise_std(participants), contributors))
+            if self.reports:
+                draws.append((self.report_noise_std(participants), self.reports * contributors))
         return math.fsum(tail_delta(std, grid_step, n) for std, n in draws if n > 0)
 
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
@@ -193,6 +207,7 @@ def validate_against_population(
     rounds: int,
     fraction: float,
     secure_aggregation: SecureAggregationPolicy | None = None,
+    reports: int = 0,
 ) -> ResolvedDP:
     r"""Check enabled DP settings against the federation and fix :math:`z` and :math:`q`.
 
@@ -205,7 +220,12 @@ def validate_against_population(
     - under adaptive clipping :math:`z` is the total, and the updates get
       :math:`z_\Delta` from :func:`effective_update_noise`;
     - ``secure_aggregation`` (default: none) says what the server sees and,
-      for ``shares = "threshold"``, the protocol's survivor threshold.
+      for ``shares = "threshold"``, the protocol's survivor threshold;
+    - ``reports``: the metrics each upload carries inside the sum (:mod:`fedrecgel_secure.federation.reports`).
+      They get the share :math:`s` (``evaluation_share``) of the round's :math:`z^{-2}`: noise multiplier
+      :math:`z/\sqrt{s}` on their sensitivity, and the updates :math:`z/\sqrt{1-s}` (then less the
+      clipped count's part, as above); the precisions add, so the round is one Gaussian mechanism of
+      :math:`z` and is accounted as before.
     """
     if not settings.enabled:
         raise ValueError("validate_against_population is for enabled DP settings")
@@ -251,10 +271,14 @@ def validate_against_population(
         )
     adaptive = settings.adaptive_clipping
     sigma_b = None
-    z_update = z
+    z_reports = None
+    z_update = z  # the update's share of the round's precision 1/z^2: all of it, less the reports' and the count's
+    if reports:
+        z_reports = z / math.sqrt(settings.evaluation_share)
+        z_update = z / math.sqrt(1 - settings.evaluation_share)
     if adaptive is not None:
         sigma_b = adaptive.clipped_count_stddev if adaptive.clipped_count_stddev is not None else m / 20
-        z_update = effective_update_noise(z, sigma_b)
+        z_update = effective_update_noise(z_update, sigma_b)
 
     return ResolvedDP(
         mode=settings.mode,
@@ -278,4 +302,6 @@ def validate_against_population(
         min_clients=secagg.min_clients,
         consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
         sampler=settings.sampler,
+        reports=reports,
+        report_noise_multiplier=z_reports,
     )
