@@ -11,6 +11,7 @@ recommendation, ``user,rank,item,score``, best first (rank 1).
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,11 @@ import torch
 from fedrecgel_secure.data.split import Split, csr_rows
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.model import NeuMF, head, item_side
+from fedrecgel_secure.rundir import atomic_write_bytes
 
 SCORE_CELLS = 2**20  # users x items x first tower width per pass: 4 MiB of activations; measured fastest here
 COLUMNS = ("user", "rank", "item", "score")
+LISTS_MODE = 0o600  # what each user is recommended follows from its private data: readable by the owner only
 
 
 def check_k(k: int, n_items: int) -> None:
@@ -75,7 +78,7 @@ def write_lists(
 ) -> Path:
     """Rows ``user,rank,item,score`` (CSV, or Parquet for a ``.parquet`` path when pyarrow is installed): row ``j``
     of ``items``/``scores`` is user ``user_ids[j]``'s list; items are named by ``item_ids`` (their indices if
-    None). Padding (item -1) is left out."""
+    None). Padding (item -1) is left out. The file is created 0600, atomically."""
     path = Path(path)
     n, k = items.shape
     keep = (items >= 0).reshape(-1)
@@ -89,12 +92,15 @@ def write_lists(
     }
     if path.suffix == ".parquet":
         pa, pq = _parquet(path)
-        pq.write_table(pa.table({c: columns[c] for c in COLUMNS}), path)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.table({c: columns[c] for c in COLUMNS}), buffer)
+        atomic_write_bytes(path, buffer.getvalue().to_pybytes(), mode=LISTS_MODE)
         return path
-    with open(path, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(COLUMNS)
-        out.writerows(zip(*(columns[c].tolist() for c in COLUMNS)))
+    text = io.StringIO(newline="")
+    out = csv.writer(text)
+    out.writerow(COLUMNS)
+    out.writerows(zip(*(columns[c].tolist() for c in COLUMNS)))
+    atomic_write_bytes(path, text.getvalue().encode(), mode=LISTS_MODE)
     return path
 
 

@@ -49,6 +49,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     # open (threat model, "What the server can still do"): a node's HR/NDCG sums over its users, not yet inside
     # the secure sum; a server that crafts the evaluated model learns from them which items a node's users hold out
     "evaluation, open": ("evaluation", "users", "sums"),
+    # a node's acknowledgement that it wrote its users' recommendations into its own state directory: always 1
+    # (deploy.node.recommendations); the lists never leave the node
+    "acknowledgement": ("recommended",),
 }
 
 
