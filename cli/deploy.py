@@ -92,7 +92,7 @@ def deploy_local_cmd(
         from fedrecgel_secure.deploy.node.shard import state_dir_for
 
         out.print(
-            f"each node's users' top {policy_.deployment.recommend}: {state_dir_for(policy_, out_dir, 'K')}"
+            f"each node's users' top {policy_.deployment.recommend}: {state_dir_for(policy_, out_dir, 'N')}"
             f"/{RECOMMENDATIONS} (user and item indices; the server has none of it)"
         )
 
