@@ -59,5 +59,15 @@ def test_each_node_writes_its_users_lists_equal_to_the_simulators_and_the_server
         assert [s for _, s in lists[str(u)]] == pytest.approx(scores[u].tolist(), abs=1e-6)
     assert not (out / RECOMMENDATIONS).exists()
 
-    # the server's run directory holds no user embedding: `recommend` says so and where the lists are
+    # the server's run directory holds no user embedding: `recommend` says so and where the lists are; an export
+    # holds the shared model alone, and asking it for the user embeddings is refused
     bad(["recommend", out, "--user", "1"], "a deployment's run directory holds no user embeddings", tmp_path)
+    from fedrecgel_secure.errors import BadInputError
+    from fedrecgel_secure.export import export_run, load_export
+
+    export_run(out, tmp_path / "export")
+    model, theta, card = load_export(tmp_path / "export")
+    assert theta is None and card["contents"]["user_embeddings"] is None
+    assert all(np.array_equal(model.state_dict()[k], v) for k, v in run.model.state_dict().items())
+    with pytest.raises(BadInputError, match="no user embeddings"):
+        export_run(out, tmp_path / "export2", include_user_embeddings=True)
