@@ -10,6 +10,7 @@ the same file, with the same filter, so no cached split has to carry them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -26,14 +27,17 @@ class RawIds:
     def user_index(self, raw: str | int) -> int:
         """The split's index of the user whose id in the file is ``raw`` (given as text, as on a command line);
         bad input, naming it, if no kept user has it."""
-        text = str(raw).strip()
-        hits = np.flatnonzero(self.users.astype(str) == text)
-        if not hits.size:
+        index = self._user_index.get(str(raw).strip())
+        if index is None:
             raise BadInputError(
                 f"--user {raw}: no such user in this run's data (it has {self.users.size:,} users after filtering;"
                 " a user with fewer than data.min_interactions interactions is not one of them)"
             )
-        return int(hits[0])
+        return index
+
+    @cached_property
+    def _user_index(self) -> dict[str, int]:
+        return {u: i for i, u in enumerate(self.users.astype(str).tolist())}
 
 
 def raw_ids(data) -> RawIds:
