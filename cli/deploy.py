@@ -90,10 +90,13 @@ def deploy_local_cmd(
     if policy_.deployment.recommend:
         from fedrecgel_secure.deploy.node.recommendations import RECOMMENDATIONS
         from fedrecgel_secure.deploy.node.shard import state_dir_for
+        from fedrecgel_secure.deploy.server.recommendations import recommend_stage
 
+        stage = recommend_stage(out_dir) or {"answered": 0, "sent": policy_.deployment.nodes}
         out.print(
-            f"each node's users' top {policy_.deployment.recommend}: {state_dir_for(policy_, out_dir, 'N')}"
-            f"/{RECOMMENDATIONS} (user and item indices; the server has none of it)"
+            f"{stage['answered']} of {stage['sent']} nodes wrote their users' top {policy_.deployment.recommend}:"
+            f" {state_dir_for(policy_, out_dir, 'N')}/{RECOMMENDATIONS} for node N (user and item indices; the"
+            " server has none of it)"
         )
 
 

@@ -21,6 +21,7 @@ def test_each_node_writes_its_users_lists_equal_to_the_simulators_and_the_server
 ):
     from fedrecgel_secure.deploy.node.recommendations import ACKNOWLEDGED, RECOMMENDATIONS
     from fedrecgel_secure.deploy.replies import undeclared
+    from fedrecgel_secure.deploy.server.recommendations import recommend_stage
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.deploy.wire import from_record
     from fedrecgel_secure.policy import load_policy
@@ -44,6 +45,15 @@ def test_each_node_writes_its_users_lists_equal_to_the_simulators_and_the_server
     acks = [from_record(m.content) for m in replies[-3:]]
     assert acks == [ACKNOWLEDGED] * 3
     assert undeclared(load_policy(policy_file), acks[0]) == []
+    # the stage journal's last line is the recommend stage's: what `deploy local` waits for before it stops the nodes
+    assert recommend_stage(out) | {"seconds": 0, "parts": {}} == {
+        "stage": "recommend-2",
+        "type": "query.recommend",
+        "seconds": 0,
+        "sent": 3,
+        "answered": 3,
+        "parts": {},
+    }
 
     # the union of the nodes' files is the simulator's every list, by the split's indices
     run = open_trained(sim)
@@ -71,3 +81,12 @@ def test_each_node_writes_its_users_lists_equal_to_the_simulators_and_the_server
     assert all(np.array_equal(model.state_dict()[k], v) for k, v in run.model.state_dict().items())
     with pytest.raises(BadInputError, match="no user embeddings"):
         export_run(out, tmp_path / "export2", include_user_embeddings=True)
+
+
+def test_the_relay_clientapp_forwards_every_message_type_the_handlers_answer():
+    # a handler the relay does not register never runs on a real SuperNode (flwr refuses the message type there),
+    # whatever the in-process grid, which calls the engine directly, shows; flwr 1.42 keeps them in _registered_funcs
+    from fedrecgel_secure.deploy.node import clientapp, handlers
+
+    assert "query.recommend" in handlers.app._registered_funcs
+    assert set(clientapp.app._registered_funcs) == set(handlers.app._registered_funcs)

@@ -9,7 +9,23 @@ nodes wrote theirs, as it learns which answered any stage, and nothing of any li
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 RECOMMEND = "query.recommend"
+
+
+def recommend_stage(run_dir: Path) -> dict | None:
+    """The recommend stage's line of the run's stage journal (``sent``, ``answered``, ...) once it has run: the
+    journal's last line, as the stage is the run's last; None before."""
+    from fedrecgel_secure.deploy.server.stages import STAGES
+
+    try:
+        lines = (Path(run_dir) / STAGES).read_text().splitlines()
+        last = json.loads(lines[-1]) if lines else None
+    except (OSError, json.JSONDecodeError):
+        return None
+    return last if last is not None and last.get("type") == RECOMMEND else None
 
 
 def ask_nodes_to_recommend(stages, trainer) -> list[int]:
