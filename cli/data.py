@@ -17,25 +17,27 @@ app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, sh
 
 @app.command("list")
 def data_list():
-    """The datasets this package knows, and where each comes from."""
+    """The datasets this package knows, and where each comes from; the synthetic shapes need no file."""
     from fedrecgel_secure.data.loaders import DATASETS
+    from fedrecgel_secure.data.synthetic import SHAPES, describe_shape
 
+    rows = [
+        (info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description)
+        for info in DATASETS.values()
+    ]
+    rows += [(name, "synthetic", "-", "(generated: no file)", describe_shape(name)) for name in SHAPES]
     if not out.is_terminal:  # a pipe or a file: one block per dataset, every URL whole on its own line
-        for info in DATASETS.values():
+        for name, bundled, fmt, source, description in rows:
+            kind = {"yes": "bundled", "no": "not bundled"}.get(bundled, bundled)
             out.print(
-                f"{info.name} ({'bundled' if info.bundled else 'not bundled'}, format {info.fmt})"
-                f"\n  source: {info.url or '(no public URL)'}\n  {info.description}",
-                highlight=False,
-                soft_wrap=True,
+                f"{name} ({kind}, format {fmt})\n  source: {source}\n  {description}", highlight=False, soft_wrap=True
             )
         return
     table = Table(title="datasets")
     for col in ("name", "bundled", "format", "source", "description"):
         table.add_column(col, overflow="fold")  # a URL too long for its column folds onto the next line, whole
-    for info in DATASETS.values():
-        table.add_row(
-            info.name, "yes" if info.bundled else "no", info.fmt, info.url or "(no public URL)", info.description
-        )
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
 
 

@@ -28,6 +28,15 @@ def deploy_local_cmd(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the server checkpoint and the nodes' state in --out.")
     ] = False,
+    recommend: Annotated[
+        int | None,
+        typer.Option(
+            "--recommend",
+            min=1,
+            help="After the last round each node writes its users' top K into its state directory"
+            " (deployment.recommend).",
+        ),
+    ] = None,
 ):
     """A SuperLink and N SuperNodes on 127.0.0.1 (free ports), one run to the end, every process stopped by PID."""
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
@@ -35,7 +44,8 @@ def deploy_local_cmd(
     from fedrecgel_secure.deploy.launch.processes import Terminated, stop_on_signals
     from fedrecgel_secure.rundir import METRICS, read_summary
 
-    policy_ = resolve_policy(out_dir, policy, set_, nodes, resume)
+    extra = [f"deployment.recommend={recommend}"] if recommend is not None else []
+    policy_ = resolve_policy(out_dir, policy, list(set_) + extra, nodes, resume)
     rounds = policy_.federation.rounds
     dep = Deployment(policy_, out_dir, say=out.print)
     columns = [
@@ -77,6 +87,17 @@ def deploy_local_cmd(
         )
     )
     report_written(out_dir)
+    if policy_.deployment.recommend:
+        from fedrecgel_secure.deploy.node.recommendations import RECOMMENDATIONS
+        from fedrecgel_secure.deploy.node.shard import state_dir_for
+        from fedrecgel_secure.deploy.server.recommendations import recommend_stage
+
+        stage = recommend_stage(out_dir) or {"answered": 0, "sent": policy_.deployment.nodes}
+        out.print(
+            f"{stage['answered']} of {stage['sent']} nodes wrote their users' top {policy_.deployment.recommend}:"
+            f" {state_dir_for(policy_, out_dir, 'N')}/{RECOMMENDATIONS} for node N (user and item indices; the"
+            " server has none of it)"
+        )
 
 
 @app.command("plan")

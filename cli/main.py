@@ -1,6 +1,7 @@
 """The `fedrecgel` command: one module per command group, each thin over the library.
 
-* :mod:`.train`: ``train`` and ``evaluate``; :mod:`.audit`: ``audit``; :mod:`.runs`: ``runs``;
+* :mod:`.train`: ``train`` and ``evaluate``; :mod:`.recommend`: ``recommend``; :mod:`.export`: ``export``;
+  :mod:`.audit`: ``audit``; :mod:`.runs`: ``runs``;
 * :mod:`.policy`, :mod:`.data`, :mod:`.study`, :mod:`.deploy`: the command groups of those names;
 * :mod:`.common`: the consoles, bad input as exit 2, the shared options; :mod:`.crash`: internal errors.
 
@@ -13,7 +14,7 @@ import sys
 
 import typer
 
-from fedrecgel_secure.cli import audit, data, deploy, policy, runs, study, train
+from fedrecgel_secure.cli import audit, data, deploy, export, policy, recommend, runs, study, train
 from fedrecgel_secure.cli.common import err
 from fedrecgel_secure.cli.crash import write_crash_log
 from fedrecgel_secure.cli.startup import own_process
@@ -28,6 +29,8 @@ app = typer.Typer(
 )
 app.command()(train.train)
 app.command()(train.evaluate)
+app.command()(recommend.recommend)
+app.command()(export.export)
 app.command()(audit.audit)
 app.command("runs")(runs.list_runs)
 app.add_typer(policy.app, name="policy")

@@ -18,9 +18,12 @@ from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, check_out_dir
 
 
 def open_run(
-    out_dir: Path, policy_path: Path | None = None, overrides: list[str] = (), *, resume: bool = False
+    out_dir: Path, policy_path: Path | Policy | None = None, overrides: list[str] = (), *, resume: bool = False
 ) -> Trainer:
     """A trainer for ``out_dir``: fresh, or restored from its checkpoint with ``resume``.
+
+    ``policy_path`` is a policy file, a packaged policy's name, or a :class:`Policy` already made (then
+    ``overrides`` must be empty: change the object instead).
 
     ``out_dir`` is checked before any data is loaded: it must be writable, and
     hold no run unless ``resume``; with ``resume`` it must hold a checkpoint. With
@@ -31,7 +34,12 @@ def open_run(
     check_out_dir(out_dir, resume)
     if resume and policy_path is None and (out_dir / RESOLVED).is_file():
         policy_path = out_dir / RESOLVED
-    policy = load_policy(policy_path, overrides)
+    if isinstance(policy_path, Policy):
+        if overrides:
+            raise BadInputError("overrides apply to a policy file; change the Policy object itself instead")
+        policy = policy_path
+    else:
+        policy = load_policy(policy_path, overrides)
     trainer = Trainer(policy, load_split(policy.data))
     if resume:
         trainer.resume_from(out_dir)

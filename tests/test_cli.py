@@ -157,8 +157,13 @@ def test_policy_commands(tmp_path):
 
 
 def test_data_commands():
+    from fedrecgel_secure.data.loaders import DATASETS
+    from fedrecgel_secure.data.synthetic import SHAPES
+
     listed = fedrecgel("data", "list")
-    assert listed.returncode == 0 and "filmtrust" in listed.stdout and "qb-article" in listed.stdout
+    assert listed.returncode == 0
+    named = {line.split(" ", 1)[0] for line in listed.stdout.splitlines() if not line.startswith(" ")}
+    assert named == set(DATASETS) | set(SHAPES)  # every name data.dataset takes, the synthetic shapes too
     info = fedrecgel("data", "info", "filmtrust")
     assert info.returncode == 0, info.stderr
     assert "1,227" in info.stdout and "2,059" in info.stdout and "34,890" in info.stdout

@@ -14,6 +14,17 @@ ML20M_SHAPE = dict(n_users=138_493, n_items=26_744, n_interactions=20_000_263, m
 # Shape-only datasets, by the name a policy's data.dataset gives them: for benchmarks at research scale,
 # with no file to download; the interactions are synthetic, only their counts are the real dataset's.
 SHAPES = {"qb-article-shape": QB_ARTICLE_SHAPE, "ml20m-shape": ML20M_SHAPE}
+_SHAPE_OF = {"qb-article-shape": "QB-article (Tenrec) after filtering", "ml20m-shape": "MovieLens-20M"}
+
+
+def describe_shape(name: str) -> str:
+    """What ``fedrecgel data list`` says of a shape-only dataset."""
+    shape = SHAPES[name]
+    return (
+        f"Synthetic interactions in the shape of {_SHAPE_OF[name]}: {shape['n_users']:,} users,"
+        f" {shape['n_items']:,} items, {shape['n_interactions']:,} interactions (long-tailed users, Zipf-popular"
+        " items), drawn from data.seed; no file, for benchmarks at research scale."
+    )
 
 
 def shape_interactions(name: str, *, scale: float = 1.0, seed: int = 0) -> RawInteractions:

@@ -52,6 +52,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     # in the clear: only where no secure aggregation protects the uploads (and for the loss and the evaluation
     # sums, no DP either)
     "clear": VECTORS + REPORTS + LOSS + EVALUATION,
+    # a node's acknowledgement that it wrote its users' recommendations into its own state directory: always 1
+    # (deploy.node.recommendations); the lists never leave the node
+    "acknowledgement": ("recommended",),
 }
 
 

@@ -107,6 +107,13 @@ class DeploymentPolicy(Section):
         " (the plain path; the same metrics). Only under evaluation.scope = 'all': with secure aggregation or DP"
         " the round's users report their metrics inside the round's sum, and no evaluate stage exists.",
     )
+    recommend: int = Field(
+        0,
+        ge=0,
+        description="After the last round, each node writes its own users' top-K items (K = this) into"
+        " recommendations.csv in its state directory (user and item indices, as its shard names them); the server"
+        " gets an acknowledgement and nothing of the lists. 0: no lists.",
+    )
     state_dir: str = Field(
         "nodes/{shard}",
         description="Each node's state directory ({shard} is its index);"

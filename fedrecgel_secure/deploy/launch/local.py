@@ -338,7 +338,7 @@ class Deployment:
                 if lines != seen:
                     seen = lines
                     on_progress(lines)
-            if summary.exists() and summary.stat().st_mtime >= started:
+            if summary.exists() and summary.stat().st_mtime >= started and self._recommended():
                 import json
 
                 return json.loads(summary.read_text())
@@ -353,6 +353,13 @@ class Deployment:
                     )
             time.sleep(0.5)
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
+
+    def _recommended(self) -> bool:
+        """Whether the nodes' recommend stage, which follows the summary (``deployment.recommend``), has run: the
+        last line of the stage journal is its (or none is asked for)."""
+        from fedrecgel_secure.deploy.server.recommendations import recommend_stage
+
+        return not self.policy.deployment.recommend or recommend_stage(self.out) is not None
 
     def _run_log_tail(self, lines: int = 30) -> str:
         """The last lines ``flwr run --stream`` printed (the ServerApp's log, a traceback if it failed), so that

@@ -22,7 +22,7 @@ from fedrecgel_secure.deploy.timing import process_started
 LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
 STARTED = process_started() or LOADED
 # every message type the node answers (:mod:`.handlers`): train, and the queries
-QUERIES = ("hello", "secagg", "keyholder", "evaluate")
+QUERIES = ("hello", "secagg", "keyholder", "evaluate", "recommend")
 
 app = ClientApp()
 

@@ -211,3 +211,15 @@ def evaluate(msg: Message, context: Context) -> Message:
     node = _node(context, req["digest"])
     out = node.evaluate(int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
     return _reply(msg, node.policy, out.payload())
+
+
+@app.query("recommend")
+def recommend(msg: Message, context: Context) -> Message:
+    """Its users' top-K lists, written into its state directory (:mod:`.recommendations`); the reply acknowledges
+    it and carries nothing of them."""
+    from fedrecgel_secure.deploy.node.recommendations import ACKNOWLEDGED, write_recommendations
+
+    req = from_record(msg.content)
+    node = _node(context, req["digest"])
+    write_recommendations(node, int(req["round"]), req["shared"], _commits(req), int(req["keep_from"]))
+    return _reply(msg, node.policy, dict(ACKNOWLEDGED))

@@ -3,7 +3,9 @@
 Run config: ``policy`` (a policy file every node also has), ``out`` (the run
 directory, written as by ``fedrecgel train``), ``resume`` (continue from its checkpoint),
 ``catalogue`` (the shards' public ``manifest.json``: the catalogue size and the number
-of users). The server reads no interaction data: each node holds its own shard.
+of users). The server reads no interaction data: each node holds its own shard. With
+``deployment.recommend`` a last stage has each node write its users' top-K into its own state directory
+(:mod:`.recommendations`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
     trainer = RemoteTrainer(policy, public, stages)
     if resume and (out_dir / CHECKPOINT).exists():
         trainer.resume_from(out_dir)
-    return trainer.run(out_dir)
+    result = trainer.run(out_dir)
+    if policy.deployment.recommend:  # each node writes its users' lists into its own state directory
+        from fedrecgel_secure.deploy.server.recommendations import ask_nodes_to_recommend
+
+        ask_nodes_to_recommend(stages, trainer)
+    return result
 
 
 @app.main()

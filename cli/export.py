@@ -1,0 +1,32 @@
+"""`fedrecgel export`: a run's shared model in safetensors, with a model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedrecgel_secure.cli.common import RunDirArg, out, user_errors
+
+
+@user_errors
+def export(
+    run_dir: RunDirArg,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the export into.")],
+    include_user_embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--include-user-embeddings", help="Also every user's private embedding (not covered by DP; 0600)."
+        ),
+    ] = False,
+):
+    """Export the shared model (item embeddings, MLP) as safetensors, with a model card in Markdown and JSON:
+    data and split, policy digest, metrics, ε against each observer, secure aggregation."""
+    from fedrecgel_secure.cli.startup import lasting_imports
+
+    with lasting_imports():  # torch
+        from fedrecgel_secure.export import export_run
+
+    for path in export_run(run_dir, out_dir, include_user_embeddings=include_user_embeddings):
+        out.print(f"wrote {path}", highlight=False)
