@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.node.masking_node import MaskingNode
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
 from fedrecgel_secure.deploy.server.masking_summer import aggregator
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import (

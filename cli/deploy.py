@@ -121,6 +121,6 @@ def deploy_identity_cmd(
 ):
     """Print a node's identity public key (64 hex digits), making the key (0600) if it has none: run it on the \
 node's own machine and give the key to the server in [deployment] node_keys, so no other node can take its shard."""
-    from fedrecgel_secure.deploy.node_pins import identity_key
+    from fedrecgel_secure.deploy.node.hello import identity_key
 
     typer.echo(identity_key(state_dir))

@@ -66,9 +66,9 @@ class InProcessGrid:
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
         from fedrecgel_secure.deploy.launch.layout import node_config
+        from fedrecgel_secure.deploy.messages import KEY_HOLDER
         from fedrecgel_secure.deploy.node import handlers
         from fedrecgel_secure.deploy.node.engine import Engine
-        from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity

@@ -19,8 +19,8 @@ K = 5
 def test_each_node_writes_its_users_lists_equal_to_the_simulators_and_the_server_gets_an_acknowledgement(
     tmp_path, privacy
 ):
-    from fedrecgel_secure.deploy.node.recommendations import ACKNOWLEDGED, RECOMMENDATIONS
-    from fedrecgel_secure.deploy.replies import undeclared
+    from fedrecgel_secure.deploy.node.recommendations import RECOMMENDATIONS
+    from fedrecgel_secure.deploy.replies import ACKNOWLEDGED, undeclared
     from fedrecgel_secure.deploy.server.recommendations import recommend_stage
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.deploy.wire import from_record

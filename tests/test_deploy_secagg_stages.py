@@ -1,4 +1,4 @@
-"""Masking as node stages (deploy/node/masking_node.py, deploy/masking_stages.py), in one process but
+"""Masking as node stages (deploy/node/masking_node.py, deploy/server/masking_driver.py), in one process but
 across "processes": every stage builds a fresh :class:`MaskingNode` from its state directory, as a
 new ``flwr-clientapp`` process would, and the payloads go through the Flower
 record encoding. The released sum must equal the exact fixed-point sum that
@@ -13,9 +13,10 @@ import stat
 import numpy as np
 import pytest
 
-from fedrecgel_secure.deploy.masking_stages import MaskingDriver, messages_of, reply, reported_keys
+from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.node.masking_node import MaskingNode
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,
     IdentityDirectory,
@@ -70,7 +71,7 @@ class Nodes:
     def advertise(self, round_idx: int, announcement: bytes, cohort) -> dict[int, dict]:
         """Each node's users' adverts for the announcement, as their train replies carry them (the only way a
         node answers one): bound to the round the node trained."""
-        from fedrecgel_secure.deploy.masking_stages import request
+        from fedrecgel_secure.deploy.messages import request
 
         out = {}
         for n, users in USERS_OF.items():
@@ -255,7 +256,7 @@ def test_a_server_replaying_a_once_only_request_to_a_restarted_node_is_refused(t
 def test_the_train_stages_users_advertise_only_for_the_round_trained(tmp_path):
     # The node kept its inputs for the round it trained (the train payload's round); an announcement signed for
     # another round, riding on that train message, is refused by every user, so no attempt starts.
-    from fedrecgel_secure.deploy.masking_stages import request
+    from fedrecgel_secure.deploy.messages import request
 
     nodes, driver = start(tmp_path)
     announcement = driver.begin(2)

@@ -84,3 +84,18 @@ def test_importing_the_policy_in_a_fresh_interpreter_loads_no_privacy_module():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert f"{PACKAGE}.policy.root" in loaded
     assert not [m for m in loaded if in_package(m, f"{PACKAGE}.privacy")]
+
+
+def test_the_server_never_imports_node_code_nor_a_node_server_code():
+    # A machine's role names the code it loads (deploy/__init__.py): what both sides read lives at the top of
+    # deploy/ (messages, replies, wire, schemes); a lazy import counts too.
+    graph = import_graph()
+    server, node = f"{PACKAGE}.deploy.server", f"{PACKAGE}.deploy.node"
+    assert any(in_package(t, f"{PACKAGE}.deploy.messages") for m in graph if in_package(m, server) for t in graph[m])
+    crossing = sorted(
+        f"{m} -> {t}"
+        for m in graph
+        for t in graph[m]
+        if (in_package(m, server) and in_package(t, node)) or (in_package(m, node) and in_package(t, server))
+    )
+    assert not crossing, crossing

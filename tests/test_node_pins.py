@@ -37,7 +37,7 @@ def test_node_keys_in_the_policy_pin_shards_and_the_key_holder():
 
 
 def test_nodes_json_is_read_back_and_a_contradicting_policy_key_is_bad_input(tmp_path):
-    from fedrecgel_secure.deploy.node_pins import NODE_PINS, read_pins, write_pins
+    from fedrecgel_secure.deploy.server.pins import NODE_PINS, read_pins, write_pins
 
     write_pins(tmp_path, {"1": KEY, "0": "cd" * 32})
     assert read_pins(tmp_path, {}) == {"0": "cd" * 32, "1": KEY}
@@ -53,7 +53,8 @@ def test_nodes_json_is_read_back_and_a_contradicting_policy_key_is_bad_input(tmp
 
 
 def test_a_signed_hello_verifies_only_over_its_own_nonce_and_digest(tmp_path):
-    from fedrecgel_secure.deploy.node_pins import check_hello, new_nonce, signed_hello
+    from fedrecgel_secure.deploy.node.hello import signed_hello
+    from fedrecgel_secure.deploy.server.pins import check_hello, new_nonce
 
     nonce = new_nonce()
     reply = signed_hello(tmp_path / "n", 2, "digest", nonce)
@@ -70,7 +71,7 @@ def test_a_signed_hello_verifies_only_over_its_own_nonce_and_digest(tmp_path):
 
 
 def test_binding_takes_the_pinned_key_refuses_the_rest_and_never_picks_between_unpinned_claims():
-    from fedrecgel_secure.deploy.node_pins import Claim, bind
+    from fedrecgel_secure.deploy.server.pins import Claim, bind
 
     pins = {"0": KEY}
     claims = [
@@ -105,8 +106,9 @@ def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
     from typer.testing import CliRunner
 
     from fedrecgel_secure.cli.main import app
+    from fedrecgel_secure.deploy.node.hello import signed_hello
     from fedrecgel_secure.deploy.node.shard import IDENTITY
-    from fedrecgel_secure.deploy.node_pins import check_hello, signed_hello
+    from fedrecgel_secure.deploy.server.pins import check_hello
 
     result = CliRunner().invoke(app, ["deploy", "identity", str(tmp_path / "node")])
     assert result.exit_code == 0, result.output

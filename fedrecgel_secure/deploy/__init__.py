@@ -12,9 +12,10 @@ code it loads:
 ``node/``     a SuperNode's side: the relay, the resident engine, the handlers, the shard's users and their
               protocol roles (masking, BFV, the key holder)
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
-top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, :mod:`.masking_stages`),
-              the nodes' signed hellos (:mod:`.node_pins`), the stage timing (:mod:`.timing`), the scheme
-              table (:mod:`.schemes`) and :func:`check_deployable`
+top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, and :mod:`.messages`:
+              every message type, node-config key and shared format, declared once), the stage timing
+              (:mod:`.timing`), the scheme table (:mod:`.schemes`) and :func:`check_deployable`; the server never
+              imports node code, nor a node server code (tests/test_import_layers.py)
 
 Flower is imported only by :mod:`.server.serverapp`, :mod:`.server.stages`, :mod:`.node.clientapp`,
 :mod:`.node.handlers`, :mod:`.node.engine`, :mod:`.launch.superlink` and, when called, the record
@@ -27,7 +28,7 @@ from fedrecgel_secure.errors import BadInputError
 def check_deployable(policy) -> None:
     """Refuse what the deployment cannot yet run faithfully.
 
-    Masking runs as stages on the nodes (:mod:`.masking_stages`), and under DP
+    Masking runs as stages on the nodes (:mod:`.server.masking_driver`), and under DP
     each node clips its users' uploads and draws their noise shares
     (:meth:`.shard.Node.protect`); under BFV the nodes encrypt and the key
     holder is a node of its own (:mod:`.he_node`). Running a protocol on the

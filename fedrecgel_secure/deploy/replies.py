@@ -58,6 +58,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+ACKNOWLEDGED = {"recommended": 1}  # a node's whole reply to the recommend stage (deploy.node.recommendations)
+
+
 def reports_in_clear(policy) -> bool:
     """Whether a node reports its users' summed loss, examples and evaluation sums: only where the server sees their
     uploads in the clear and no DP bounds what it learns (scheme ``none``, DP off)."""

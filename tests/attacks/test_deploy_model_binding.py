@@ -6,7 +6,7 @@ training moves almost nothing, and samples the victim alone on its node: the rel
 victim's upload. Found by a hostile review of the deployment: before the fix nothing bound the train message's
 model to the signed announcement, and the released sum equalled the victim's upload in all but 1 of 2281
 coordinates (the output bias). Now each masking attempt is bound to a digest of the model and the DP settings
-each user was sent (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`): users sent different models
+each user was sent (:func:`~fedrecgel_secure.deploy.messages.train_binding`): users sent different models
 cannot verify each other's adverts, so nothing is masked and nothing released.
 """
 

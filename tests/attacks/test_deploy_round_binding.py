@@ -46,8 +46,8 @@ class Deployed:
     every sum the server's masking driver released."""
 
     def __init__(self, tmp_path: Path, monkeypatch, extra: str, rounds: int = 1):
-        from fedrecgel_secure.deploy.masking_stages import MaskingDriver
         from fedrecgel_secure.deploy.node.masking_node import MaskingNode
+        from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver
         from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
         from fedrecgel_secure.deploy.server.remote import RemoteTrainer
 
@@ -106,7 +106,7 @@ def standalone_adverts(driver, round_idx: int, cohort) -> dict[int, dict]:
     it to the nodes in an advertise stage of its own (the honest server sends it only inside a train message, and
     its driver has no such stage); the nodes' replies, to run the rest of the protocol on
     (``driver.run_round(round_idx, cohort, adverts=...)``)."""
-    from fedrecgel_secure.deploy.masking_stages import request
+    from fedrecgel_secure.deploy.messages import request
 
     announcement = driver.begin(round_idx)
     users_of = {}
@@ -155,7 +155,7 @@ def test_a_train_message_announcing_another_round_than_it_trains_gets_no_advert(
     summer = server.aggregation.summer
     users = np.asarray(summer.users_of[0][:3], dtype=np.int64)
     common = server._common(0)
-    from fedrecgel_secure.deploy.masking_stages import train_binding
+    from fedrecgel_secure.deploy.messages import train_binding
 
     binding = train_binding(common["shared"], int(users.size), None)  # bound to the model, as an honest one is
     common.update(announce=summer.driver.begin(2, binding=binding), dim=summer.setup.dim, participants=int(users.size))
@@ -172,7 +172,7 @@ def test_a_train_message_for_a_round_past_the_run_is_refused(tmp_path, monkeypat
     # (issue 35, finding 4: the key holder answered 40 probes under labels 100-139; an aggregate's label is bound by
     # its users' signatures). Before issue 35 a node trained, advertised or summed any round it was sent (node 0
     # summed label 2 of a one-round run under BFV); now it refuses a label outside 1 .. federation.rounds.
-    from fedrecgel_secure.deploy.masking_stages import train_binding
+    from fedrecgel_secure.deploy.messages import train_binding
 
     run = Deployed(tmp_path, monkeypatch, MASKING if scheme == "masking" else BFV)
     run.run()
@@ -193,7 +193,7 @@ def test_a_new_session_does_not_reopen_a_confirmed_round(tmp_path, monkeypatch):
     # The server sets up a new session (a resumed server's first step: keys, join), then runs round 1 again over
     # its contributors but the victim, its attempt announced in round 1's train message, as an honest round's is.
     # The users' record of the rounds they confirmed outlives the session: all refuse the new attempt of round 1.
-    from fedrecgel_secure.deploy.masking_stages import train_binding
+    from fedrecgel_secure.deploy.messages import train_binding
 
     run = Deployed(tmp_path, monkeypatch, MASKING)
     run.run()

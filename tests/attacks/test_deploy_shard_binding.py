@@ -136,7 +136,7 @@ def test_a_key_pinned_in_the_policy_holds_at_first_contact(tmp_path, capsys):
     # deploy plan: the operator pins node 1's key (printed on node 1's machine by `fedrecgel deploy identity`)
     # in [deployment] node_keys before the first run. The attacker answers first, node 1 is late: refused.
     # Before: there was no way to pin a key (no such field), and the first node to claim shard 1 took it.
-    from fedrecgel_secure.deploy.node_pins import identity_key
+    from fedrecgel_secure.deploy.node.hello import identity_key
     from fedrecgel_secure.deploy.server.serverapp import run_server
 
     out = tmp_path / "deployed"
@@ -199,7 +199,7 @@ def test_a_forged_or_replayed_hello_is_refused(tmp_path, capsys, forgery):
     # not its private key. It names node 1's key in a statement it signs itself, or replays node 1's hello of
     # the first server run (signed over that run's nonce). Before: no signature was checked, and its claim of
     # shard 1 with node 1's key was taken while node 1 was late.
-    from fedrecgel_secure.deploy.node_pins import signed_hello
+    from fedrecgel_secure.deploy.node.hello import signed_hello
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, Envelope
 

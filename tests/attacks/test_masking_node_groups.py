@@ -24,7 +24,7 @@ pytest.importorskip("flwr")
 
 from test_deploy_secagg_stages import ALL, DIM, SETUP, USERS_OF, reference, start
 
-from fedrecgel_secure.deploy.masking_stages import messages_of, reply
+from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import RoundSkipped
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload

@@ -12,7 +12,7 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``shards/shard-K.npz``  node K's users' data (0600), the only data file node K is given
 ``shards/manifest.json`` the public counts the server reads (catalogue size, users per node); no interaction
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
-``nodes.json``          each node's pinned identity key (:mod:`.node_pins`), written by the ServerApp
+``nodes.json``          each node's pinned identity key (:mod:`..server.pins`), written by the ServerApp
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.launch.tls import TlsFiles
-from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
+from fedrecgel_secure.deploy.messages import KEY_HOLDER
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.rundir import CHECKPOINT

@@ -45,8 +45,9 @@ from fedrecgel_secure.deploy.launch.processes import (
     wait_for_port,
 )
 from fedrecgel_secure.deploy.launch.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
+from fedrecgel_secure.deploy.messages import KEY_HOLDER
 from fedrecgel_secure.deploy.node.channel import socket_path
-from fedrecgel_secure.deploy.node.shard import KEY_HOLDER, state_dir_for
+from fedrecgel_secure.deploy.node.shard import state_dir_for
 from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.rundir import METRICS, SUMMARY

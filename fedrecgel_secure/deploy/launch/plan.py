@@ -12,7 +12,7 @@ from pathlib import Path
 from fedrecgel_secure.data.shards import MANIFEST, shard_name
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.launch.layout import CONTROL_TOKEN_FILE, SUPEREXEC_SECRET_FILE
-from fedrecgel_secure.deploy.node.shard import KEY_HOLDER
+from fedrecgel_secure.deploy.messages import KEY_HOLDER
 from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 

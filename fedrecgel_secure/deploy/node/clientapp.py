@@ -16,13 +16,15 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedrecgel_secure.deploy.messages import (  # every message type the node answers: train, the queries
+    QUERIES,
+    STATE_DIR,
+)
 from fedrecgel_secure.deploy.node.channel import ERROR, request
 from fedrecgel_secure.deploy.timing import process_started
 
 LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
 STARTED = process_started() or LOADED
-# every message type the node answers (:mod:`.handlers`): train, and the queries
-QUERIES = ("hello", "secagg", "keyholder", "evaluate", "recommend")
 
 app = ClientApp()
 
@@ -34,7 +36,7 @@ def relay(msg: Message, context: Context) -> Message:
     now = time.time()
     # the message's own expiry (the server's clock: at most its TTL from now, whatever the skew)
     deadline = min(msg.metadata.created_at + msg.metadata.ttl, now + msg.metadata.ttl)
-    state_dir = Path(str(context.node_config["state-dir"]))
+    state_dir = Path(str(context.node_config[STATE_DIR]))
     return reply_of(*request(state_dir, message_to_proto(msg).SerializeToString(), deadline))
 
 

@@ -15,6 +15,20 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedrecgel_secure.deploy.messages import (
+    CATALOGUE,
+    DATA,
+    EVALUATE,
+    HELLO,
+    KEY_HOLDER,
+    KEY_HOLDER_STAGE,
+    POLICY,
+    RECOMMEND,
+    ROLE,
+    SECAGG,
+    SHARD,
+    STATE_DIR,
+)
 from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
 from fedrecgel_secure.deploy.wire import from_record, to_record
 
@@ -24,7 +38,7 @@ _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy 
 
 def _not_the_key_holder(context: Context) -> None:
     """The key holder answers its own stages only: it never trains, evaluates or masks."""
-    if context.node_config.get("role") == "keyholder":
+    if context.node_config.get(ROLE) == KEY_HOLDER:
         raise RuntimeError("the key holder answers only the keyholder stages")
 
 
@@ -35,12 +49,12 @@ def _node(context: Context, digest: str | None):
     _not_the_key_holder(context)
     private_umask()
     cfg = context.node_config
-    policy = load_policy(cfg["policy"])
+    policy = load_policy(cfg[POLICY])
     if digest is not None and digest != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
-    key = (int(cfg["shard"]), str(cfg["state-dir"]), str(cfg["data"]))
+    key = (int(cfg[SHARD]), str(cfg[STATE_DIR]), str(cfg[DATA]))
     if _RESIDENT.get(key, (None,))[0] != policy.digest():  # first message, or the policy file changed
-        _RESIDENT[key] = (policy.digest(), Node(policy, int(cfg["shard"]), Path(cfg["state-dir"]), Path(cfg["data"])))
+        _RESIDENT[key] = (policy.digest(), Node(policy, int(cfg[SHARD]), Path(cfg[STATE_DIR]), Path(cfg[DATA])))
     return _RESIDENT[key][1]
 
 
@@ -48,19 +62,19 @@ def _commits(req: dict) -> dict[int, list[int]]:
     return {int(r): c for r, c in req["commits"].items()}
 
 
-@app.query("hello")
+@app.query(HELLO)
 def hello(msg: Message, context: Context) -> Message:
     """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
+    from fedrecgel_secure.deploy.node.hello import signed_hello
     from fedrecgel_secure.deploy.node.shard import private_umask
-    from fedrecgel_secure.deploy.node_pins import KEY_HOLDER, signed_hello
     from fedrecgel_secure.policy import load_policy
 
     private_umask()
     cfg = context.node_config
-    policy = load_policy(cfg["policy"])
+    policy = load_policy(cfg[POLICY])
     digest = policy.digest()
-    who = KEY_HOLDER if cfg.get("role") == KEY_HOLDER else int(cfg["shard"])
-    out = signed_hello(Path(cfg["state-dir"]), who, digest, from_record(msg.content)["nonce"])
+    who = KEY_HOLDER if cfg.get(ROLE) == KEY_HOLDER else int(cfg[SHARD])
+    out = signed_hello(Path(cfg[STATE_DIR]), who, digest, from_record(msg.content)["nonce"])
     return _reply(msg, policy, out)
 
 
@@ -118,14 +132,14 @@ def _role(context: Context, policy, users: list[int], dim: int):
     name = deployed(policy).node_role
     if name is None:
         raise RuntimeError("this node's policy runs no secure aggregation")
-    return part(name)(Path(context.node_config["state-dir"]), users, setup_of(policy, dim))
+    return part(name)(Path(context.node_config[STATE_DIR]), users, setup_of(policy, dim))
 
 
-@app.query("secagg")
+@app.query(SECAGG)
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
     masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`, :mod:`fedrecgel_secure.deploy.node.he_node`)."""
-    from fedrecgel_secure.deploy.masking_stages import messages_of, reply
+    from fedrecgel_secure.deploy.messages import messages_of, reply
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
@@ -144,7 +158,7 @@ def secagg(msg: Message, context: Context) -> Message:
     return _reply(msg, resident.policy, out)
 
 
-@app.query("keyholder")
+@app.query(KEY_HOLDER_STAGE)
 def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
     import numpy as np
@@ -156,16 +170,16 @@ def keyholder(msg: Message, context: Context) -> Message:
     from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
     private_umask()
-    if context.node_config.get("role") != "keyholder":
+    if context.node_config.get(ROLE) != KEY_HOLDER:
         raise RuntimeError("this node is not the key holder")
     req = from_record(msg.content)
-    policy = load_policy(context.node_config["policy"])
+    policy = load_policy(context.node_config[POLICY])
     if req["digest"] != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
     # the rounds of the run and the refusals it allows are the key holder's own policy's: an aggregate of a round the
     # policy does not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)
     holder = KeyHolderNode(
-        Path(context.node_config["state-dir"]),
+        Path(context.node_config[STATE_DIR]),
         setup_of(policy, int(req["dim"])),
         rounds=policy.federation.rounds,
         max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
@@ -186,7 +200,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             from fedrecgel_secure.deploy.node.shard import key_holder_population
             from fedrecgel_secure.federation.build import make_dp_mechanism
 
-            population = key_holder_population(policy, context.node_config.get("catalogue"))
+            population = key_holder_population(policy, context.node_config.get(CATALOGUE))
             mechanism = make_dp_mechanism(policy, population, deployed=True)
             dim = int(req["dim"]) - mechanism.extra
 
@@ -205,7 +219,7 @@ def keyholder(msg: Message, context: Context) -> Message:
     return _reply(msg, policy, out)
 
 
-@app.query("evaluate")
+@app.query(EVALUATE)
 def evaluate(msg: Message, context: Context) -> Message:
     req = from_record(msg.content)
     node = _node(context, req["digest"])
@@ -213,11 +227,12 @@ def evaluate(msg: Message, context: Context) -> Message:
     return _reply(msg, node.policy, out.payload())
 
 
-@app.query("recommend")
+@app.query(RECOMMEND)
 def recommend(msg: Message, context: Context) -> Message:
     """Its users' top-K lists, written into its state directory (:mod:`.recommendations`); the reply acknowledges
     it and carries nothing of them."""
-    from fedrecgel_secure.deploy.node.recommendations import ACKNOWLEDGED, write_recommendations
+    from fedrecgel_secure.deploy.node.recommendations import write_recommendations
+    from fedrecgel_secure.deploy.replies import ACKNOWLEDGED
 
     req = from_record(msg.content)
     node = _node(context, req["digest"])

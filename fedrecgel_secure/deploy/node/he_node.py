@@ -95,7 +95,7 @@ class HENode:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
         proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.he_wire.Binding`. How many values the grid
         clipped is logged here and never sent: it is a function of the vectors outside the sum (:mod:`..replies`)."""
-        from fedrecgel_secure.deploy.masking_stages import train_binding
+        from fedrecgel_secure.deploy.messages import train_binding
         from fedrecgel_secure.privacy.secagg.he_wire import Binding
 
         # every proof is signed over the model and DP settings this node was sent, and the sample its users' noise

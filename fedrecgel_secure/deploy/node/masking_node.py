@@ -35,11 +35,11 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.messages import StageResult
 from fedrecgel_secure.deploy.node.masking_client_state import end_attempt, load_attempt, save_attempt
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
@@ -54,14 +54,6 @@ log = logging.getLogger("fedrecgel_secure.deploy")
 # round, user ids -> (vector, DP noise share or None) of those users that hold an input of that round; called in
 # the "masked" stage only, with the round of each user's signed announcement
 Inputs = Callable[[int, list[int]], Mapping[int, tuple[np.ndarray, "np.ndarray | None"]]]
-
-
-@dataclass
-class StageResult:
-    replies: dict[int, bytes]  # user -> its signed reply
-    refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
-    group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking_wire)
-    clipped: int = 0  # masked stage: values the grid clipped over the group (logged here, never sent)
 
 
 class MaskingNode(UserIdentities):
@@ -93,7 +85,7 @@ class MaskingNode(UserIdentities):
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for masking: no vector (they stay here until the masked stage) but the
         round's first protocol stage, the sampled users' adverts."""
-        from fedrecgel_secure.deploy.masking_stages import reply, train_binding
+        from fedrecgel_secure.deploy.messages import reply, train_binding
 
         self.keep_inputs(round_idx, clients, vectors, shares, sampled)
         # only an announcement of the round trained (the inputs are kept for that round alone), and bound to the
@@ -194,7 +186,7 @@ class MaskingNode(UserIdentities):
         ``inputs``: where the masked stage finds each user's input of its attempt's round (:meth:`inputs` by
         default). ``round_idx`` (advertise only, which comes with the train message alone): the round the node
         trained; a user refuses an announcement of any other round; ``binding``: the digest of the model it was
-        trained on (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), which the attempt is bound to.
+        trained on (:func:`~fedrecgel_secure.deploy.messages.train_binding`), which the attempt is bound to.
         Masked stage: a user whose signed cohort is larger than the sample its DP noise share was sized for
         (:meth:`sampled`), or smaller, refuses to upload: the server misstated the sample, so the shares would
         not add up to the planned noise.

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 RECOMMENDATIONS = "recommendations.csv"
-ACKNOWLEDGED = {"recommended": 1}  # the whole reply
 
 
 def write_recommendations(node, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int):

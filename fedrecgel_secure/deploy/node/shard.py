@@ -381,9 +381,6 @@ class Node:
         return EvaluationReply(users=int(self.users.size), sums=sums)
 
 
-KEY_HOLDER = "keyholder"  # the BFV key holder's node, in place of a shard index
-
-
 def key_holder_population(policy: Policy, catalogue: str | None) -> int:
     """N for the BFV key holder, which holds no shard: the number of users in the public shard manifest its node
     config names (``catalogue``), checked against its policy. The one place the key holder learns N."""
@@ -400,6 +397,8 @@ def key_holder_population(policy: Policy, catalogue: str | None) -> int:
 
 def state_dir_for(policy: Policy, base: Path, shard: int | str) -> Path:
     """Node ``shard``'s state directory (or the key holder's, for ``KEY_HOLDER``), under ``base`` if relative."""
+    from fedrecgel_secure.deploy.messages import KEY_HOLDER
+
     d = policy.deployment
     path = Path(d.key_holder_dir if shard == KEY_HOLDER else d.state_dir.format(shard=shard))
     return path if path.is_absolute() else Path(base) / path

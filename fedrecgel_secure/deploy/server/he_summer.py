@@ -27,8 +27,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.masking_stages import reported_keys
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.server.masking_driver import reported_keys
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped

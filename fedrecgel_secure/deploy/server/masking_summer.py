@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.masking_stages import MaskingDriver, reported_keys
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RECOMMEND = "query.recommend"
+from fedrecgel_secure.deploy.messages import RECOMMEND as RECOMMEND_NAME
+from fedrecgel_secure.deploy.messages import query
+
+RECOMMEND = query(RECOMMEND_NAME)
 
 
 def recommend_stage(run_dir: Path) -> dict | None:
@@ -31,7 +34,7 @@ def recommend_stage(run_dir: Path) -> dict | None:
 def ask_nodes_to_recommend(stages, trainer) -> list[int]:
     """The final model's lists on every node (``stages``: :class:`.stages.FlowerStages`); the shards that wrote
     theirs."""
-    from fedrecgel_secure.deploy.node.recommendations import ACKNOWLEDGED
+    from fedrecgel_secure.deploy.replies import ACKNOWLEDGED
 
     common = stages._wire(trainer._common(trainer.round))
     payloads = {s: {"round": trainer.round, **common} for s in range(trainer.policy.deployment.nodes)}

@@ -154,7 +154,7 @@ class RemoteTrainer(Trainer):
             # the adverts), under BFV nothing more (the replies carry the ciphertexts)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
-            from fedrecgel_secure.deploy.masking_stages import train_binding
+            from fedrecgel_secure.deploy.messages import train_binding
 
             binding = train_binding(common["shared"], int(clients.size), clip_norm)  # the attempt is bound to it
             common.update(

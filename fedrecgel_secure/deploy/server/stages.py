@@ -7,12 +7,12 @@ stage timeout, so a late reply expires instead of arriving in a later stage.
 With a ``journal`` (``stages.jsonl`` in the run directory) every stage appends
 a line: its name, wall time, how many nodes were asked and answered, and
 ``evaluates``: the round whose model it evaluated. A round is one train stage
-(plus the protocol's: :mod:`..masking_stages`, the key holder's decryption); its
+(plus the protocol's: :mod:`.masking_driver`, the key holder's decryption); its
 evaluation rides on the next round's train stage (:meth:`FlowerStages.train`),
 and only a round no train stage follows has an ``eval-R`` stage of its own.
 Before the first stage, :meth:`FlowerStages.connect` binds each shard (and the
 key holder) to the node whose signed hello carries its pinned identity key
-(:mod:`.node_pins`): a node's word alone never decides which users it is sent.
+(:mod:`.pins`): a node's word alone never decides which users it is sent.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.messages import EVALUATE, HELLO, KEY_HOLDER_STAGE, SECAGG, TRAIN, query
 from fedrecgel_secure.deploy.timing import mean_parts, reply_parts
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.policy import DeploymentPolicy
 
-KEY_HOLDER = -1  # the key holder's place among the shards in one exchange
+KEY_HOLDER_SLOT = -1  # the key holder's place among the shards in one exchange
 STAGES = "stages.jsonl"
-EVALUATE = "query.evaluate"
 
 
 @dataclass
@@ -120,13 +120,13 @@ class FlowerStages:
 
     def connect(self, wait: float) -> None:
         """Wait (bounded) for every shard's node and the key holder's; bind each to the node whose signed hello
-        carries its pinned key (:mod:`.node_pins`; pins read from and written to ``nodes.json`` in ``run_dir``).
+        carries its pinned key (:mod:`.pins`; pins read from and written to ``nodes.json`` in ``run_dir``).
 
         A refused node is logged with its reason and left out; a shard without a node is absent, its users drop
         out of every round. Fails if no shard has a node, or the key holder (BFV) has none.
         """
-        from fedrecgel_secure.deploy.node_pins import KEY_HOLDER as HOLDER
-        from fedrecgel_secure.deploy.node_pins import bind, read_pins, write_pins
+        from fedrecgel_secure.deploy.messages import KEY_HOLDER as HOLDER  # its name among the pins
+        from fedrecgel_secure.deploy.server.pins import bind, read_pins, write_pins
 
         deadline = time.monotonic() + wait
         expected = [str(s) for s in range(self.settings.nodes)] + [HOLDER] * self.with_key_holder
@@ -158,11 +158,11 @@ class FlowerStages:
 
     def _hello(self, node_ids: list[int]) -> list:
         """Ask ``node_ids`` who they are, each over a fresh nonce; their checked claims."""
-        from fedrecgel_secure.deploy.node_pins import check_hello, check_registration, new_nonce
+        from fedrecgel_secure.deploy.server.pins import check_hello, check_registration, new_nonce
 
         nonces = {nid: new_nonce() for nid in node_ids}
         payloads = {nid: {"digest": self.digest, "nonce": nonce} for nid, nonce in nonces.items()}
-        replies = self.exchange("query.hello", "hello", payloads, {nid: nid for nid in node_ids})
+        replies = self.exchange(query(HELLO), "hello", payloads, {nid: nid for nid in node_ids})
         claims = [check_hello(nid, rep, nonces[nid], self.digest) for nid, rep in replies.items()]
         if self.settings.tls.node_authentication:  # the SuperLink knows which registered key each node id holds
             names = {info.node_id: info.name for info in self.grid.get_nodes()}
@@ -194,36 +194,36 @@ class FlowerStages:
             if common.get(key) is not None:
                 for p in payloads.values():
                     p[key] = common[key]
-        types = dict.fromkeys(payloads, "train")
+        types = dict.fromkeys(payloads, TRAIN)
         if evaluate is not None:
             for p in payloads.values():
                 p["evaluate"] = evaluate
             for s in range(self.settings.nodes if everyone else 0):
                 if s not in payloads:
-                    payloads[s], types[s] = {"round": evaluate, **self._wire(common)}, EVALUATE
+                    payloads[s], types[s] = {"round": evaluate, **self._wire(common)}, query(EVALUATE)
         return self.exchange(types, f"round-{round_idx}", payloads, evaluates=evaluate)
 
     def evaluate(self, round_idx: int, common: dict, shards: list[int] | None = None) -> dict[int, dict]:
         """An evaluate stage of its own, for ``shards`` (every shard by default)."""
         shards = range(self.settings.nodes) if shards is None else shards
         payloads = {s: {"round": round_idx, **self._wire(common)} for s in shards}
-        return self.exchange(EVALUATE, f"eval-{round_idx}", payloads, evaluates=round_idx)
+        return self.exchange(query(EVALUATE), f"eval-{round_idx}", payloads, evaluates=round_idx)
 
     def secagg(self, stage: str, payloads: dict[int, dict]) -> dict[int, dict]:
-        """One stage of the secure-aggregation protocol (:mod:`.masking_stages`) on the nodes that host its users."""
+        """One stage of the secure-aggregation protocol (:mod:`.masking_driver`) on the nodes that host its users."""
         return self.exchange(
-            "query.secagg", f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
+            query(SECAGG), f"secagg-{stage}", {s: {**p, "digest": self.digest} for s, p in payloads.items()}
         )
 
     def key_holder(self, stage: str, payload: dict) -> dict | None:
         """One request to the key holder (BFV); its reply, or None if it failed or missed the stage timeout."""
         replies = self.exchange(
-            "query.keyholder",
+            query(KEY_HOLDER_STAGE),
             f"keyholder-{stage}",
-            {KEY_HOLDER: {**payload, "digest": self.digest}},
-            {KEY_HOLDER: self.key_holder_node},
+            {KEY_HOLDER_SLOT: {**payload, "digest": self.digest}},
+            {KEY_HOLDER_SLOT: self.key_holder_node},
         )
-        return replies.get(KEY_HOLDER)
+        return replies.get(KEY_HOLDER_SLOT)
 
     @staticmethod
     def _wire(common: dict) -> dict:

@@ -40,7 +40,7 @@ class Binding:
     """What a deployment's users computed their contribution from, which every proof of theirs is signed over.
 
     ``digest``: SHA-256 of the model and DP settings their node was sent
-    (:func:`~fedrecgel_secure.deploy.masking_stages.train_binding`), so users sent different models cannot be
+    (:func:`~fedrecgel_secure.deploy.messages.train_binding`), so users sent different models cannot be
     summed together (model inconsistency); ``participants``: the sample their DP noise shares were sized for (0:
     no shares), so the key holder can refuse an aggregate of fewer users than the shares assume.
     """

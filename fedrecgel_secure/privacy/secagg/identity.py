@@ -78,7 +78,7 @@ class Kind(IntEnum):
     MASK_CHECK = 9  # survivor set U3, for the consistency check
     MASK_CONFIRM = 10  # signed by a masking client: its signature on (cohort, U3)
     MASK_REQUEST = 11  # unmask request: U3 and the forwarded confirmations
-    # Signed by a deployed node's identity key (deploy.node_pins): who it is, over the server's nonce
+    # Signed by a deployed node's identity key (deploy/node/hello.py): who it is, over the server's nonce
     NODE_HELLO = 12
     # Signed by a masking client: its seal over a group statement (the sum of its host's users' masked inputs)
     MASK_GROUP = 13

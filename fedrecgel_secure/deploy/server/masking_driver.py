@@ -31,13 +31,12 @@ rides on the next round's train stage (``deployment.evaluate_in_train``), the la
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from fedrecgel_secure.deploy.node.masking_node import StageResult
+from fedrecgel_secure.deploy.messages import request
 from fedrecgel_secure.privacy.secagg.clients import Reply
 from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
 from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
@@ -47,51 +46,6 @@ log = logging.getLogger("fedrecgel_secure.secagg")
 # stage name, payload per node -> the replies that arrived in time, per node
 Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 Admit = Callable[[list[int]], "str | None"]
-
-
-def train_binding(shared: np.ndarray, participants: int | None, clip_norm: float | None) -> bytes:
-    """SHA-256 of what a round's uploads are computed from, as the train message states it: the model and the DP
-    settings. Server and node each derive it from what they sent or received, and the round's masking attempt is
-    bound to it (:meth:`MaskingClient.advertise`): a server that sends one node another model (say a zero model
-    everywhere but at the victim's node, so that the sum is the victim's upload) gets no sum."""
-    h = hashlib.sha256(b"fedrecgel/train-binding/v1")
-    model = np.ascontiguousarray(shared)
-    h.update(str(model.dtype).encode() + b":" + str(model.shape).encode() + b":" + model.tobytes())
-    h.update(f"|participants={participants}|clip_norm={None if clip_norm is None else float(clip_norm)!r}".encode())
-    return h.digest()
-
-
-def request(stage: str, messages: Mapping[int, bytes], broadcast: bytes | None = None) -> dict:
-    """One node's message of a stage: the users it addresses, and either one broadcast or a message per user.
-
-    No round travels beside them: a node acts on the round of its users'
-    signed announcement only (:class:`~fedrecgel_secure.deploy.node.masking_node.MaskingNode`).
-    """
-    out: dict = {"stage": stage, "users": np.asarray(sorted(messages), dtype=np.int64)}
-    if broadcast is not None:
-        out["broadcast"] = broadcast
-    else:
-        out.update({f"m:{u}": bytes(m) for u, m in messages.items()})
-    return out
-
-
-def messages_of(payload: Mapping) -> dict[int, bytes]:
-    """The per-user messages a node received (inverse of :func:`request`)."""
-    users = [int(u) for u in np.asarray(payload["users"]).tolist()]
-    if "broadcast" in payload:
-        return {u: payload["broadcast"] for u in users}
-    return {u: payload[f"m:{u}"] for u in users}
-
-
-def reply(result: StageResult) -> dict:
-    """A node's answer to a stage: each user's reply (``r:U``) or refusal (``x:U``); in the masked stage, the one
-    group of its users' masked inputs (``group``). How many values the grid clipped stays on the node (its log):
-    it is a function of the users' vectors outside the secure sum (:mod:`.replies`)."""
-    out: dict = {f"r:{u}": m for u, m in result.replies.items()}
-    out.update({f"x:{u}": why for u, why in result.refused.items()})
-    if result.group is not None:
-        out["group"] = result.group
-    return out
 
 
 def reported_keys(keys_by_node: Mapping[int, Mapping], users_of: Mapping[int, list[int]]) -> dict[int, bytes]:

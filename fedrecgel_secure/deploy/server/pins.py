@@ -1,7 +1,7 @@
 """Nodes bound to their shards: each node signs its ``hello`` with its identity key, the server pins the keys.
 
 A node's identity is the Ed25519 key in its state directory (``identity.pem``,
-made 0600 on first start, :func:`~fedrecgel_secure.deploy.node.shard.ensure_identity`).
+made 0600 on first start; the node's side is :mod:`fedrecgel_secure.deploy.node.hello`).
 Its ``hello`` reply carries, besides what it claims (``shard`` or
 ``role = "keyholder"``), a signed statement: an envelope of kind
 :attr:`~fedrecgel_secure.privacy.secagg.identity.Kind.NODE_HELLO` over the
@@ -30,43 +30,17 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fedrecgel_secure.deploy.messages import HELLO_VERSION, KEY_HOLDER
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import IdentityKey
 
 NODE_PINS = "nodes.json"  # in the run directory, beside checkpoint.pt
-KEY_HOLDER = "keyholder"  # the key holder's place among the shards
 NONCE_BYTES = 32
-HELLO_VERSION = 1
 
 
 def new_nonce() -> bytes:
     """A fresh challenge for one node's hello."""
     return secrets.token_bytes(NONCE_BYTES)
-
-
-def _statement(who: str, digest: str, public: bytes) -> bytes:
-    return json.dumps(
-        {"hello": HELLO_VERSION, "who": who, "digest": digest, "identity": public.hex()}, sort_keys=True
-    ).encode()
-
-
-def identity_key(state_dir: Path) -> str:
-    """The node's identity public key (hex) of ``state_dir``, making the key (0600) on first use."""
-    from fedrecgel_secure.deploy.node.shard import ensure_identity
-
-    return ensure_identity(Path(state_dir), 0).hex()
-
-
-def signed_hello(state_dir: Path, who: int | str, digest: str, nonce: bytes) -> dict:
-    """The node's part of ``hello``: who it is, its policy digest and identity key, signed over ``nonce``."""
-    from fedrecgel_secure.deploy.node.shard import IDENTITY, ensure_identity
-    from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, Kind
-
-    public = ensure_identity(Path(state_dir), 0)
-    me = ClientIdentity.load(0, Path(state_dir) / IDENTITY)
-    claim = {"role": KEY_HOLDER} if who == KEY_HOLDER else {"shard": int(who)}
-    signed = me.seal(Kind.NODE_HELLO, 0, _statement(str(who), digest, public), context=bytes(nonce))
-    return {**claim, "digest": digest, "identity": public, "hello": signed}
 
 
 @dataclass(frozen=True)
