@@ -1,11 +1,12 @@
 """docs/results/participation.md: epsilon against the release and against the server, Poisson against cyclic
-participation, from finished study directories.
+participation, and independent against banded correlated noise, from finished study directories.
 
     fedrecgel study examples/participation_study.toml --out runs/participation --jobs 2
     fedrecgel study examples/participation_rate_study.toml --out runs/participation-rate --jobs 2
-    python benchmarks/participation_table.py runs/participation runs/participation-rate
+    fedrecgel study examples/correlated_study.toml --out runs/correlated --jobs 2
+    python benchmarks/participation_table.py runs/participation runs/participation-rate runs/correlated
 
-One row per setting (target epsilon x sampler x rate q): the noise multiplier z, the epsilon each observer faces
+One row per setting (target epsilon x sampler x noise x rate q): the noise multiplier z, the epsilon each observer faces
 after the run (the released models' accountant, and the server, which knows who took part: its most exposed
 user), and the best HR@10 and NDCG@10, mean ± sd over the setting's seeds, read from every run's ``summary.json``.
 """
@@ -22,10 +23,10 @@ from pathlib import Path
 from _markdown import table as markdown_table
 
 EPSILON = "privacy.dp.target_epsilon"
-SAMPLER = "privacy.dp.sampler"
 MEANING = {
-    "poisson": "Poisson, independent noise",
-    "cyclic": "cyclic (bounded participation), independent noise",
+    ("poisson", "independent"): "Poisson, independent noise",
+    ("cyclic", "independent"): "cyclic (bounded participation), independent noise",
+    ("cyclic", "banded"): "cyclic (bounded participation), banded correlated noise (BandMF), BFV key holder",
 }
 
 
@@ -42,24 +43,25 @@ def _mean_sd(values: list[float], digits: int = 4) -> str:
 
 
 def rows(studies: list[Path]) -> list[list[str]]:
-    runs = defaultdict(list)  # (target, sampler, q) -> summaries
+    runs = defaultdict(list)  # (target, (sampler, correlation), q) -> summaries
     for study in studies:
         for summary_file in sorted(study.glob("runs/*/seed=*/summary.json")):
             s = settings_of(summary_file.parent)
             summary = json.loads(summary_file.read_text())
             if summary["rounds_done"] == summary["rounds_planned"]:
                 q = summary["privacy"]["sample_rate"]
-                runs[(float(s[EPSILON]), s.get(SAMPLER, "cyclic"), q)].append(summary)
+                noise = (summary["privacy"]["sampler"], summary["privacy"].get("correlation", "independent"))
+                runs[(float(s[EPSILON]), noise, q)].append(summary)
     if not runs:
         sys.exit(f"{', '.join(map(str, studies))}: no finished run under runs/*/seed=*/")
     out = []
-    for target, sampler, q in sorted(runs, key=lambda k: (k[0], list(MEANING).index(k[1]), k[2])):
-        group = runs[(target, sampler, q)]
+    for target, noise, q in sorted(runs, key=lambda k: (k[0], list(MEANING).index(k[1]), k[2])):
+        group = runs[(target, noise, q)]
         final = [g["final"] for g in group]
         out.append(
             [
                 f"{target:g}",
-                MEANING[sampler],
+                MEANING[noise],
                 f"{q:g}",
                 f"{statistics.fmean(f['noise_multiplier'] for f in final):.3f}",
                 f"{max(f['epsilon'] for f in final):.2f}",
@@ -91,11 +93,12 @@ def main() -> None:
     text = (
         "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
         ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
-        " `python benchmarks/participation_table.py` from `examples/participation_study.toml` and"
-        " `examples/participation_rate_study.toml`. Under cyclic participation each user trains in at most"
-        " k = 100·q rounds, 1/q apart. ε is the largest"
-        " over the seeds, HR@10 and NDCG@10 are mean ± sd. Correlated noise across rounds (DP-FTRL, banded"
-        " matrix factorisation) is not yet implemented: no row.\n\n" + markdown_table(header, rows(args.studies))
+        " `python benchmarks/participation_table.py` from `examples/participation_study.toml`,"
+        " `examples/participation_rate_study.toml` and `examples/correlated_study.toml`. Under cyclic participation"
+        " each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF, b = 1/q bands)"
+        " is central, added by the BFV key holder (simulated), at the same z and ε as independent noise; the server"
+        " steps with Adam. ε is the largest"
+        " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(header, rows(args.studies))
     )
     args.out.write_text(text)
     print(text)

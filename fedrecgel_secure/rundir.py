@@ -192,6 +192,7 @@ class PrivacySpent(_Record):
     shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
     delta_tail: float = 0.0  # what the noise sampler's truncation added to delta (randomness.tail_delta)
     sampler: str = "poisson"  # privacy.dp.sampler: "cyclic" accounts per user, one epsilon against everyone
+    correlation: str = "independent"  # privacy.dp.correlation: "banded" noise (BandMF) across rounds
 
 
 class SecureAggregationRun(_Record):

@@ -60,6 +60,12 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
+    if dp.enabled and dp.correlation == "banded" and secagg.scheme == "bfv":
+        raise BadInputError(
+            "privacy.dp.correlation = 'banded' under privacy.secure_aggregation.scheme = 'bfv' cannot be deployed"
+            " yet: the key holder, which adds the central noise there, does not keep the noise of the last rounds;"
+            " the simulator runs it (the key holder's noise, drawn in process)"
+        )
     from fedrecgel_secure.federation.reports import protects_uploads
 
     if policy.evaluation.scope == "all" and protects_uploads(policy):

@@ -20,6 +20,7 @@ from fedrecgel_secure.federation.summers import Contributions, Summer
 from fedrecgel_secure.federation.uploads import GROUPS, Uploads
 from fedrecgel_secure.privacy.dp import mechanism
 from fedrecgel_secure.privacy.dp.adaptive import clipped_bits
+from fedrecgel_secure.privacy.dp.matrix import noise_row
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
@@ -199,6 +200,10 @@ class DPFedAvg:
         self.last_released = -1  # rounds only move forward: one release each
         self._attempts: dict[int, int] = {}  # round -> attempts begun (of rounds not yet released)
         self._slots: np.ndarray | None = None  # cyclic participation: each client's slot, drawn once (sample)
+        # correlated noise (privacy.dp.correlation = "banded"): the update noise of the last rounds, newest last
+        # (what the round's solve of C w = z reads), and this round's, kept once the round is committed
+        self._noise_history: list[torch.Tensor] = []
+        self._round_noise: torch.Tensor | None = None
 
     @property
     def extra(self) -> int:
@@ -265,7 +270,13 @@ class DPFedAvg:
         made on ``device``, where the sum it noises is."""
         if self.dp.mode == "distributed" and not nobody_sampled:
             return None
-        return self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx), device)
+        noise = self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx), device)
+        if self.dp.bands is None:
+            return noise
+        # BandMF: the round's fresh draw z becomes w = (C^-1 z)_t on the update (the clipped count and the reports
+        # keep their independent noise); w is the last attempt's until the round commits
+        self._round_noise = noise_row(self.dp.bands, noise[:dim], self._noise_history)
+        return torch.cat([self._round_noise, noise[dim:]])
 
     def aggregate(
         self, round_idx: int, clients: np.ndarray, uploads: Uploads | None, dim: int, dtype, sampled: int | None = None
@@ -323,6 +334,10 @@ class DPFedAvg:
     def commit(self, info: RoundInfo) -> None:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
         spent, self._spent = self._spent, None
+        if self._round_noise is not None:  # the round's noise, released or not, is a row of C w = z
+            keep = len(self.dp.bands) - 1  # what the next rounds' solves read
+            self._noise_history = [*self._noise_history, self._round_noise][-keep:] if keep else []
+            self._round_noise = None
         users = np.zeros(0, dtype=np.int64) if spent.users is None else spent.users
         self.ledger.commit(spent.noise_multiplier, spent.participants, users, spent.tail_delta)
         if self.adaptive is not None and spent.clipped_count is not None:
@@ -338,6 +353,7 @@ class DPFedAvg:
             "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
             "clip_norm": self.clip_norm,
             "last_released": self.last_released,
+            **({} if self.dp.bands is None else {"noise_history": list(self._noise_history)}),
             "randomness": self.randomness.state_dict(),
             **({} if self.canaries is None else {"canaries": self.canaries.state_dict()}),
         }
@@ -351,5 +367,6 @@ class DPFedAvg:
         self._attempts = {}
         self.randomness = DPRandomness.from_state_dict(state["randomness"])
         self._slots = None  # drawn from the restored secret
+        self._noise_history, self._round_noise = list(state.get("noise_history", [])), None
         if self.canaries is not None:
             self.canaries.load_state_dict(state["canaries"])

@@ -340,6 +340,7 @@ class Trainer:
             max_epsilon_against=r.max_epsilon_against,
             shares=r.shares,
             sampler=r.sampler,
+            correlation=r.correlation,
         )
 
     # -- checkpoints ----------------------------------------------------------

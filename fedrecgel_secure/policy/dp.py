@@ -112,6 +112,13 @@ class DPSettings(Section):
         " metrics its users report inside the sum. The updates get noise multiplier z/sqrt(1-s), the metrics"
         " z/sqrt(s) on their sensitivity sqrt(number of metrics); the round stays one Gaussian mechanism of z.",
     )
+    correlation: Literal["independent", "banded"] = Field(
+        "independent",
+        description="The noise across rounds. independent: a fresh draw each round. banded: BandMF (Choquette-Choo"
+        " et al. 2023), round t adds (C^-1 z)_t for a banded Toeplitz C of b bands (b = the cyclic period) with unit"
+        " column norm, optimised for the prefix sums; the same epsilon as independent noise under cyclic"
+        " participation, less error in the model. Needs sampler = 'cyclic' and mode = 'central'.",
+    )
     per_group_clipping: bool = Field(
         False, description="Clip the item table and the MLP separately, the budget split by group_fractions."
     )
@@ -149,6 +156,12 @@ class DPSettings(Section):
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise BadInputError(
                 f"{DP}: set exactly one of {DP}.noise_multiplier and {DP}.target_epsilon when DP is enabled"
+            )
+        if self.correlation == "banded" and (self.sampler != "cyclic" or self.mode != "central"):
+            raise BadInputError(
+                f"{DP}.correlation = 'banded' needs {DP}.sampler = 'cyclic' (its sensitivity, sqrt(k) times the clip"
+                f" norm, holds for rounds b apart) and {DP}.mode = 'central' (one party keeps the noise state); got"
+                f" sampler = {self.sampler!r}, mode = {self.mode!r}"
             )
         if self.sampler == "fixed":
             raise BadInputError(

@@ -123,7 +123,8 @@ class Policy(Section):
             del secagg["bfv"]["max_refusals"]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]
-        for field, default in (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1)):
+        defaults = (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1))
+        for field, default in (*defaults, ("correlation", "independent")):
             if dump["privacy"]["dp"][field] == default:
                 del dump["privacy"]["dp"][field]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))

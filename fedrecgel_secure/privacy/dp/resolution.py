@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from fedrecgel_secure.checks import FIELD, open_unit
 from fedrecgel_secure.errors import BadInputError
@@ -64,6 +67,18 @@ class ResolvedDP:
     """Metrics each upload carries inside the sum (evaluation.scope = "round"), each in [0, 1]; 0: none."""
     report_noise_multiplier: float | None = None
     """z_m of the reports, on their sensitivity sqrt(reports): z / sqrt(privacy.dp.evaluation_share)."""
+    correlation: str = "independent"
+    """privacy.dp.correlation: "independent" noise each round, or "banded" (BandMF, :mod:`.matrix`)."""
+
+    @cached_property
+    def bands(self) -> np.ndarray | None:
+        """BandMF's unit-norm band coefficients c for the planned rounds and b = the cyclic period (None for
+        independent noise): optimised once per run (:func:`.matrix.optimal_bands`, about a second)."""
+        if self.correlation != "banded":
+            return None
+        from .matrix import optimal_bands
+
+        return optimal_bands(self.rounds, self.period)
 
     @property
     def cyclic(self) -> bool:
@@ -302,6 +317,7 @@ def validate_against_population(
         min_clients=secagg.min_clients,
         consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
         sampler=settings.sampler,
+        correlation=settings.correlation,
         reports=reports,
         report_noise_multiplier=z_reports,
     )
