@@ -107,10 +107,28 @@ def test_banded_noise_where_its_guarantee_does_not_hold_is_refused(tmp_path, ove
     assert field in str(err.value)
 
 
-def test_a_bfv_deployment_with_banded_noise_is_refused_until_the_key_holder_keeps_its_state(tmp_path):
-    from fedrecgel_secure.deploy import check_deployable
-    from fedrecgel_secure.policy import load_policy
+def test_a_bfv_deployment_with_banded_noise_equals_the_simulator_and_the_key_holder_keeps_the_rows(tmp_path):
+    # the key holder draws each round's noise and keeps the last b - 1 rows of C w = z in its own state
+    # directory; the deployed run (seeded noise) is the simulator's, record for record and bit for bit
+    pytest.importorskip("flwr")
+    import stat
 
-    policy = load_policy(write_deploy_policy(tmp_path, BANDED), ['privacy.secure_aggregation.scheme="bfv"'])
-    with pytest.raises(BadInputError, match="key holder"):
-        check_deployable(policy)
+    import torch
+    from conftest import BFV, simulate, summed_per_node
+    from inprocess_grid import InProcessGrid
+
+    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.deploy.server.serverapp import run_server
+
+    policy = write_deploy_policy(tmp_path, BFV + BANDED, rounds=4, timeout=1.0, heartbeat=0.05)
+    sim = simulate(policy, tmp_path / "sim")
+    out = tmp_path / "deployed"
+    grid = InProcessGrid(policy, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
+    run_server(grid, policy, out, resume=False, catalogue=grid.catalogue)
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy)
+    assert all(r["epsilon"] == r["epsilon_server"] for r in run_records(out))  # the server never sees the noise
+    model = load_checkpoint(out / "checkpoint.pt")["model"]
+    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
+    rows = sorted((out / "nodes" / "keyholder" / "noise-rows").glob("*.npy"))
+    assert [p.stem for p in rows] == ["4"]  # b = 2: the last round's row is all the next would read
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in rows)

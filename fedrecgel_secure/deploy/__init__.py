@@ -60,11 +60,11 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
-    if dp.enabled and dp.correlation == "banded" and secagg.scheme == "bfv":
+    if dp.enabled and dp.correlation == "banded" and secagg.scheme == "bfv" and dp.adaptive_clipping is not None:
         raise BadInputError(
-            "privacy.dp.correlation = 'banded' under privacy.secure_aggregation.scheme = 'bfv' cannot be deployed"
-            " yet: the key holder, which adds the central noise there, does not keep the noise of the last rounds;"
-            " the simulator runs it (the key holder's noise, drawn in process)"
+            "privacy.dp.correlation = 'banded' with adaptive clipping under privacy.secure_aggregation.scheme = 'bfv'"
+            " cannot be deployed: the key holder rebuilds the noise of a round it never answered at the policy's"
+            " constant clip norm; use a fixed clip norm"
         )
     from fedrecgel_secure.federation.reports import protects_uploads
 

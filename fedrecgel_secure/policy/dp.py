@@ -117,7 +117,8 @@ class DPSettings(Section):
         description="The noise across rounds. independent: a fresh draw each round. banded: BandMF (Choquette-Choo"
         " et al. 2023), round t adds (C^-1 z)_t for a banded Toeplitz C of b bands (b = the cyclic period) with unit"
         " column norm, optimised for the prefix sums; the same epsilon as independent noise under cyclic"
-        " participation, less error in the model. Needs sampler = 'cyclic' and mode = 'central'.",
+        " participation, less error in the model. Needs sampler = 'cyclic' and mode = 'central' (under BFV the key"
+        " holder keeps the noise state, and epsilon holds against the server too).",
     )
     per_group_clipping: bool = Field(
         False, description="Clip the item table and the MLP separately, the budget split by group_fractions."

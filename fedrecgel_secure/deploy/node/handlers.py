@@ -210,7 +210,19 @@ def keyholder(msg: Message, context: Context) -> Message:
                 # the server moves C by each release's count as its uploads' dtype holds it: the same numbers here
                 counts = torch.tensor(counts, dtype=torch.float64).to(getattr(torch, policy.model.dtype)).tolist()
                 clip_norm = mechanism.dp.clip_norm_after(counts)
-                return mechanism.central_noise(round_idx, dim, clip_norm).numpy()
+                noise = mechanism.central_noise(round_idx, dim, clip_norm, attempt=0).numpy()
+                if mechanism.dp.bands is None:
+                    return noise
+
+                # BandMF: the update part is round_idx's row of C w = z, from the key holder's own rows (a
+                # round it never answered: its attempt-0 draw, the clip norm constant)
+                def draw(r: int) -> np.ndarray:
+                    return (
+                        noise[:dim] if r == round_idx else mechanism.central_noise(r, dim, clip_norm, 0)[:dim].numpy()
+                    )
+
+                w = holder.banded_noise(round_idx, draw, mechanism.dp.bands)
+                return np.concatenate([w, noise[dim:]])
 
         try:
             out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise_for), dtype=np.float64)}

@@ -314,6 +314,39 @@ class KeyHolderNode:
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total
 
+    def banded_noise(self, round_idx: int, draw, bands) -> np.ndarray:
+        """Round ``round_idx``'s correlated update noise w_t = (z_t - sum_j c_j w_{t-j}) / c_0 (BandMF,
+        :func:`fedrecgel_secure.privacy.dp.matrix.noise_row`), from ``draw(r)``, round r's fresh draw z_r.
+
+        The rows live in the key holder's state directory (``noise-rows/R.npy``, 0600), written before the
+        decryption: a round's row is its draw's whatever the request's outcome (the key holder draws each round
+        once, attempt 0), so a round it never answered (skipped) gets the row it would have had, a restarted key
+        holder reads the rows back, and the release sequence is that of the simulator's
+        :class:`~fedrecgel_secure.federation.dp_aggregation.DPFedAvg`. Only the last ``len(bands) - 1`` rows are
+        kept."""
+        from fedrecgel_secure.privacy.dp.matrix import noise_row
+
+        rows_dir = self.dir / "noise-rows"
+        rows_dir.mkdir(mode=0o700, exist_ok=True)
+        memo: dict[int, np.ndarray] = {}
+
+        def row(r: int) -> np.ndarray:
+            if r not in memo:
+                path = rows_dir / f"{r}.npy"
+                if path.exists():
+                    memo[r] = np.frombuffer(read_private_file(path), dtype=np.float64).copy()
+                else:
+                    earlier = [row(r - j) for j in range(len(bands) - 1, 0, -1) if r - j >= 1]
+                    memo[r] = np.asarray(noise_row(bands, np.asarray(draw(r), dtype=np.float64), earlier))
+                    write_private_file(path, memo[r].tobytes())
+            return memo[r]
+
+        out = row(round_idx)
+        for old in rows_dir.glob("*.npy"):
+            if int(old.stem) <= round_idx - len(bands) + 1:
+                old.unlink()
+        return out
+
     def _refused(self, facts: dict, exc: Exception) -> None:
         """Count a refusal of a request the key holder examined, in its record (with ``facts``' other changes)."""
         facts["refusals"] = facts.get("refusals", 0) + 1
