@@ -60,7 +60,7 @@ def metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
 
 def report_written(out_dir: Path, drawer: CurvesProcess | None = None) -> None:
     """Plot a finished run's curves (drawn by ``drawer`` if given), then say which files its directory holds."""
-    from fedrecgel_secure.rundir import CHECKPOINT, METRICS, RESOLVED, SUMMARY
+    from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS, RESOLVED, SUMMARY
     from fedrecgel_secure.study.plots import plot_run
 
     curves = plot_run(out_dir, None if drawer is None else drawer.draw)

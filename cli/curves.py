@@ -71,7 +71,7 @@ class CurvesProcess:
 
     def draw(self, run_dir: Path) -> Path | None:
         """``RUN_DIR/curves.png`` drawn by the process, or here if it cannot; None if no round was evaluated."""
-        from fedrecgel_secure.rundir import CURVES
+        from fedrecgel_secure.runs.directory import CURVES
         from fedrecgel_secure.study.plots import draw_run
 
         run_dir = Path(run_dir)

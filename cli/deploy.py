@@ -42,7 +42,7 @@ def deploy_local_cmd(
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
     from fedrecgel_secure.deploy.launch.processes import Terminated, stop_on_signals
-    from fedrecgel_secure.rundir import METRICS, read_summary
+    from fedrecgel_secure.runs.directory import METRICS, read_summary
 
     extra = [f"deployment.recommend={recommend}"] if recommend is not None else []
     policy_ = resolve_policy(out_dir, policy, list(set_) + extra, nodes, resume)

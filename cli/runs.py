@@ -23,7 +23,7 @@ def list_runs(
     """List the run directories under ROOT: status, rounds, best and final metrics, ε and policy of each."""
     from rich.table import Table
 
-    from fedrecgel_secure.run_index import find_runs
+    from fedrecgel_secure.runs.index import find_runs
 
     runs = find_runs(root)
     if as_json:

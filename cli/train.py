@@ -41,7 +41,7 @@ def train(
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
     from fedrecgel_secure.cli.crash import note_run_dir
     from fedrecgel_secure.cli.curves import CurvesProcess
-    from fedrecgel_secure.rundir import check_out_dir, hold_run_dir
+    from fedrecgel_secure.runs.directory import check_out_dir, hold_run_dir
 
     out_dir = out_dir if out_dir is not None else default_out_dir(policy)
     note_run_dir(out_dir)
@@ -57,8 +57,8 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
     with lasting_imports():  # torch
         from fedrecgel_secure.cli.progress import RoundProgress
         from fedrecgel_secure.interrupt import StopBetweenRounds
-        from fedrecgel_secure.rundir import read_summary
-        from fedrecgel_secure.runner import open_run
+        from fedrecgel_secure.runs.directory import read_summary
+        from fedrecgel_secure.runs.runner import open_run
 
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
@@ -142,7 +142,7 @@ def evaluate(run_dir: RunDirArg, as_json: JsonOption = False):
     from fedrecgel_secure.cli.startup import lasting_imports
 
     with lasting_imports():  # torch
-        from fedrecgel_secure.runner import evaluate_run
+        from fedrecgel_secure.runs.runner import evaluate_run
     metrics = evaluate_run(run_dir)
     if as_json:
         print(json.dumps(metrics))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.rundir import RESOLVED, RunSummary, read_metrics, read_summary
+from fedrecgel_secure.runs.directory import RESOLVED, RunSummary, read_metrics, read_summary
 
 __all__ = ["BadInputError", "Policy", "Run", "load_policy", "open_run", "train"]
 
@@ -72,7 +72,7 @@ class Run:
 
     def evaluate(self) -> dict:
         """The metrics of the model the checkpoint holds, recomputed from scratch."""
-        from fedrecgel_secure.runner import evaluate_run
+        from fedrecgel_secure.runs.runner import evaluate_run
 
         return evaluate_run(self.dir)
 
@@ -99,8 +99,8 @@ def train(
     """Train ``policy`` (a file, a packaged policy's name, a :class:`Policy`, or None for the default) into the run
     directory ``out``, as ``fedrecgel train --out`` does; ``overrides``: ``section.key=value`` strings (with a
     file); ``on_round``: called with each round's event. The run, once its summary is written."""
-    from fedrecgel_secure.rundir import check_out_dir, hold_run_dir
-    from fedrecgel_secure.runner import open_run as open_trainer
+    from fedrecgel_secure.runs.directory import check_out_dir, hold_run_dir
+    from fedrecgel_secure.runs.runner import open_run as open_trainer
 
     out = Path(out)
     check_out_dir(out, resume)

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, atomic_write_bytes, atomic_write_json, read_summary
+from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED, atomic_write_bytes, atomic_write_json, read_summary
 
 MODEL = "model.safetensors"
 USERS = "user_embeddings.safetensors"
@@ -167,9 +167,9 @@ def export_run(run_dir: Path, out_dir: Path, *, include_user_embeddings: bool = 
     """Write the export of ``run_dir`` into ``out_dir``; the files written."""
     from safetensors.torch import save
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.rundir import check_run_dir
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.directory import check_run_dir
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / RESOLVED).is_file():

@@ -22,7 +22,7 @@ import torch
 from fedrecgel_secure.data.split import Split, csr_rows
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.model import NeuMF, head, item_side
-from fedrecgel_secure.rundir import atomic_write_bytes
+from fedrecgel_secure.runs.directory import atomic_write_bytes
 
 SCORE_CELLS = 2**22  # users x items x first tower width per pass: 16 MiB of activations; measured fastest here
 COLUMNS = ("user", "rank", "item", "score")
@@ -188,12 +188,12 @@ class TrainedRun:
 def open_trained(run_dir: Path) -> TrainedRun:
     """The model a simulated run's checkpoint holds; bad input (exit 2) for a directory that is not a run, a run
     with no checkpoint yet, or a deployment's run directory (its server holds no user embedding)."""
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.federation.build import init_model
     from fedrecgel_secure.federation.trainer import CHECKPOINT_FORMAT
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED
 
     run_dir = Path(run_dir)
     if not (run_dir / RESOLVED).is_file():

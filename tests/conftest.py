@@ -175,7 +175,7 @@ def simulate(policy: Path, out: Path):
     the trainer."""
     from fedrecgel_secure.federation.reports import scope_of
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     scope = scope_of(load_policy(policy), deployed=True)
     trainer = open_run(out, policy, [f'evaluation.scope="{scope}"'])

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import write_ratings
 
-from fedrecgel_secure.checkpoint import load_checkpoint
+from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
 # The command, with one library function replaced by one that fails while the run's noise secret is one of its
 # locals: the way `audit RUN --rounds 0` used to fail, and any internal error might.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedrecgel_secure.cli.curves import CurvesProcess, usable_cores
-from fedrecgel_secure.rundir import CURVES, METRICS
+from fedrecgel_secure.runs.directory import CURVES, METRICS
 from fedrecgel_secure.study.plots import draw_run
 
 pytestmark = pytest.mark.skipif(usable_cores() < 2, reason="one usable core: train draws in process")

@@ -11,7 +11,7 @@ import pytest
 from conftest import write_ratings
 
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED
+from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED
 
 
 def fedrecgel(*args, cwd: Path):

@@ -12,10 +12,10 @@ import time
 import pytest
 from conftest import write_ratings
 
-from fedrecgel_secure.checkpoint import load_checkpoint
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import CHECKPOINT, METRICS
-from fedrecgel_secure.runner import open_run
+from fedrecgel_secure.runs.checkpoint import load_checkpoint
+from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS
+from fedrecgel_secure.runs.runner import open_run
 
 CLI = [sys.executable, "-m", "fedrecgel_secure.cli.main"]
 

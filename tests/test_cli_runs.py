@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import write_ratings
 
-from fedrecgel_secure.rundir import RESOLVED
+from fedrecgel_secure.runs.directory import RESOLVED
 
 TINY = ["data.test_negatives=30", "federation.rounds=2", "federation.fraction=0.25"]
 DP_SECAGG = [

@@ -44,9 +44,9 @@ def _wait_until(cond, timeout: float, what: str) -> None:
 def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     extra = {
         "masking-seeded-distributed-dp": MASKING + seeded_dp("distributed"),

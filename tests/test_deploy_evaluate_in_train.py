@@ -52,7 +52,7 @@ def _stages(out: Path) -> list[dict]:
 def _same_runs(a: Path, b: Path) -> None:
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     assert run_records(a) == run_records(b)  # exactly: the same nodes add the same sums in the same order
     ma, mb = (load_checkpoint(d / "checkpoint.pt")["model"] for d in (a, b))
@@ -114,8 +114,8 @@ def test_a_server_killed_with_an_evaluation_pending_resumes_to_the_plain_paths_r
     # The checkpoint of round 1 is written before round 1 is evaluated (its metrics come with round 2's train
     # stage): it holds the round still to be evaluated. The server dies before the checkpoint of round 2; the
     # resumed one evaluates round 1 in its round 2 train stage, from the checkpoint's model: the same records.
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     _deploy(_policy(tmp_path, separate=True), tmp_path / "plain")
     policy_file = _policy(tmp_path)

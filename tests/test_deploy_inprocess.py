@@ -37,7 +37,7 @@ def _deploy(policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder:
 def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, seeded_dp("central") if "DP" in privacy else "")
     if "authors" in privacy:  # the nodes draw negatives outside the training set only, positives in blocks
@@ -61,7 +61,7 @@ def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tm
 def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     mode = "central" if "central" in privacy else "distributed"
     extra = MASKING + seeded_dp(mode) + ('sampler = "cyclic"\n' if "cyclic" in privacy else "")
@@ -135,7 +135,7 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     extra = BFV
     if "DP" in privacy:
@@ -257,8 +257,8 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     # server repeats round 2 with the same contributors and gets the same release, so the run is unchanged.
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, BFV + seeded_dp("central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")
@@ -513,8 +513,8 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
 
     import torch
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, MASKING + seeded_dp("central"), rounds=3)
     sim = _simulate(policy_file, tmp_path / "sim")

@@ -57,7 +57,7 @@ def test_under_participation_b_apart_the_sensitivity_is_sqrt_k_by_brute_force():
 
 
 def _run(policy, out, *overrides, stop_after=None, resume=False):
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     trainer = open_run(out, policy, list(overrides), resume=resume)
     trainer.run(out, stop_after=stop_after)
@@ -117,8 +117,8 @@ def test_a_bfv_deployment_with_banded_noise_equals_the_simulator_and_the_key_hol
     from conftest import BFV, simulate, summed_per_node
     from inprocess_grid import InProcessGrid
 
-    from fedrecgel_secure.checkpoint import load_checkpoint
     from fedrecgel_secure.deploy.server.serverapp import run_server
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy = write_deploy_policy(tmp_path, BFV + BANDED, rounds=4, timeout=1.0, heartbeat=0.05)
     sim = simulate(policy, tmp_path / "sim")

@@ -19,7 +19,7 @@ from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.runner import open_run
+from fedrecgel_secure.runs.runner import open_run
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(tiny_split, tmp
     assert len(records) == expected_rounds and max(r["epsilon"] for r in records) <= 3.0
     assert summary["privacy"]["epsilon"] == pytest.approx(reference.epsilon()) and summary["privacy"]["epsilon"] <= 3.0
     # resuming a finished-by-budget run trains nothing more
-    import fedrecgel_secure.runner as runner
+    import fedrecgel_secure.runs.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
     resumed = open_run(tmp_path, None, [], resume=True)
@@ -207,7 +207,7 @@ DP_OVERRIDES = [
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_seeded_noise_makes_a_resumed_run_equal_an_uninterrupted_one(tiny_split, tmp_path, adaptive, monkeypatch):
-    import fedrecgel_secure.runner as runner
+    import fedrecgel_secure.runs.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
     extra = ["privacy.dp.adaptive_clipping={}"] if adaptive else []
@@ -230,7 +230,7 @@ def test_secure_noise_resumes_exactly_from_the_secret_in_the_0600_checkpoint(tin
     import shutil
     import stat
 
-    import fedrecgel_secure.runner as runner
+    import fedrecgel_secure.runs.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
     first, twin = tmp_path / "a", tmp_path / "b"

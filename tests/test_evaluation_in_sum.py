@@ -13,7 +13,7 @@ from fedrecgel_secure.errors import BadInputError
 
 
 def _run(policy, out, scope: str, *extra: str, stop_after=None, resume=False):
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     trainer = open_run(out, policy, [f'evaluation.scope="{scope}"', *extra], resume=resume)
     trainer.run(out, stop_after=stop_after)

@@ -99,3 +99,46 @@ def test_the_server_never_imports_node_code_nor_a_node_server_code():
         if (in_package(m, server) and in_package(t, node)) or (in_package(m, node) and in_package(t, server))
     )
     assert not crossing, crossing
+
+
+def test_tracking_imports_no_federation_code():
+    # tracking logs what the trainer hands it; reaching back into the trainer for a constant made a circle
+    graph = import_graph()
+    tracking = {m for m in graph if in_package(m, f"{PACKAGE}.tracking")}
+    assert tracking
+    reached = sorted(t for m in tracking for t in graph[m] if in_package(t, f"{PACKAGE}.federation"))
+    assert not reached, reached
+
+
+def test_the_import_graph_has_no_circle():
+    # every import statement, lazy ones included: no two modules depend on each other, however indirectly
+    graph = import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                circles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles

@@ -27,8 +27,8 @@ def imported_packages(*args: str) -> set[str]:
 
 LIGHT_MODULES = [
     "fedrecgel_secure.policy",
-    "fedrecgel_secure.rundir",
-    "fedrecgel_secure.run_index",
+    "fedrecgel_secure.runs.directory",
+    "fedrecgel_secure.runs.index",
     "fedrecgel_secure.tracking",
     "fedrecgel_secure.study.report",
     "fedrecgel_secure.cli.main",
@@ -87,4 +87,6 @@ def test_train_refuses_an_output_path_that_is_a_file_before_loading_torch(tmp_pa
     result = subprocess.run(argv, capture_output=True, text=True)
     assert result.returncode == 2 and "is a file" in result.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import ")}
-    assert "fedrecgel_secure.rundir" in imported and "torch" not in imported  # refused before seconds of loading
+    assert (
+        "fedrecgel_secure.runs.directory" in imported and "torch" not in imported
+    )  # refused before seconds of loading

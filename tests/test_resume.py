@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from fedrecgel_secure.rundir import CHECKPOINT, METRICS, SUMMARY, read_summary
-from fedrecgel_secure.runner import open_run
+from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS, SUMMARY, read_summary
+from fedrecgel_secure.runs.runner import open_run
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
 

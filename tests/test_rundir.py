@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import SUMMARY, DataShape, PrivacySpent, RunSummary, read_summary, write_summary
+from fedrecgel_secure.runs.directory import SUMMARY, DataShape, PrivacySpent, RunSummary, read_summary, write_summary
 
 EVALUATION = {"round": 3, "loss": 0.5, "hr@10": 0.25, "ndcg@10": 0.125, "epsilon": 1.5, "delta": 1e-05}
 

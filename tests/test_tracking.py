@@ -242,7 +242,7 @@ class Crash(Exception):
 
 @pytest.mark.slow
 def test_a_run_killed_between_checkpoints_and_resumed_logs_each_round_once_in_the_same_mlflow_run(tmp_path):
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     run_dir = tmp_path / "run"
     policy = tiny_policy(tmp_path, rounds=5, every=2)
@@ -273,7 +273,7 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_round_once_in_th
 
 @pytest.mark.slow
 def test_mlflow_turned_on_when_a_run_is_extended_gets_its_earlier_rounds_too(tmp_path):
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     run_dir = tmp_path / "run"
     policy = tiny_policy(tmp_path, rounds=2)

@@ -19,7 +19,7 @@ from fedrecgel_secure.audit.metrics import popularity_prior, success
 from fedrecgel_secure.audit.views import RoundViews, available, server_view
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.server import Server
-from fedrecgel_secure.rundir import AUDIT, atomic_write_json
+from fedrecgel_secure.runs.directory import AUDIT, atomic_write_json
 from fedrecgel_secure.tracking import log_file
 
 
@@ -186,7 +186,7 @@ def audit_run(run_dir: Path, rounds: int = 3) -> dict:
     either absent or complete, so a crash never leaves a file that a study
     would take as a finished audit.
     """
-    from fedrecgel_secure.runner import load_run
+    from fedrecgel_secure.runs.runner import load_run
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BadInputError(f"rounds to audit: expected an integer >= 1, got {rounds!r}")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.checkpoint import atomic_write_bytes
 from fedrecgel_secure.data.authors import authors_holdout, authors_ids, authors_protocol
 from fedrecgel_secure.data.loaders import DATASETS, read_interactions, resolve_dataset
 from fedrecgel_secure.data.split import Split, prepare_split
 from fedrecgel_secure.data.synthetic import SHAPES, shape_interactions
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.runs.checkpoint import atomic_write_bytes
 
 PREP_VERSION = 3  # bump when prepare_split or authors_protocol changes what it produces (3: #27)
 

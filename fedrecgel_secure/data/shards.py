@@ -23,7 +23,7 @@ import numpy as np
 
 from fedrecgel_secure.data.split import Catalogue, Split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import atomic_write_bytes
+from fedrecgel_secure.runs.directory import atomic_write_bytes
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from fedrecgel_secure import __version__
-from fedrecgel_secure.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.data.split import Catalogue, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import RoundInfo
@@ -31,8 +30,10 @@ from fedrecgel_secure.federation.summers import SecAggCost, make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.dp.randomness import GUARANTEE
 from fedrecgel_secure.privacy.secagg.schemes import scheme_of
-from fedrecgel_secure.rundir import (
+from fedrecgel_secure.runs.checkpoint import load_checkpoint, save_checkpoint
+from fedrecgel_secure.runs.directory import (
     CHECKPOINT,
     RESOLVED,
     DataShape,
@@ -44,10 +45,6 @@ from fedrecgel_secure.rundir import (
 from fedrecgel_secure.tracking import RunLog
 
 CHECKPOINT_FORMAT = 2
-GUARANTEE = {
-    "secure": "(epsilon, delta)-DP per user against whoever sees the released aggregates",
-    "seeded": "NONE against anyone who has the policy file: seeded noise is predictable from its seed (research mode)",
-}
 
 
 @dataclass

@@ -27,7 +27,7 @@ The modules follow a study's life:
 * :mod:`.plots`: the figures, a single run's curves included.
 
 Only :mod:`.run` trains, and it imports torch only in the processes that do;
-the others read run directories through :mod:`fedrecgel_secure.rundir`.
+the others read run directories through :mod:`fedrecgel_secure.runs.directory`.
 """
 
 from fedrecgel_secure.study.plan import PlannedRun, StudyPlan, expand_grid, plan_study, validate_study

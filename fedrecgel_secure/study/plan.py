@@ -26,7 +26,7 @@ from fedrecgel_secure.policy import (
     packaged_policy_names,
     read_policy_data,
 )
-from fedrecgel_secure.rundir import RESOLVED, atomic_write_json, read_json
+from fedrecgel_secure.runs.directory import RESOLVED, atomic_write_json, read_json
 from fedrecgel_secure.study.spec import (
     EPSILON_KEY,
     StudySpec,

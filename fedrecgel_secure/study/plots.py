@@ -16,7 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedrecgel_secure import __version__
-from fedrecgel_secure.rundir import AUDIT, CURVES, METRICS, SUMMARY, atomic_write_bytes, read_metrics, read_summary
+from fedrecgel_secure.runs.directory import (
+    AUDIT,
+    CURVES,
+    METRICS,
+    SUMMARY,
+    atomic_write_bytes,
+    read_metrics,
+    read_summary,
+)
 from fedrecgel_secure.study.results import RunRecord, groups
 from fedrecgel_secure.study.spec import EPSILON_KEY
 from fedrecgel_secure.tracking import log_file

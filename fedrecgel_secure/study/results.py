@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fedrecgel_secure.rundir import (
+from fedrecgel_secure.runs.directory import (
     AUDIT,
     CHECKPOINT,
     STUDY_ERROR,

@@ -19,7 +19,14 @@ from pathlib import Path
 from fedrecgel_secure import tracking
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
-from fedrecgel_secure.rundir import AUDIT, CHECKPOINT, STUDY_ERROR, atomic_write_json, hold_run_dir, read_summary
+from fedrecgel_secure.runs.directory import (
+    AUDIT,
+    CHECKPOINT,
+    STUDY_ERROR,
+    atomic_write_json,
+    hold_run_dir,
+    read_summary,
+)
 from fedrecgel_secure.study.plan import PLAN, PlannedRun, StudyPlan, plan_study, write_plan
 from fedrecgel_secure.study.report import ReportFiles, rebuild_report
 
@@ -65,7 +72,7 @@ def _record_failure(run_dir: Path, message: str, trace: str | None) -> None:
 
 def _execute(task: _Task) -> dict:
     """Train (or resume) one run to the end, audit it if asked; a failure is reported, never raised."""
-    from fedrecgel_secure.runner import open_run
+    from fedrecgel_secure.runs.runner import open_run
 
     run_dir = Path(task.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from fedrecgel_secure import __version__
-from fedrecgel_secure.rundir import Evaluation
-from fedrecgel_secure.tracking import (
+from fedrecgel_secure.runs.directory import Evaluation
+from fedrecgel_secure.tracking.records import (
     MLRUNS,
     WITHHELD,
     file_store_allowed,
@@ -67,7 +67,7 @@ def run_exists(c: MlflowClient, run_id: str | None) -> bool:
 
 
 def run_tags(policy) -> dict[str, str]:
-    from fedrecgel_secure.federation.trainer import GUARANTEE
+    from fedrecgel_secure.privacy.dp.randomness import GUARANTEE
 
     dp = policy.privacy.dp
     return {

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import tomli_w
 
-from fedrecgel_secure.rundir import Evaluation
-from fedrecgel_secure.tracking import TENSORBOARD, public_file, public_policy, scalars, seeded_noise, write_state
+from fedrecgel_secure.runs.directory import Evaluation
+from fedrecgel_secure.tracking.records import (
+    TENSORBOARD,
+    public_file,
+    public_policy,
+    scalars,
+    seeded_noise,
+    write_state,
+)
 
 
 class TensorBoardSink:

@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from fedrecgel_secure.checkpoint import atomic_write_bytes, save_checkpoint
+from fedrecgel_secure.runs.checkpoint import atomic_write_bytes, save_checkpoint
 
 
 def test_a_checkpoint_is_readable_by_its_owner_only_whatever_the_umask(tmp_path):

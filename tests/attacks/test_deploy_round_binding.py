@@ -226,7 +226,7 @@ def test_a_resumed_server_rerunning_a_released_round_over_fewer_users_gets_the_s
     # An honest server dies after round 2's release and before its checkpoint; it resumes while node 2 is down,
     # so round 2 runs again over the users of nodes 0 and 1 only. The difference of the two sums would be node 2's
     # users' sum (one user's upload when one was sampled there). The users refuse the new attempt: no second sum.
-    from fedrecgel_secure.checkpoint import load_checkpoint
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     run = Deployed(tmp_path, monkeypatch, MASKING, rounds=2)
     with server_killed_before_checkpoint(2):

@@ -21,7 +21,7 @@ import pytest
 from test_tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.runner import open_run
+from fedrecgel_secure.runs.runner import open_run
 
 SEED = 1234
 TRIES = 1300  # covers SEED: a logged digest would give it away

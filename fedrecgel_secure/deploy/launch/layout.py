@@ -31,7 +31,7 @@ from fedrecgel_secure.deploy.launch.tls import TlsFiles
 from fedrecgel_secure.deploy.messages import KEY_HOLDER
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.rundir import CHECKPOINT
+from fedrecgel_secure.runs.directory import CHECKPOINT
 
 POLICY_FILE = "policy.deploy.toml"
 SHARDS = "shards"

@@ -50,7 +50,7 @@ from fedrecgel_secure.deploy.node.channel import socket_path
 from fedrecgel_secure.deploy.node.shard import state_dir_for
 from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.rundir import METRICS, SUMMARY
+from fedrecgel_secure.runs.directory import METRICS, SUMMARY
 
 ENGINE_TIMEOUT = 180.0  # an engine imports torch and loads its shard; several at once on a loaded machine
 

@@ -121,12 +121,12 @@ class Node:
         return out
 
     def _save(self, path: Path, payload: dict) -> None:
-        from fedrecgel_secure.checkpoint import save_checkpoint
+        from fedrecgel_secure.runs.checkpoint import save_checkpoint
 
         save_checkpoint(path, payload)
 
     def _load(self, path: Path) -> dict:
-        from fedrecgel_secure.checkpoint import load_checkpoint
+        from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
         return load_checkpoint(path)
 

@@ -76,7 +76,7 @@ class Releases:
     def put(self, round_idx: int, result: SumResult, clients: np.ndarray) -> None:
         import io
 
-        from fedrecgel_secure.rundir import atomic_write_bytes
+        from fedrecgel_secure.runs.directory import atomic_write_bytes
 
         self.dir.mkdir(mode=0o700, exist_ok=True)
         buffer = io.BytesIO()

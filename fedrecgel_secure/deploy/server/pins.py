@@ -93,7 +93,7 @@ class PinsFile(BaseModel):
 def read_pins(run_dir: Path, node_keys: dict[str, str]) -> dict[str, str]:
     """The keys pinned so far (``nodes.json``) with the policy's ``node_keys``; a contradiction is bad input, so a
     key is never silently replaced."""
-    from fedrecgel_secure.rundir import read_json
+    from fedrecgel_secure.runs.directory import read_json
 
     path = Path(run_dir) / NODE_PINS
     data = read_json(path) if path.exists() else {}
@@ -114,7 +114,7 @@ def read_pins(run_dir: Path, node_keys: dict[str, str]) -> dict[str, str]:
 
 
 def write_pins(run_dir: Path, pins: dict[str, str]) -> None:
-    from fedrecgel_secure.rundir import atomic_write_json
+    from fedrecgel_secure.runs.directory import atomic_write_json
 
     atomic_write_json(Path(run_dir) / NODE_PINS, PinsFile(identity=dict(sorted(pins.items()))).model_dump())
 

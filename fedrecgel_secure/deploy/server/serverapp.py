@@ -26,7 +26,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
     from fedrecgel_secure.deploy.server.stages import STAGES, FlowerStages
     from fedrecgel_secure.errors import BadInputError
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.rundir import CHECKPOINT
+    from fedrecgel_secure.runs.directory import CHECKPOINT
 
     policy = load_policy(policy_path)
     public = load_catalogue(catalogue, policy)  # before anything starts: a wrong manifest is a clear error

@@ -65,6 +65,11 @@ from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import NoiseSource
 
 SECRET_BYTES = 32
+# what each source of the secret guarantees, as a run's summary and its tracked parameters state it
+GUARANTEE = {
+    "secure": "(epsilon, delta)-DP per user against whoever sees the released aggregates",
+    "seeded": "NONE against anyone who has the policy file: seeded noise is predictable from its seed (research mode)",
+}
 _INFO = b"fedrecgel/dp-randomness/v1/"
 _ZERO_NONCE = bytes(16)  # every key draws one stream only, so a fixed nonce is never reused under a key
 _MANTISSA = (1 << 53) - 1

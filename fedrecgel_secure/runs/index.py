@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, RUN_LOCK, Evaluation, read_metrics, read_summary
+from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED, RUN_LOCK, Evaluation, read_metrics, read_summary
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def describe_policy(policy) -> str:
 
 
 def _training(run_dir: Path) -> bool:
-    """Whether a process holds the run's lock now (:func:`~fedrecgel_secure.rundir.hold_run_dir`)."""
+    """Whether a process holds the run's lock now (:func:`~fedrecgel_secure.runs.directory.hold_run_dir`)."""
     lock = run_dir / RUN_LOCK
     try:
         import fcntl

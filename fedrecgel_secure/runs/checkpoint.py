@@ -2,7 +2,7 @@
 
 A checkpoint holds every client's private user embedding and the secret behind
 the run's DP noise, so it is created readable by its owner only, whatever the
-umask, through :func:`~fedrecgel_secure.rundir.atomic_write_bytes`: a reader
+umask, through :func:`~fedrecgel_secure.runs.directory.atomic_write_bytes`: a reader
 sees the previous checkpoint or the new one, never a torn file, and a planted
 file or symlink cannot capture the bytes. Loading accepts tensors and plain
 containers only (``weights_only``), never pickled code.
@@ -16,7 +16,7 @@ import io
 from pathlib import Path
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.rundir import atomic_write_bytes
+from fedrecgel_secure.runs.directory import atomic_write_bytes
 
 # The writer moved to rundir; data/prepare.py still imports it from here (a
 # colleague is rewriting data/), which is also why torch is imported lazily:

@@ -1,6 +1,6 @@
 """Run directories: start a run, resume it after a crash, evaluate what it saved.
 
-What a run directory holds is described in :mod:`fedrecgel_secure.rundir`. The
+What a run directory holds is described in :mod:`fedrecgel_secure.runs.directory`. The
 checkpoint records the digest of the resolved policy, so a run only ever
 continues under the policy it started with.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrecgel_secure.checkpoint import load_checkpoint
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.rundir import CHECKPOINT, RESOLVED, check_out_dir
+from fedrecgel_secure.runs.checkpoint import load_checkpoint
+from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED, check_out_dir
 
 
 def open_run(
