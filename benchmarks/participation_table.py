@@ -50,7 +50,9 @@ def rows(studies: list[Path]) -> list[list[str]]:
             summary = json.loads(summary_file.read_text())
             if summary["rounds_done"] == summary["rounds_planned"]:
                 q = summary["privacy"]["sample_rate"]
-                noise = (summary["privacy"]["sampler"], summary["privacy"].get("correlation", "independent"))
+                privacy = summary["privacy"]
+                sampler = s.get("privacy.dp.sampler", privacy.get("sampler", "cyclic"))  # older summaries: the grid's
+                noise = (sampler, privacy.get("correlation", "independent"))
                 runs[(float(s[EPSILON]), noise, q)].append(summary)
     if not runs:
         sys.exit(f"{', '.join(map(str, studies))}: no finished run under runs/*/seed=*/")
