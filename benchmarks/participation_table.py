@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,9 +25,11 @@ from _markdown import table as markdown_table
 
 EPSILON = "privacy.dp.target_epsilon"
 MEANING = {
-    ("poisson", "independent"): "Poisson, independent noise",
-    ("cyclic", "independent"): "cyclic (bounded participation), independent noise",
-    ("cyclic", "banded"): "cyclic (bounded participation), banded correlated noise (BandMF), BFV key holder",
+    ("poisson", "independent", "adam"): "Poisson, independent noise",
+    ("cyclic", "independent", "adam"): "cyclic (bounded participation), independent noise",
+    ("cyclic", "banded", "adam"): "cyclic (bounded participation), banded correlated noise (BandMF), BFV key holder",
+    ("cyclic", "independent", "sgd"): "cyclic, independent noise, BFV key holder, server SGD",
+    ("cyclic", "banded", "sgd"): "cyclic, banded correlated noise (BandMF), BFV key holder, server SGD",
 }
 
 
@@ -43,7 +46,7 @@ def _mean_sd(values: list[float], digits: int = 4) -> str:
 
 
 def rows(studies: list[Path]) -> list[list[str]]:
-    runs = defaultdict(list)  # (target, (sampler, correlation), q) -> summaries
+    runs = defaultdict(list)  # (target, (sampler, correlation, server optimizer), q) -> summaries
     for study in studies:
         for summary_file in sorted(study.glob("runs/*/seed=*/summary.json")):
             s = settings_of(summary_file.parent)
@@ -52,7 +55,9 @@ def rows(studies: list[Path]) -> list[list[str]]:
                 q = summary["privacy"]["sample_rate"]
                 privacy = summary["privacy"]
                 sampler = s.get("privacy.dp.sampler", privacy.get("sampler", "cyclic"))  # older summaries: the grid's
-                noise = (sampler, privacy.get("correlation", "independent"))
+                resolved = tomllib.loads((summary_file.parent / "policy.resolved.toml").read_text())
+                optimizer = resolved["federation"].get("server_optimizer", "adam")
+                noise = (sampler, privacy.get("correlation", "independent"), optimizer)
                 runs[(float(s[EPSILON]), noise, q)].append(summary)
     if not runs:
         sys.exit(f"{', '.join(map(str, studies))}: no finished run under runs/*/seed=*/")
@@ -99,7 +104,7 @@ def main() -> None:
         " `examples/participation_rate_study.toml` and `examples/correlated_study.toml`. Under cyclic participation"
         " each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF, b = 1/q bands)"
         " is central, added by the BFV key holder (simulated), at the same z and ε as independent noise; the server"
-        " steps with Adam. ε is the largest"
+        " steps with Adam unless the row says SGD (`examples/correlated_sgd_study.toml`). ε is the largest"
         " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(header, rows(args.studies))
     )
     args.out.write_text(text)

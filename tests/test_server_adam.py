@@ -73,3 +73,23 @@ def test_a_state_for_other_parameters_is_refused():
     other = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(ValueError, match="1 parameters, not 3"):
         opt.load_state_dict(other.state_dict())
+
+
+def test_the_servers_sgd_is_torchs_plain_sgd_bit_for_bit():
+    # the server's other optimiser (federation.server_optimizer = "sgd"): torch.optim.SGD without momentum
+    import torch
+
+    from fedrecgel_secure.federation.server import SGD
+
+    gen = torch.Generator().manual_seed(0)
+    mine = [torch.randn(5, 3, generator=gen), torch.randn(4, generator=gen)]
+    theirs = [p.clone().requires_grad_(True) for p in mine]
+    ours, ref = SGD(mine, lr=0.3), torch.optim.SGD(theirs, lr=0.3, foreach=False)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=gen) for p in mine]
+        ours.step(grads)
+        for p, g in zip(theirs, grads, strict=True):
+            p.grad = g.clone()
+        ref.step()
+    assert all(torch.equal(a, b.detach()) for a, b in zip(mine, theirs, strict=True))
+    assert ours.state_dict()["param_groups"][0].keys() == ref.state_dict()["param_groups"][0].keys()

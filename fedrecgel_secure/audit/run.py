@@ -50,7 +50,7 @@ def audit_rounds(
     agg = trainer.aggregation
     agg_state = copy.deepcopy(agg.state_dict())
     model = copy.deepcopy(trainer.model)
-    server = Server(model, policy.federation.server_lr)
+    server = Server(model, policy.federation.server_lr, policy.federation.server_optimizer)
     server.optimizer.load_state_dict(copy.deepcopy(trainer.server.optimizer.state_dict()))
     states = copy.deepcopy(trainer.states)
     n_items, row_dim = model.item_embeddings.shape

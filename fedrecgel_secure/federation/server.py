@@ -1,4 +1,4 @@
-"""The server: one Adam step on the shared parameters per round, with the aggregate as gradient."""
+"""The server: one optimiser step (Adam, or plain SGD) on the shared parameters per round, the aggregate as gradient."""
 
 from __future__ import annotations
 
@@ -76,13 +76,51 @@ class Adam:
         }
 
 
+class SGD:
+    """``torch.optim.SGD(params, lr)`` (no momentum, no weight decay): ``param -= lr * grad``, with torch's
+    ``state_dict`` layout. Under it the model is the prefix sum of the released aggregates, which is what banded
+    correlated noise minimises the error of (:mod:`fedrecgel_secure.privacy.dp.matrix`)."""
+
+    def __init__(self, params, lr: float):
+        self.params, self.lr = list(params), lr
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor]) -> None:
+        for param, grad in zip(self.params, grads, strict=True):
+            param.add_(grad, alpha=-self.lr)
+
+    def state_dict(self) -> dict:
+        group = {
+            "lr": self.lr,
+            "momentum": 0,
+            "dampening": 0,
+            "weight_decay": 0,
+            "nesterov": False,
+            "maximize": False,
+            "foreach": False,
+            "differentiable": False,
+            "fused": None,
+            "params": list(range(len(self.params))),
+        }
+        return {"state": {}, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        (group,) = state_dict["param_groups"]
+        if len(group["params"]) != len(self.params) or "momentum" not in group:
+            raise ValueError("not the state of plain SGD over these parameters")
+        self.lr = group["lr"]
+
+
+OPTIMIZERS = {"adam": Adam, "sgd": SGD}
+
+
 class Server:
-    def __init__(self, model: NeuMF, lr: float):
+    def __init__(self, model: NeuMF, lr: float, optimizer: str = "adam"):
         self.model = model
-        self.optimizer = Adam(model.parameters(), lr=lr)
+        self.optimizer = OPTIMIZERS[optimizer](model.parameters(), lr=lr)
 
     def step(self, aggregate: torch.Tensor) -> None:
-        """Take one Adam step along ``aggregate``, a gradient of the full shared vector (on any device)."""
+        """Take one optimiser step along ``aggregate``, a gradient of the full shared vector (on any device)."""
         grads = [torch.empty_like(p) for p in self.model.parameters()]
         # a protocol's sum arrives on the host: one copy to the model's device
         vector_to_parameters(aggregate.to(grads[0].device, grads[0].dtype), grads)

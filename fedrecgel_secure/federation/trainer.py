@@ -84,7 +84,7 @@ class Trainer:
             else ClientStates.fresh(self.model.init_private(self.split.n_users, init)).to(self.device)
         )
         self.model.to(self.device)
-        self.server = Server(self.model, policy.federation.server_lr)
+        self.server = Server(self.model, policy.federation.server_lr, policy.federation.server_optimizer)
         self.engine = make_engine(policy)
         self.aggregation = make_aggregation(
             policy, self.catalogue.n_users, self.model, self.make_summer, deployed=self.deployed

@@ -14,7 +14,13 @@ class FederationPolicy(Section):
         100, ge=1, description="Training rounds; each samples clients, aggregates their uploads and steps the server."
     )
     fraction: float = Field(0.1, gt=0, le=1, description="Fraction of clients sampled per round.")
-    server_lr: float = Field(0.001, gt=0, description="Server Adam learning rate on the shared parameters.")
+    server_lr: float = Field(0.001, gt=0, description="Server learning rate on the shared parameters.")
+    server_optimizer: Literal["adam", "sgd"] = Field(
+        "adam",
+        description="The server's step along the round's aggregate. adam: the authors' (per-coordinate scale)."
+        " sgd: plain gradient descent, under which the model is the prefix sum of the released aggregates, the"
+        " quantity banded correlated noise (privacy.dp.correlation) is optimised for.",
+    )
     client_lr: float = Field(0.1, gt=0, description="Client Adam learning rate on the private user embedding.")
     chunk_size: int = Field(128, ge=1, description="Chunk length of the sum-of-chunk-means loss.")
     engine: Literal["batched", "per-client"] = Field("batched", description="per-client is the plain reference path.")

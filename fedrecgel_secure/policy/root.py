@@ -123,6 +123,8 @@ class Policy(Section):
             del secagg["bfv"]["max_refusals"]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]
+        if dump["federation"]["server_optimizer"] == "adam":  # likewise
+            del dump["federation"]["server_optimizer"]
         defaults = (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1))
         for field, default in (*defaults, ("correlation", "independent")):
             if dump["privacy"]["dp"][field] == default:
