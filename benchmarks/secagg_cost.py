@@ -94,7 +94,7 @@ def _client_work(kind: str, repeats: int, start, out) -> None:
     """One process's share of the ceiling measurement: masking's keystream or BFV encryption, timed."""
     import tenseal as ts
 
-    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
 
     if kind == "masking":
         buf = np.empty(372_737, dtype=np.uint64)

@@ -161,10 +161,10 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
 
 def _he_world(tmp_path, dim=5):
     """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.node.he_node import HENode, KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import HENode, KeyHolderNode
     from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
-    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
     setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
@@ -180,7 +180,7 @@ def _he_world(tmp_path, dim=5):
 
 def _aggregate(context, directory, tag, nodes, round_idx, x, users=None):
     from fedrecgel_secure.privacy.secagg import IdentityDirectory
-    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
 
     agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
     agg.begin_round(round_idx)
@@ -196,7 +196,7 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     # fresh central noise average the noise away. The record of what was released survives on disk.
     import numpy as np
 
-    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import RejectedPayload
 
     setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
@@ -224,7 +224,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    from fedrecgel_secure.deploy.node.he_node import _INFO, _suite
+    from fedrecgel_secure.deploy.node.bfv_node import _INFO, _suite
 
     _, nodes, directory, context, tag, sealed = _he_world(tmp_path)
     with pytest.raises(InvalidTag):
@@ -400,10 +400,10 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
 
     import numpy as np
 
-    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.he import EncryptedAggregate, HEAggregator
-    from fedrecgel_secure.privacy.secagg.he_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
+    from fedrecgel_secure.privacy.secagg.bfv import EncryptedAggregate, HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
 
     setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
@@ -449,7 +449,7 @@ def test_the_server_checks_each_proof_of_a_partial_sum(tmp_path):
     import numpy as np
 
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.he import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
 
     _, nodes, directory, context, tag, _ = _he_world(tmp_path)
     x = np.ones((4, 5))

@@ -11,8 +11,8 @@ import pytest
 
 from fedrecgel_secure.errors import ProtocolStateError
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
+from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
 from fedrecgel_secure.privacy.secagg.clients import ClientSetup
-from fedrecgel_secure.privacy.secagg.he_params import BFVParams
 
 DIM = 20_000  # big enough that vectors and uploads travel through shared memory
 CLIENTS = list(range(1, 25))

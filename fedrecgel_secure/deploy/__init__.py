@@ -31,7 +31,7 @@ def check_deployable(policy) -> None:
     Masking runs as stages on the nodes (:mod:`.server.masking_driver`), and under DP
     each node clips its users' uploads and draws their noise shares
     (:meth:`.shard.Node.protect`); under BFV the nodes encrypt and the key
-    holder is a node of its own (:mod:`.he_node`). Running a protocol on the
+    holder is a node of its own (:mod:`.bfv_node`). Running a protocol on the
     server over plaintext uploads would look like a secure run while the server
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.

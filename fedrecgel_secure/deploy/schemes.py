@@ -71,8 +71,8 @@ DEPLOYED = {
         SCHEMES["bfv"],
         "bfv: the server sees ciphertexts and the sum only",
         round_stages=1,  # the key holder's decryption (the ciphertexts ride on the train stage)
-        server_summer=f"{_ROLES}.server.he_summer:NodeHESum",
-        node_role=f"{_ROLES}.node.he_node:HENode",
+        server_summer=f"{_ROLES}.server.bfv_summer:NodeHESum",
+        node_role=f"{_ROLES}.node.bfv_node:HENode",
     ),
 }
 

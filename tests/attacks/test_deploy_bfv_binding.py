@@ -4,7 +4,7 @@ The attacker is the server (the real ServerApp over the in-process grid, the rea
 binds each attempt to the model and DP settings its users were sent and checks the stated sample against the
 cohort its users signed in (tests/attacks/test_deploy_model_binding.py, test_deploy_dp_settings.py); BFV had
 neither. Now each user's contribution proof is signed over a binding (:class:`~fedrecgel_secure.privacy.secagg.
-he_wire.Binding`): the digest of the model and DP settings its node was sent, and the sample size its noise share
+bfv_wire.Binding`): the digest of the model and DP settings its node was sent, and the sample size its noise share
 was sized for. The key holder verifies every proof under the one binding the aggregate states, and under
 distributed noise decrypts only when exactly that many users' proofs are in it.
 

@@ -82,7 +82,7 @@ class Observed:
 
     def __init__(self, monkeypatch):
         from fedrecgel_secure.deploy.node.shard import Node
-        from fedrecgel_secure.deploy.server.he_summer import NodeHESum
+        from fedrecgel_secure.deploy.server.bfv_summer import NodeHESum
         from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
 
         self.vectors: dict[tuple[int, int], np.ndarray] = {}  # (round, client) -> its clipped vector

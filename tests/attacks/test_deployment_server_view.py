@@ -174,7 +174,7 @@ def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_sessi
     # The key holder's secret context may be made only on the key holder's node; the server runs the protocol's
     # server side (NodeHESum), never the simulator's SecureSum with its in-process clients and key holder.
     from fedrecgel_secure.federation.summers import SecureSum
-    from fedrecgel_secure.privacy.secagg.he_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
 
     made: list[tuple[str, bool]] = []  # (what, on a node)
     grids = []

@@ -12,7 +12,7 @@ the uploaded ciphertext bytes.
 
 The key holder never sees the individual ciphertexts (if it did, it could
 decrypt them), so signatures alone cannot tie the aggregate to the proofs; the
-last tests show the aggregate tag (fedrecgel_secure/privacy/secagg/he_tags.py)
+last tests show the aggregate tag (fedrecgel_secure/privacy/secagg/bfv_tags.py)
 doing so: one client's ciphertext with others' proofs, a sum missing a named
 client, slot-wise masked uploads and double counting are all refused, and so
 is a host's group ciphertext (a deployment's node) under fewer or other names.
@@ -36,8 +36,8 @@ from fedrecgel_secure.privacy.secagg import (
     KeyHolder,
     RejectedPayload,
 )
-from fedrecgel_secure.privacy.secagg.he import HEGroup, decode_upload
-from fedrecgel_secure.privacy.secagg.he_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
+from fedrecgel_secure.privacy.secagg.bfv import HEGroup, decode_upload
+from fedrecgel_secure.privacy.secagg.bfv_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 3000
@@ -173,7 +173,7 @@ def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
     """Finding 2's last case: client 0's upload alone, with valid proofs of clients 0, 1 and 2.
 
     Every proof is a valid signature of this round, so the signature checks pass;
-    the aggregate tag (he_tags.py) does not: the tag slot carries client 0's pad
+    the aggregate tag (bfv_tags.py) does not: the tag slot carries client 0's pad
     only, while the proofs name three. The old CKKS key holder decrypted it.
     """
     r = Round(world, 6)

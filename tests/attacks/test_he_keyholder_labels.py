@@ -48,7 +48,7 @@ def world(tmp_path):
 @pytest.fixture
 def decryptions(monkeypatch):
     """The rounds whose aggregate the key holder decrypted (and then checked the tags of), in order."""
-    from fedrecgel_secure.privacy.secagg.he_keyholder import KeyHolder
+    from fedrecgel_secure.privacy.secagg.bfv_keyholder import KeyHolder
 
     seen: list[int] = []
     check = KeyHolder._check_tags
@@ -63,7 +63,7 @@ def decryptions(monkeypatch):
 
 def key_holder(tmp_path, setup, rounds=ROUNDS):
     """A fresh key-holder process on the state directory (every Flower message is one), bound to a run."""
-    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
 
     return KeyHolderNode(tmp_path / "kh", setup, rounds=rounds, max_refusals=LIMIT)
 
@@ -78,8 +78,8 @@ def honest(world, label, users=None) -> bytes:
 def probe(world, label, delta: int) -> bytes:
     """The honest aggregate of ``label`` with ``delta`` added to the first slot of its first ciphertext: accepted
     exactly when ``delta`` decrypts to 0 (the tags check every slot), so each answer is one bit about it."""
-    from fedrecgel_secure.privacy.secagg.he import EncryptedAggregate
-    from fedrecgel_secure.privacy.secagg.he_wire import (
+    from fedrecgel_secure.privacy.secagg.bfv import EncryptedAggregate
+    from fedrecgel_secure.privacy.secagg.bfv_wire import (
         _params_of,
         load_context,
         load_vectors,
@@ -170,8 +170,8 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
     from flwr.supercore.task_identity import TaskIdentity
     from test_deploy_inprocess import _aggregate
 
+    from fedrecgel_secure.deploy.node.bfv_node import HENode
     from fedrecgel_secure.deploy.node.handlers import keyholder
-    from fedrecgel_secure.deploy.node.he_node import HENode
     from fedrecgel_secure.deploy.schemes import setup_of
     from fedrecgel_secure.deploy.wire import from_record, to_record
     from fedrecgel_secure.policy import load_policy

@@ -53,7 +53,7 @@ def test_the_deployments_key_holder_records_a_refused_round_as_used_up(tmp_path)
     """Every request reaches a fresh key-holder process: the used-up round must survive in its record on disk."""
     from test_deploy_inprocess import _aggregate, _he_world
 
-    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
 
     setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10

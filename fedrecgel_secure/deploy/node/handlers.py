@@ -138,7 +138,8 @@ def _role(context: Context, policy, users: list[int], dim: int):
 @app.query(SECAGG)
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
-    masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`, :mod:`fedrecgel_secure.deploy.node.he_node`)."""
+    masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`,
+    :mod:`fedrecgel_secure.deploy.node.bfv_node`)."""
     from fedrecgel_secure.deploy.messages import messages_of, reply
 
     req = from_record(msg.content)
@@ -163,7 +164,7 @@ def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
     import numpy as np
 
-    from fedrecgel_secure.deploy.node.he_node import KeyHolderNode
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.federation.reports import report_count
     from fedrecgel_secure.policy import load_policy

@@ -6,7 +6,7 @@ releases the aggregate alone. Both sum the same fixed-point integers
 (:mod:`.fixedpoint`), so they release bit-identical aggregates.
 
 * ``"bfv"``: exact TenSEAL BFV encryption of the fixed-point grid integers under
-  a key held by a separate key holder (:mod:`.he`, :mod:`.he_keyholder`), which
+  a key held by a separate key holder (:mod:`.bfv`, :mod:`.bfv_keyholder`), which
   releases one exact, checked aggregate per round and adds central noise
   itself. It protects against an honest-but-curious aggregator that does not
   collude with the key holder; against a malicious or colluding server use
@@ -41,11 +41,11 @@ _EXPORTS = {
     "RejectedPayload": "errors",
     "RoundSkipped": "errors",
     "FixedPoint": "fixedpoint",
-    "EncryptedAggregate": "he",
-    "HEAggregator": "he",
-    "HEClient": "he",
-    "KeyHolder": "he_keyholder",
-    "BFVParams": "he_params",
+    "EncryptedAggregate": "bfv",
+    "HEAggregator": "bfv",
+    "HEClient": "bfv",
+    "KeyHolder": "bfv_keyholder",
+    "BFVParams": "bfv_params",
     "ClientIdentity": "identity",
     "ContributionProof": "identity",
     "Envelope": "identity",

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from .bfv_params import BFVParams
 from .errors import RoundSkipped
-from .he_params import BFVParams
 from .masking import MaskingParams, neighbour_graph
 
 

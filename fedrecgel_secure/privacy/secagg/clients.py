@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from .bfv import HEClient
+from .bfv_params import BFVParams
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
-from .he import HEClient
-from .he_params import BFVParams
 from .identity import ClientIdentity, IdentityDirectory
 from .masking import MaskingParams
 from .masking_client import MaskingClient

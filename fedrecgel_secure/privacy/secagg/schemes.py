@@ -18,7 +18,7 @@ from .settings import bfv_params, masking_params
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import SecureAggregationPolicy
 
-    from .he_params import BFVParams
+    from .bfv_params import BFVParams
     from .masking import MaskingParams
 
 

@@ -34,12 +34,12 @@ import numpy as np
 from fedrecgel_secure.errors import BadInputError
 
 from .arithmetic import admit_or_skip
+from .bfv import HEAggregator, HEClient
+from .bfv_keyholder import KeyHolder
+from .bfv_params import BFVParams
 from .clients import ClientSetup, LocalClients, Reply
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
-from .he import HEAggregator, HEClient
-from .he_keyholder import KeyHolder
-from .he_params import BFVParams
 from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
 from .masking import MaskingParams
 from .masking_aggregator import MaskingAggregator

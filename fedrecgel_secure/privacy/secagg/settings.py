@@ -15,7 +15,7 @@ from .fixedpoint import FixedPoint
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
 
-    from .he_params import BFVParams
+    from .bfv_params import BFVParams
     from .masking import MaskingParams
 
 
@@ -25,7 +25,7 @@ def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
 
 
 def bfv_params(settings: BfvPolicy) -> BFVParams:
-    from .he_params import BFVParams
+    from .bfv_params import BFVParams
 
     return BFVParams(
         poly_modulus_degree=settings.poly_modulus_degree,

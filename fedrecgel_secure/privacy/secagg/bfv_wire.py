@@ -1,4 +1,4 @@
-"""BFV wire formats and context checks shared by the HE roles (see :mod:`.he` for the protocol).
+"""BFV wire formats and context checks shared by the HE roles (see :mod:`.bfv` for the protocol).
 
     upload:    b"BFV1" | dim u32 | n_chunks u32 | (len u32 | TenSEAL BFVVector)*
     aggregate: b"BFA1" | round u64 | dim u32 | n u32 | proof*n
@@ -91,7 +91,7 @@ class ContextInfo:
 
     @property
     def data_slots(self) -> int:
-        """Values per ciphertext: every slot but the last, which holds the tag (:mod:`.he_tags`)."""
+        """Values per ciphertext: every slot but the last, which holds the tag (:mod:`.bfv_tags`)."""
         return self.poly_modulus_degree - 1
 
     def fresh_noise_bound(self) -> int:

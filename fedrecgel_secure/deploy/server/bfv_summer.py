@@ -6,7 +6,7 @@ stands in the aggregation rule and releases the same exact fixed-point sum
 nodes' sums of their users' ciphertexts arrive with the train replies (with
 each user's signed contribution proof), the server's :class:`HEAggregator`
 checks the proofs and adds the sums, and the key holder, a SuperNode of
-its own (:class:`~fedrecgel_secure.deploy.node.he_node.KeyHolderNode`), receives the
+its own (:class:`~fedrecgel_secure.deploy.node.bfv_node.KeyHolderNode`), receives the
 one summed aggregate of the round, checks its proofs and tags, adds the central
 DP noise it draws itself, sized from its own policy (C, under adaptive clipping
 replayed over the released counts the server sends, and N), and returns the sum.
@@ -55,7 +55,7 @@ class NodeHESum:
 
     def start(self) -> None:
         """Users' identity keys and nodes' sealing keys in, the key holder's session out, every node joined."""
-        from fedrecgel_secure.privacy.secagg.he import HEAggregator
+        from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         keys = self.exchange("keys", {s: {"stage": "keys"} for s in self.users_of})

@@ -13,7 +13,7 @@ Deployments that must resist a malicious server should use ``"masking"``
 Binding proofs to ciphertexts. Each client signs SHA-256 of its ciphertext
 bytes (in a group, :class:`HEGroup`, the group's one ciphertext), and each
 ciphertext carries in its last slot a linearly homomorphic tag
-of its data (:mod:`.he_tags`) under keys shared only by that client and the key
+of its data (:mod:`.bfv_tags`) under keys shared only by that client and the key
 holder. The key holder receives only the summed ciphertext, checks the
 signatures (round-bound, distinct, at least ``min_clients``) and, after
 decrypting, that the tags add up to those of exactly the clients the proofs
@@ -28,7 +28,7 @@ any secure sum); a forged tag passes with probability about 1/t ≈ 2^-59.
 
 Roles:
 
-* :class:`~.he_keyholder.KeyHolder` creates the BFV key pair and keeps the
+* :class:`~.bfv_keyholder.KeyHolder` creates the BFV key pair and keeps the
   secret key; it publishes a *public* context (public key only). It releases
   at most one aggregate per round, of the dimension registered when it was
   created, carrying at least ``min_clients`` distinct, valid contribution
@@ -55,7 +55,7 @@ term on its right-hand side (see tests/attacks/test_he_key_recovery.py).
 Because the grid is the masking grid, HE and masking release bit-identical
 aggregates.
 
-Wire formats (:mod:`.he_wire`; body of a ``Kind.HE_UPLOAD`` envelope)::
+Wire formats (:mod:`.bfv_wire`; body of a ``Kind.HE_UPLOAD`` envelope)::
 
     upload:    b"BFV1" | dim u32 | n_chunks u32 | (len u32 | TenSEAL BFVVector)*
     aggregate: b"BFA1" | round u64 | dim u32 | n u32 | proof*n
@@ -64,7 +64,7 @@ Wire formats (:mod:`.he_wire`; body of a ``Kind.HE_UPLOAD`` envelope)::
     bound:     b"BFA2" | round u64 | dim u32 | n u32 | participants u32 | digest 32 | proof*n | (as BFA1)
 
 Binding (a deployment). A node's users sign their group's ciphertext under a
-:class:`~.he_wire.Binding`: the digest of the model and DP settings their node
+:class:`~.bfv_wire.Binding`: the digest of the model and DP settings their node
 was sent, and the sample their noise shares were sized for. The aggregator
 sums only partials of one binding, and the key holder verifies every proof
 under the binding the aggregate states: users sent different models (model
@@ -79,7 +79,7 @@ needs t ≡ 1 mod 2N; it rejects 60 bits). One ciphertext packs N − 1 = 8191
 grid integers and their tag; an upload is about 32 bytes per value.
 
 Range. The sum is exact while every coordinate satisfies |Σ g_i| < t/2;
-:meth:`.he_wire.ContextInfo.check_capacity` (run when the key holder is created,
+:meth:`.bfv_wire.ContextInfo.check_capacity` (run when the key holder is created,
 for every registered client) refuses any setting where
 ``max_clients`` clipped values plus 10σ of central noise could reach it, and
 where the BFV noise of that many summed ciphertexts could reach q/(2t).
@@ -97,10 +97,8 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
-from . import he_tags
-from .errors import Reason, RejectedPayload, RoundSkipped
-from .fixedpoint import FixedPoint
-from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
+from . import bfv_tags
+from .bfv_wire import (  # noqa: F401  re-exported: the wire helpers belong to the HE scheme
     _U32,
     _UPLOAD_HEAD,
     Binding,
@@ -120,6 +118,8 @@ from .he_wire import (  # noqa: F401  re-exported: the wire helpers belong to th
     read_chunks,
     signing_context,
 )
+from .errors import Reason, RejectedPayload, RoundSkipped
+from .fixedpoint import FixedPoint
 from .identity import (
     ClientIdentity,
     ContributionProof,
@@ -142,7 +142,7 @@ class HEClient:
     """Encodes one client's vector on the grid, tags it, encrypts it with the public context and signs it.
 
     ``tag_key``: the 64 bytes the key holder gave this client at registration
-    (:meth:`.he_keyholder.KeyHolder.client_key`), over a confidential channel.
+    (:meth:`.bfv_keyholder.KeyHolder.client_key`), over a confidential channel.
     """
 
     def __init__(
@@ -169,11 +169,11 @@ class HEClient:
         if 2 * encoding.limit >= self.params.plain_modulus:
             raise BadInputError("the fixed-point range does not fit the BFV plain modulus")
         self.session_tag = check_session_tag(session_tag)
-        if not isinstance(tag_key, (bytes, bytearray)) or len(tag_key) != he_tags.CLIENT_KEY_BYTES:
-            raise BadInputError(f"tag_key must be the {he_tags.CLIENT_KEY_BYTES} bytes the key holder issued")
-        self._pad_key = bytes(tag_key[he_tags.KEY_BYTES :])
-        self._alpha = he_tags.alpha(
-            bytes(tag_key[: he_tags.KEY_BYTES]),
+        if not isinstance(tag_key, (bytes, bytearray)) or len(tag_key) != bfv_tags.CLIENT_KEY_BYTES:
+            raise BadInputError(f"tag_key must be the {bfv_tags.CLIENT_KEY_BYTES} bytes the key holder issued")
+        self._pad_key = bytes(tag_key[bfv_tags.KEY_BYTES :])
+        self._alpha = bfv_tags.alpha(
+            bytes(tag_key[: bfv_tags.KEY_BYTES]),
             n_chunks(dim, self.params),
             self.params.data_slots,
             self.params.plain_modulus,
@@ -199,8 +199,8 @@ class HEClient:
         ``pad_keys``: this client's alone, or a group's (:class:`HEGroup`)."""
         t = self.params.plain_modulus
         tags = [
-            (dot + sum(he_tags.pad(k, self.session_tag, round_idx, c, t) for k in pad_keys)) % t
-            for c, dot in enumerate(he_tags.inner(self._alpha, rows, t))
+            (dot + sum(bfv_tags.pad(k, self.session_tag, round_idx, c, t) for k in pad_keys)) % t
+            for c, dot in enumerate(bfv_tags.inner(self._alpha, rows, t))
         ]
         return encrypt_ints(self._ctx, self.params, self.dim, rows, tags)
 
@@ -383,7 +383,7 @@ class HEAggregator:
         and its digest must be that of this very ciphertext (``bad_signature``
         otherwise): every named client signed exactly what is added. That the
         ciphertext holds their vectors, each with weight one, is what the key
-        holder's tags check (:mod:`.he_tags`). A host that knows its clients'
+        holder's tags check (:mod:`.bfv_tags`). A host that knows its clients'
         tag keys could forge their part, as it could make them upload anything:
         the clients trust their host.
         """

@@ -16,7 +16,7 @@ round it released and its contributors: one release per round, also across
 restarts; and how many requests it refused: a limit per run) and
 ``released.npy`` (that release).
 
-Threat model: :mod:`fedrecgel_secure.privacy.secagg.he` (an honest-but-curious
+Threat model: :mod:`fedrecgel_secure.privacy.secagg.bfv` (an honest-but-curious
 aggregator that does not collude with the key holder). The tag keys travel
 through the server sealed with HPKE (RFC 9180, X25519, HKDF-SHA256,
 AES-128-GCM) to the node's sealing key, so the aggregator relays them without
@@ -93,10 +93,10 @@ class HENode:
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
-        proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.he_wire.Binding`. How many values the grid
+        proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.bfv_wire.Binding`. How many values the grid
         clipped is logged here and never sent: it is a function of the vectors outside the sum (:mod:`..replies`)."""
         from fedrecgel_secure.deploy.messages import train_binding
-        from fedrecgel_secure.privacy.secagg.he_wire import Binding
+        from fedrecgel_secure.privacy.secagg.bfv_wire import Binding
 
         # every proof is signed over the model and DP settings this node was sent, and the sample its users' noise
         # shares were sized for: the key holder sums no users sent another model, nor fewer than the shares assume
@@ -108,9 +108,9 @@ class HENode:
         return {"partial": partial}
 
     def group(self, clients: np.ndarray):
-        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.he.HEGroup` of this session."""
-        from fedrecgel_secure.privacy.secagg.he import HEClient, HEGroup
-        from fedrecgel_secure.privacy.secagg.he_wire import load_context
+        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.bfv.HEGroup` of this session."""
+        from fedrecgel_secure.privacy.secagg.bfv import HEClient, HEGroup
+        from fedrecgel_secure.privacy.secagg.bfv_wire import load_context
 
         facts = json.loads((self.dir / "he.json").read_text())
         context = load_context(bytes.fromhex(facts["context"]), "public context")
@@ -169,7 +169,7 @@ class HENode:
 # decrypted, and met by an honest run whose nodes drop out (fewer users than min_clients, or than the noise shares
 # were sized for); each still uses its round up
 HONEST_REFUSALS = ("too_few_contributors", "inconsistent")
-# all a refusal of the key holder's node says, besides its reason (the key holder's own: he_keyholder.REFUSED)
+# all a refusal of the key holder's node says, besides its reason (the key holder's own: bfv_keyholder.REFUSED)
 NOT_A_ROUND = "the key holder refused this aggregate: its round is not one of the run's"
 NO_MORE = "the key holder refused as many aggregates as the run allows; it answers no more"
 
@@ -202,7 +202,7 @@ class KeyHolderNode:
         self.max_refusals = BfvPolicy().max_refusals if max_refusals is None else max_refusals
 
     def _key_holder(self, directory: Mapping[int, bytes], session_tag: bytes):
-        from fedrecgel_secure.privacy.secagg.he_keyholder import KeyHolder
+        from fedrecgel_secure.privacy.secagg.bfv_keyholder import KeyHolder
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         s, path = self.setup, self.dir / KEY_FILE
@@ -270,9 +270,9 @@ class KeyHolderNode:
         noised clipped count its clip norm follows from. Nothing the server
         says about rounds or counts sizes the noise.
         """
+        from fedrecgel_secure.privacy.secagg.bfv_keyholder import REFUSED
+        from fedrecgel_secure.privacy.secagg.bfv_wire import parse_aggregate
         from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
-        from fedrecgel_secure.privacy.secagg.he_keyholder import REFUSED
-        from fedrecgel_secure.privacy.secagg.he_wire import parse_aggregate
 
         facts = json.loads(read_private_file(self.dir / "session.json"))
         if facts.get("refusals", 0) >= self.max_refusals:  # examines nothing, decrypts nothing
