@@ -25,7 +25,7 @@ from fedrecgel_secure.privacy.secagg import (
     MaskingParams,
     RejectedPayload,
     ServerIdentity,
-    he,
+    bfv,
     masking,
     masking_wire,
 )
@@ -179,7 +179,7 @@ def test_he_upload_body_decoder(data):
     w = he_world()
     body = Envelope.parse(w["uploads"][2]).body
     agg = w["agg"]
-    only_rejections(he.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
+    only_rejections(bfv.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
 
 
 @FUZZ
