@@ -20,7 +20,7 @@ from fnmatch import fnmatchcase
 import numpy as np
 
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
-REPORTS = ("reports",)  # their metrics (evaluation scope "round"), in the clear only beside them
+REPORTS = ("reports",)  # their metrics summed over them (evaluation scope "round"), in the clear only beside them
 LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_in_clear
 EVALUATION = ("evaluation", "users", "sums")  # a node's HR/NDCG sums over all its users, only where reports_in_clear
 
@@ -99,7 +99,8 @@ class TrainReply:
     """A node's answer to round R: which sampled users trained, their summed BCE and number of examples (only
     where :func:`reports_in_clear`; None otherwise) and (plaintext only) their uploads: for the ``c``-th client, the
     item rows ``rows[row_owner == c]`` at ``row_item[row_owner == c]``, its dense part ``mlp[c]`` and, under
-    evaluation scope "round", its metrics ``reports[c]``."""
+    evaluation scope "round", the sampled users' metrics summed (``reports``: one row for the node, never one a
+    user)."""
 
     clients: np.ndarray
     bce: float | None

@@ -194,3 +194,19 @@ def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_sessi
     print(f"made in the server process: {[what for what, on_node in made if not on_node]}")
     assert ("secret context", True) in made  # the key holder's, on its node
     assert [what for what, on_node in made if not on_node] == []
+
+
+def test_without_secure_aggregation_a_node_reports_its_users_metrics_summed_never_one_a_user(tmp_path):
+    # Central DP with no secure sum: the uploads reach the server in the clear, and under evaluation scope "round"
+    # so do the round's metrics. A per-user row would be each sampled user's HR on a model the server chose (which
+    # of its held-out item it ranks first); a node sends its users' sum, one row, as its evaluation sums did before.
+    from conftest import seeded_dp
+
+    pulled, out = _serve(tmp_path, seeded_dp("central"), rounds=2)
+    carried = [rep for rep in _replies(pulled, "round-") if "reports" in rep]
+    assert carried  # round 2's train replies carry round 1's metrics
+    for rep in carried:
+        assert np.asarray(rep["reports"]).shape == (2,)  # HR@10 and NDCG@10, summed over the node's sampled users
+        assert np.asarray(rep["clients"]).size >= 1
+    records = run_records(out)
+    assert records[0]["evaluated_by"] == "round" and 0 <= records[0]["hr@10"] <= 1

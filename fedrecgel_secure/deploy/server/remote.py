@@ -205,8 +205,8 @@ class RemoteTrainer(Trainer):
         uploads = RowUploads(rows, owner, items, mlp, n_items)
         if self.policy.federation.engine == "per-client":  # the simulator's exact holder, so sums match bit for bit
             uploads = DenseUploads(torch.stack([uploads.vector(c) for c in range(answered.size)]), n_items * width)
-        if self.scope == ROUND:  # each user's metrics, in the clear beside its upload (nothing protects either)
-            mine = {c: rep.reports[i] for rep in got.values() for i, c in enumerate(rep.clients.tolist())}
+        if self.scope == ROUND:  # each node's summed metrics, in the clear (no secure sum): spread over its users
+            mine = {c: rep.reports / rep.clients.size for rep in got.values() for c in rep.clients.tolist()}
             uploads.reports = torch.from_numpy(np.stack([mine[c] for c in answered.tolist()]))
         return answered, RoundUpdate(uploads=uploads, private=None, loss=loss)
 
