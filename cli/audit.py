@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import JsonOption, RunDirArg, out, user_errors
+from .common import JsonOption, RunDirArg, out, user_errors
 
 
 @user_errors
@@ -18,7 +18,7 @@ def audit(
 ):
     """Attack the run as an honest-but-curious server (can it tell which items a client trained on?) and,
     when the run inserted canaries (`privacy.audit.canaries`), estimate its epsilon empirically."""
-    from fedrecgel_secure.cli.startup import lasting_imports
+    from .startup import lasting_imports
 
     with lasting_imports():  # torch
         from fedrecgel_secure.audit.report import render_audit

@@ -10,11 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedrecgel_secure.cli.crash import note_run_dir
 from fedrecgel_secure.errors import BadInputError
 
+from .crash import note_run_dir
+
 if TYPE_CHECKING:
-    from fedrecgel_secure.cli.curves import CurvesProcess
+    from .curves import CurvesProcess
 
 out = Console()
 err = Console(stderr=True)

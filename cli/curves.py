@@ -108,7 +108,7 @@ class CurvesProcess:
 
 def serve() -> None:
     """The process: import the drawing code, then draw the one run directory asked for, if any."""
-    from fedrecgel_secure.cli.startup import lasting_imports, own_process
+    from .startup import lasting_imports, own_process
 
     own_process()
     with lasting_imports():

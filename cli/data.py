@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from fedrecgel_secure.cli.common import SetOption, out, user_errors
 from fedrecgel_secure.errors import BadInputError
+
+from .common import SetOption, out, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Datasets: list, inspect, split, shard, download.")
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedrecgel_secure.cli.common import PolicyArg, SetOption, err, metrics_table, out, report_written, user_errors
+from .common import PolicyArg, SetOption, err, metrics_table, out, report_written, user_errors
 
 app = typer.Typer(
     no_args_is_help=True, help="Run the roles as separate processes on Flower (needs the `flower` extra)."

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import RunDirArg, out, user_errors
+from .common import RunDirArg, out, user_errors
 
 
 @user_errors
@@ -23,7 +23,7 @@ def export(
 ):
     """Export the shared model (item embeddings, MLP) as safetensors, with a model card in Markdown and JSON:
     data and split, policy digest, metrics, ε against each observer, secure aggregation."""
-    from fedrecgel_secure.cli.startup import lasting_imports
+    from .startup import lasting_imports
 
     with lasting_imports():  # torch
         from fedrecgel_secure.export import export_run

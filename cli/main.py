@@ -14,10 +14,10 @@ import sys
 
 import typer
 
-from fedrecgel_secure.cli import audit, data, deploy, export, policy, recommend, runs, study, train
-from fedrecgel_secure.cli.common import err
-from fedrecgel_secure.cli.crash import write_crash_log
-from fedrecgel_secure.cli.startup import own_process
+from . import audit, data, deploy, export, policy, recommend, runs, study, train
+from .common import err
+from .crash import write_crash_log
+from .startup import own_process
 
 app = typer.Typer(
     no_args_is_help=True,

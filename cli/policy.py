@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import PolicyArg, SetOption, out, user_errors
+from .common import PolicyArg, SetOption, out, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Validate and inspect policy files.")
 

@@ -8,8 +8,9 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import JsonOption, RunDirArg, out, user_errors
 from fedrecgel_secure.errors import BadInputError
+
+from .common import JsonOption, RunDirArg, out, user_errors
 
 
 @user_errors
@@ -36,7 +37,7 @@ def recommend(
         raise BadInputError("--all needs --out FILE (a .csv, or .parquet with pyarrow installed)")
     if out_file is not None and not every_user:
         raise BadInputError("--out goes with --all (one user's list is printed)")
-    from fedrecgel_secure.cli.startup import lasting_imports
+    from .startup import lasting_imports
 
     with lasting_imports():  # torch
         from fedrecgel_secure.recommend import check_k, check_list_path, open_trained

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import JsonOption, out, user_errors
+from .common import JsonOption, out, user_errors
 
 
 def _metric(record: dict | None, key: str) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from fedrecgel_secure.cli.common import err, out, user_errors
+from .common import err, out, user_errors
 
 
 class _StudyGroup(typer.core.TyperGroup):

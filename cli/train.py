@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel_secure.cli.common import (
+from .common import (
     JsonOption,
     PolicyArg,
     RunDirArg,
@@ -39,9 +39,10 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
-    from fedrecgel_secure.cli.crash import note_run_dir
-    from fedrecgel_secure.cli.curves import CurvesProcess
     from fedrecgel_secure.runs.directory import check_out_dir, hold_run_dir
+
+    from .crash import note_run_dir
+    from .curves import CurvesProcess
 
     out_dir = out_dir if out_dir is not None else default_out_dir(policy)
     note_run_dir(out_dir)
@@ -52,13 +53,14 @@ def train(
 
 
 def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: bool, drawer) -> None:
-    from fedrecgel_secure.cli.startup import lasting_imports
+    from .startup import lasting_imports
 
     with lasting_imports():  # torch
-        from fedrecgel_secure.cli.progress import RoundProgress
         from fedrecgel_secure.interrupt import StopBetweenRounds
         from fedrecgel_secure.runs.directory import read_summary
         from fedrecgel_secure.runs.runner import open_run
+
+        from .progress import RoundProgress
 
     trainer = open_run(out_dir, policy, overrides, resume=resume)
     rounds = trainer.policy.federation.rounds
@@ -139,7 +141,7 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
 @user_errors
 def evaluate(run_dir: RunDirArg, as_json: JsonOption = False):
     """Recompute the metrics of the model saved in a run directory."""
-    from fedrecgel_secure.cli.startup import lasting_imports
+    from .startup import lasting_imports
 
     with lasting_imports():  # torch
         from fedrecgel_secure.runs.runner import evaluate_run
