@@ -45,7 +45,7 @@ $py -c 'import fedrecgel_secure.federation.trainer, fedrecgel_secure.privacy.dp.
 
 gpu=$($py -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 
-timeout 100 $py -m pytest -q -p no:cacheprovider -rs tests/test_device.py 2>&1 | tee "$out/pytest.log" | tail -3
+timeout 100 $py -m pytest -q -p no:cacheprovider -rs tests/federation/test_device.py 2>&1 | tee "$out/pytest.log" | tail -3
 tests_rc=$?
 
 # BENCH_ARGS replaces the benchmark's arguments (e.g. BENCH_ARGS="--device cuda --shapes ml20m-shape --budget-s 30"

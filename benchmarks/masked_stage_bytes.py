@@ -12,7 +12,7 @@ both ways, on the same users and inputs:
   :class:`SecAggSession` round;
 * **group**: the real nodes (:class:`MaskingNode`, a fresh one per message)
   and the server's :class:`MaskingDriver` over Flower records, as deployed:
-  one ``g`` entry per node (:mod:`fedrecgel_secure.privacy.secagg.masking_wire`).
+  one ``g`` entry per node (:mod:`fedrecgel_secure.privacy.secagg.masking.wire`).
 
 Bytes are those of each node's packed reply record (``to_record(...)``,
 serialised by Flower's ``RecordDict``); seconds are the masked step's own

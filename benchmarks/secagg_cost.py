@@ -31,7 +31,7 @@ import numpy as np
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import load_policy
-from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
+from fedrecgel_secure.privacy.secagg.masking.masks import MASK_KEY_BYTES, prg_into
 
 SCHEMES = {
     "masking": ["privacy.secure_aggregation.scheme=masking", "privacy.secure_aggregation.masking.degree=secagg+"],
@@ -94,7 +94,7 @@ def _client_work(kind: str, repeats: int, start, out) -> None:
     """One process's share of the ceiling measurement: masking's keystream or BFV encryption, timed."""
     import tenseal as ts
 
-    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 
     if kind == "masking":
         buf = np.empty(372_737, dtype=np.uint64)

@@ -4,7 +4,7 @@
 
 The same as `fedrecgel train --out DIR --set federation.rounds=N`, then `fedrecgel recommend DIR --user ID`,
 `fedrecgel evaluate DIR` and `fedrecgel export DIR --out DIR/export`. CI runs it with one round
-(tests/test_api.py).
+(tests/cli/test_api.py).
 """
 
 from __future__ import annotations

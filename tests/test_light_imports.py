@@ -10,20 +10,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import write_ratings
 
 from fedrecgel_secure.policy import POLICY_DIR
 
-HEAVY = ("torch", "opacus", "tenseal")
-
-
-def imported_packages(*args: str) -> set[str]:
-    """The top-level packages a Python process imports, from ``-X importtime`` (one line per module, its name last)."""
-    result = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
-    return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in lines}
-
+from helpers.data import write_ratings
+from helpers.imports import HEAVY, imported_packages
 
 LIGHT_MODULES = [
     "fedrecgel_secure.policy",

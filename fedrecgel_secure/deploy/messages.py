@@ -54,7 +54,7 @@ class StageResult:
 
     replies: dict[int, bytes]  # user -> its signed reply
     refused: dict[int, str]  # user -> why it refused the aggregator's message (it drops out)
-    group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking_wire)
+    group: bytes | None = None  # masked stage: the users' masked inputs summed, signed by each (masking.wire)
     clipped: int = 0  # masked stage: values the grid clipped over the group (logged here, never sent)
 
 

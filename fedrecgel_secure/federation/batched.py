@@ -86,7 +86,7 @@ def _groups(sizes: np.ndarray, max_clients: int, max_examples: int | None) -> li
     ``max_examples=None`` (the CPU, the reference path): at most ``max_clients`` per bucket, sizes within
     ``BUCKET_GROWTH``. Otherwise (an accelerator): :func:`_device_groups`. Grouping changes only which clients
     share a pass, never a client's own arithmetic, so the two agree up to summation order
-    (tests/test_bucketing.py).
+    (tests/federation/test_bucketing.py).
     """
     if max_examples is not None:
         return _device_groups(sizes, max_examples)

@@ -115,7 +115,7 @@ def build_local_sets_per_client(
     order. ``clients`` are rows of ``split``; ``streams`` their user indices, which name their streams, when
     ``split`` holds some users only (a node's shard); by default the rows themselves.
 
-    The result equals that loop exactly (tests/test_sampling_fast.py keeps it as the oracle), but only the
+    The result equals that loop exactly (tests/federation/test_sampling_fast.py keeps it as the oracle), but only the
     draws are made client by client: each client's stream makes the same calls in the same order (its first
     negatives, its redraws, its shuffle keys), while the checks and the redraw masks run once over the whole
     round, against the round's clients' seen items alone (:meth:`SeenIndex.of`). A client's rows are one

@@ -14,7 +14,7 @@ class Adam:
     Why not torch's: creating any ``torch.optim.Optimizer`` imports ``torch._dynamo``
     (2 s, most of a short run's start-up; benchmarks/cli_startup.py). The update and
     :meth:`state_dict` are torch's, so checkpoints move between the two either way;
-    tests/test_server_adam.py checks both bit for bit against ``torch.optim.Adam(foreach=False)``.
+    tests/federation/test_server_adam.py checks both bit for bit against ``torch.optim.Adam(foreach=False)``.
     """
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):

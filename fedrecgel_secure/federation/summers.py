@@ -193,7 +193,7 @@ class SecureSum:
     cost; ``"arithmetic"`` decides who contributes with the protocol's own checks
     (:mod:`fedrecgel_secure.privacy.secagg.arithmetic`) and adds their integers
     with :func:`grid_sum`. Both schemes are exact, so the two modes release the
-    same bits (``tests/test_secagg_arithmetic.py``).
+    same bits (``tests/secagg/test_secagg_arithmetic.py``).
     """
 
     def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):

@@ -4,7 +4,7 @@ The attacker is the server (the real ServerApp over the in-process grid, the rea
 binds each attempt to the model and DP settings its users were sent and checks the stated sample against the
 cohort its users signed in (tests/attacks/test_deploy_model_binding.py, test_deploy_dp_settings.py); BFV had
 neither. Now each user's contribution proof is signed over a binding (:class:`~fedrecgel_secure.privacy.secagg.
-bfv_wire.Binding`): the digest of the model and DP settings its node was sent, and the sample size its noise share
+bfv.wire.Binding`): the digest of the model and DP settings its node was sent, and the sample size its noise share
 was sized for. The key holder verifies every proof under the one binding the aggregate states, and under
 distributed noise decrypts only when exactly that many users' proofs are in it.
 
@@ -22,9 +22,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, write_deploy_policy
-from test_deploy_dp_settings import Observed
-from test_deploy_model_binding import PerNodeModels
+from helpers.deploy import BFV, write_deploy_policy
+from helpers.malicious import Observed, PerNodeModels
 
 
 def test_a_model_sent_to_one_node_only_gets_the_server_no_bfv_sum(tmp_path, monkeypatch):

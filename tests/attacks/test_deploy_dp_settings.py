@@ -30,10 +30,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.malicious import Observed, TamperingGrid
+
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, run_records, write_deploy_policy
-from inprocess_grid import InProcessGrid
+from helpers.deploy import BFV, MASKING, run_records, write_deploy_policy
 
 Z, C = 1.0, 0.5
 
@@ -51,71 +52,6 @@ clip_norm = {clip_norm}
 ADAPTIVE = """[privacy.dp.adaptive_clipping]
 initial = 0.2
 """
-
-
-class TamperingGrid(InProcessGrid):
-    """The real ServerApp's messages, changed by ``tamper(group, payload)`` on their way to the nodes."""
-
-    def __init__(self, *args, tamper, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tamper = tamper
-        self.refusals: list[tuple[str, str]] = []  # (group, the node's reason), as the server logs them
-
-    def push_messages(self, messages):
-        from fedrecgel_secure.deploy.wire import from_record, to_record
-
-        messages = list(messages)
-        for msg in messages:
-            payload = from_record(msg.content)
-            if self.tamper(msg.metadata.group_id, payload):
-                msg.content = to_record(payload)
-        ids = super().push_messages(messages)
-        for mid, msg in zip(ids, messages):
-            reply = self.replies.get(mid)
-            if reply is not None and reply.has_error():
-                self.refusals.append((msg.metadata.group_id, reply.error.reason))
-        return ids
-
-
-class Observed:
-    """What the attack is measured on: the clipped vectors the nodes handed over, and the sums the server released."""
-
-    def __init__(self, monkeypatch):
-        from fedrecgel_secure.deploy.node.shard import Node
-        from fedrecgel_secure.deploy.server.bfv_summer import NodeHESum
-        from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
-
-        self.vectors: dict[tuple[int, int], np.ndarray] = {}  # (round, client) -> its clipped vector
-        self.releases: list[tuple[int, np.ndarray, np.ndarray]] = []  # (round, contributor ids, released total)
-        protect = Node.protect
-
-        def spy_protect(node, round_idx, clients, *args, **kwargs):
-            vectors, shares = protect(node, round_idx, clients, *args, **kwargs)
-            for c, v in zip(np.asarray(clients).tolist(), vectors):
-                self.vectors[(round_idx, c)] = v
-            return vectors, shares
-
-        monkeypatch.setattr(Node, "protect", spy_protect)
-        for summer in (NodeMaskingSum, NodeHESum):
-            monkeypatch.setattr(summer, "__call__", self._spy_sum(summer.__call__))
-
-    def _spy_sum(self, call):
-        def spy(summer, round_idx, contributions, **kwargs):
-            result = call(summer, round_idx, contributions, **kwargs)
-            if result.total is not None:
-                ids = np.asarray(contributions.clients)[result.contributors]
-                self.releases.append((round_idx, ids, result.total.double().numpy()))
-            return result
-
-        return spy
-
-    def noise_stds(self, dim: int) -> list[float]:
-        """Per release: the std of (released sum - exact sum of the contributors' clipped vectors) over the update."""
-        out = []
-        for round_idx, ids, total in self.releases:
-            exact = np.sum([self.vectors[(round_idx, c)] for c in ids.tolist()], axis=0)
-            out.append(float(np.std(total[:dim] - exact[:dim])))
-        return out
 
 
 def _deploy(tmp_path: Path, extra: str, tamper, rounds: int = 1, key_holder: bool = False) -> TamperingGrid:

@@ -24,9 +24,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import MASKING, seeded_dp, write_deploy_policy
-from inprocess_grid import InProcessGrid
-from test_deploy_loss_oracle import crafted_model
+from helpers.deploy import MASKING, seeded_dp, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
+from helpers.malicious import crafted_model
 
 QUERIES = 8  # items probed: held out by some of node 0's users, and not
 

@@ -19,35 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.malicious import PER_ROUND, B, crafted_model
+
 pytest.importorskip("flwr")
 
-from conftest import MASKING, seeded_dp, write_deploy_policy
-from inprocess_grid import FIRST_NODE_ID, InProcessGrid
-
-B = 2.0**16  # the logit offset: a positive's BCE is B + w_i, exactly, in float32
-PER_ROUND = 16  # items probed a round, w_i = 2^0 .. 2^15 (their sum stays below B)
-
-
-def crafted_model(policy, n_items: int, batch: np.ndarray) -> np.ndarray:
-    """The shared vector whose logit for item ``batch[k]`` is -(B + 2^k) and for any other item -B, for every user."""
-    import torch
-    from torch.nn.utils import parameters_to_vector
-
-    from fedrecgel_secure.federation.build import init_model
-
-    model, _ = init_model(policy, n_items)
-    gmf = model.gmf_dim
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.item_embeddings[torch.from_numpy(batch), gmf] = torch.tensor(
-            [2.0**k for k in range(batch.size)], dtype=model.item_embeddings.dtype
-        )
-        model.mlp[0].weight[0, model.mlp_dim] = 1.0  # the first hidden unit reads the item's w_i, no user part
-        model.mlp[2].weight[0, 0] = 1.0
-        model.predict.weight[0, gmf] = -1.0
-        model.predict.bias.fill_(-B)
-    return parameters_to_vector(model.parameters()).detach().numpy()
+from helpers.deploy import MASKING, seeded_dp, write_deploy_policy
+from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid
 
 
 def probe(tmp_path, monkeypatch, extra: str) -> tuple[set[int], set[int], list[int], int]:

@@ -15,28 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.malicious import PerNodeModels
+
 pytest.importorskip("flwr")
 
-from conftest import MASKING, write_deploy_policy
-from inprocess_grid import FIRST_NODE_ID
-from test_deploy_dp_settings import Observed, TamperingGrid
-
-VICTIM_NODE = FIRST_NODE_ID  # shard 0
-
-
-class PerNodeModels(TamperingGrid):
-    """The server's transport: every train message but the victim node's carries an all-zero model."""
-
-    def push_messages(self, messages):
-        from fedrecgel_secure.deploy.wire import from_record, to_record
-
-        messages = list(messages)
-        for msg in messages:
-            if msg.metadata.group_id.startswith("round-") and msg.metadata.dst_node_id != VICTIM_NODE:
-                payload = from_record(msg.content)
-                payload["shared"] = np.zeros_like(payload["shared"])
-                msg.content = to_record(payload)
-        return super().push_messages(messages)
+from helpers.deploy import MASKING, write_deploy_policy
+from helpers.malicious import Observed
 
 
 def test_a_model_sent_to_one_node_only_gets_the_server_no_sum(tmp_path, monkeypatch):
@@ -65,11 +49,11 @@ def test_a_standalone_advertise_stage_after_per_node_models_gets_the_server_no_s
     # itself: a node answered the standalone advertise stage with a new attempt of the round, bound to nothing,
     # and masked the inputs the train stage kept. Before the fix the release equalled the victim's upload in all
     # but 1 of 2281 coordinates. Now a node answers an announcement only inside its round's train message.
-    from test_deploy_round_binding import standalone_adverts
-
     from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
+
+    from helpers.malicious import standalone_adverts
 
     sample, init = RemoteTrainer.client_updates, RemoteTrainer.__init__
     cohort, trainers = [], []

@@ -20,9 +20,9 @@ pytest.importorskip("flwr")
 
 import itertools
 
-from conftest import MASKING, seeded_dp, write_deploy_policy
-from inprocess_grid import InProcessGrid
-from test_deploy_dp_settings import Observed
+from helpers.deploy import MASKING, seeded_dp, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
+from helpers.malicious import Observed
 
 CYCLIC = MASKING + seeded_dp("distributed") + 'sampler = "cyclic"\n'  # fraction 0.5: b = 2; 4 rounds: k = 2
 

@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, seeded_dp, write_deploy_policy
-from inprocess_grid import InProcessGrid
+from helpers.deploy import BFV, MASKING, seeded_dp, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
 
 TIMING = {"imported", "done", "started", "loaded"}  # deploy.timing: wall-clock marks, the timing channel
 SETTINGS = {

@@ -33,12 +33,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.malicious import standalone_adverts
+
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, write_deploy_policy
-from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
-
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
+
+from helpers.deploy import BFV, MASKING, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 
 class Deployed:
@@ -99,21 +101,6 @@ class Deployed:
     @property
     def server(self):
         return self.trainers[-1]
-
-
-def standalone_adverts(driver, round_idx: int, cohort) -> dict[int, dict]:
-    """The malicious server's own attempt with no train stage: it signs an announcement of ``round_idx`` and sends
-    it to the nodes in an advertise stage of its own (the honest server sends it only inside a train message, and
-    its driver has no such stage); the nodes' replies, to run the rest of the protocol on
-    (``driver.run_round(round_idx, cohort, adverts=...)``)."""
-    from fedrecgel_secure.deploy.messages import request
-
-    announcement = driver.begin(round_idx)
-    users_of = {}
-    for u in cohort:
-        users_of.setdefault(driver.nodes.node_of[int(u)], []).append(int(u))
-    payloads = {n: request("advertise", dict.fromkeys(us, b""), announcement) for n, us in users_of.items()}
-    return driver.exchange("advertise", payloads)
 
 
 def _leak(first, second, victim_input) -> str:

@@ -5,7 +5,7 @@ logs and, under masking, the server's releases. Before the fix ``deploy local``'
 ``metrics.jsonl``, ``stages.jsonl``, ``nodes.json``, the logs and the policy at 0644: another account of the
 machine read them all. Now the server's run directory is 0700 whatever it was before, and what the server (and
 ``deploy local`` with every process it starts) writes is 0600 / 0700 (:func:`fedrecgel_secure.deploy.
-private_run_dir`). ``tests/test_deploy.py`` checks the same of a real ``deploy local``.
+private_run_dir`). ``tests/deploy/test_deploy.py`` checks the same of a real ``deploy local``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import MASKING, open_to_others, write_deploy_policy
-from inprocess_grid import InProcessGrid
+from helpers.deploy import MASKING, open_to_others, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
 
 
 def test_a_deployed_servers_run_directory_is_its_own(tmp_path):

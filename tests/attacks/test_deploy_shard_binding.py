@@ -22,10 +22,10 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, summed_per_node, write_deploy_policy
-from conftest import run_records as _records
-from conftest import simulate as _simulate
-from inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse, server_killed_before_checkpoint
+from helpers.deploy import BFV, MASKING, summed_per_node, write_deploy_policy
+from helpers.deploy import run_records as _records
+from helpers.deploy import simulate as _simulate
+from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse, server_killed_before_checkpoint
 
 ATTACKER = 999  # the attacker's Flower node id
 SHARD_1 = list(range(8, 16))  # 24 users, 3 contiguous shards

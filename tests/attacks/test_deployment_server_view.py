@@ -34,8 +34,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, run_records, write_deploy_policy
-from inprocess_grid import InProcessGrid
+from helpers.deploy import BFV, MASKING, run_records, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
 
 # what the audit hook watches: set while a test runs a server, None otherwise (the hook stays installed)
 _WATCH: dict = {"grid": None, "private": (), "opened": []}
@@ -174,7 +174,7 @@ def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_sessi
     # The key holder's secret context may be made only on the key holder's node; the server runs the protocol's
     # server side (NodeHESum), never the simulator's SecureSum with its in-process clients and key holder.
     from fedrecgel_secure.federation.summers import SecureSum
-    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 
     made: list[tuple[str, bool]] = []  # (what, on a node)
     grids = []
@@ -200,7 +200,7 @@ def test_without_secure_aggregation_a_node_reports_its_users_metrics_summed_neve
     # Central DP with no secure sum: the uploads reach the server in the clear, and under evaluation scope "round"
     # so do the round's metrics. A per-user row would be each sampled user's HR on a model the server chose (which
     # of its held-out item it ranks first); a node sends its users' sum, one row, as its evaluation sums did before.
-    from conftest import seeded_dp
+    from helpers.deploy import seeded_dp
 
     pulled, out = _serve(tmp_path, seeded_dp("central"), rounds=2)
     carried = [rep for rep in _replies(pulled, "round-") if "reports" in rep]

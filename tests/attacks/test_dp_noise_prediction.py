@@ -28,7 +28,7 @@ from fedrecgel_secure.privacy.secagg.settings import encoding
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     path = write_ratings(
         tmp_path_factory.mktemp("attack-noise") / "ratings.txt", n_users=80, n_items=120, per_user=(5, 15)

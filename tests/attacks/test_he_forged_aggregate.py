@@ -12,7 +12,7 @@ the uploaded ciphertext bytes.
 
 The key holder never sees the individual ciphertexts (if it did, it could
 decrypt them), so signatures alone cannot tie the aggregate to the proofs; the
-last tests show the aggregate tag (fedrecgel_secure/privacy/secagg/bfv_tags.py)
+last tests show the aggregate tag (fedrecgel_secure/privacy/secagg/bfv/tags.py)
 doing so: one client's ciphertext with others' proofs, a sum missing a named
 client, slot-wise masked uploads and double counting are all refused, and so
 is a host's group ciphertext (a deployment's node) under fewer or other names.
@@ -22,89 +22,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tenseal as ts
 
 from fedrecgel_secure.privacy.secagg import (
-    BFVParams,
     ClientIdentity,
     ContributionProof,
-    EncryptedAggregate,
-    FixedPoint,
-    HEAggregator,
-    HEClient,
-    IdentityDirectory,
-    KeyHolder,
     RejectedPayload,
 )
-from fedrecgel_secure.privacy.secagg.bfv import HEGroup, decode_upload
-from fedrecgel_secure.privacy.secagg.bfv_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
+from fedrecgel_secure.privacy.secagg.bfv.client import HEGroup
+from fedrecgel_secure.privacy.secagg.bfv.wire import (
+    load_vectors,
+    max_chunk_bytes,
+    parse_aggregate,
+    read_chunks,
+)
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
-DIM = 3000
-N = 5
-TAG = b"forged-aggregate-test-tag"
-GRID = FixedPoint()
-
-
-@pytest.fixture(scope="module")
-def world():
-    ids = {c: ClientIdentity.generate(c) for c in range(N)}
-    directory = IdentityDirectory.of(ids)
-    holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
-    public = holder.public_context()
-    shared = ts.context_from(public)
-    clients = {
-        c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
-    }
-    return {"ids": ids, "dir": directory, "holder": holder, "public": public, "clients": clients}
-
-
-def fresh_holder(world):
-    return KeyHolder(
-        world["holder"]._ctx,
-        world["dir"],
-        dim=DIM,
-        min_clients=3,
-        session_tag=TAG,
-        encoding=GRID,
-        tag_keys=world["holder"]._tags,
-    )
-
-
-class Round:
-    """What the aggregator holds after one honest round: the uploads, their proofs, and the true sum."""
-
-    def __init__(self, world, round_idx):
-        self.world, self.round_idx = world, round_idx
-        rng = np.random.default_rng(round_idx)
-        self.xs = {c: rng.normal(0.0, 1.0, DIM) for c in range(N)}
-        self.payloads = {c: world["clients"][c].upload(round_idx, self.xs[c]) for c in range(N)}
-        agg = HEAggregator(world["public"], world["dir"], DIM, min_clients=3, session_tag=TAG)
-        agg.begin_round(round_idx)
-        for p in self.payloads.values():
-            agg.receive(p)
-        self.aggregate = agg.finish()
-        self.agg = agg
-        self.proofs = {p.client_id: p for p in self.aggregate.proofs}
-
-    def vectors(self, c):
-        """Client c's ciphertexts, freshly loaded from its upload."""
-        body = Envelope.parse(self.payloads[c]).body
-        return decode_upload(body, self.agg.context, self.agg.params, DIM, c)
-
-    def sum_of(self, clients):
-        total = self.vectors(clients[0])
-        for c in clients[1:]:
-            for acc, v in zip(total, self.vectors(c)):
-                acc.add_(v)
-        return total
-
-    def forge(self, vectors, proofs, dim=DIM, round_idx=None):
-        r = self.round_idx if round_idx is None else round_idx
-        return EncryptedAggregate(r, dim, list(proofs), vectors).serialize()
-
-    def grid(self, clients):
-        return GRID.decode(sum(GRID.encode(self.xs[c])[0] for c in clients))
+from helpers.bfv_world import DIM, TAG, N, Round, fresh_holder
 
 
 def refused(world, blob, reason):
@@ -173,7 +106,7 @@ def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
     """Finding 2's last case: client 0's upload alone, with valid proofs of clients 0, 1 and 2.
 
     Every proof is a valid signature of this round, so the signature checks pass;
-    the aggregate tag (bfv_tags.py) does not: the tag slot carries client 0's pad
+    the aggregate tag (bfv/tags.py) does not: the tag slot carries client 0's pad
     only, while the proofs name three. The old CKKS key holder decrypted it.
     """
     r = Round(world, 6)

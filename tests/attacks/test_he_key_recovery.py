@@ -27,7 +27,7 @@ import tenseal.sealapi as sealapi
 from he_lattice import Negacyclic, centred, crt, seal_polys
 
 from fedrecgel_secure.privacy.secagg import BFVParams, FixedPoint, make_session
-from fedrecgel_secure.privacy.secagg.bfv import decode_upload
+from fedrecgel_secure.privacy.secagg.bfv.wire import decode_upload
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 N = 8192
@@ -179,7 +179,7 @@ def test_control_the_solver_recovers_the_key_when_the_release_contains_the_error
 
 def test_ckks_is_refused_everywhere():
     from fedrecgel_secure.errors import BadInputError
-    from fedrecgel_secure.privacy.secagg.bfv import load_context
+    from fedrecgel_secure.privacy.secagg.bfv.wire import load_context
 
     ckks = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[52, 57])
     with pytest.raises(BadInputError, match="approximate decryptions leak the key"):

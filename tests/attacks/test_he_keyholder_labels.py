@@ -40,15 +40,15 @@ X = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
 
 @pytest.fixture
 def world(tmp_path):
-    from test_deploy_inprocess import _he_world
+    from helpers.bfv_world import bfv_world
 
-    return _he_world(tmp_path)
+    return bfv_world(tmp_path)
 
 
 @pytest.fixture
 def decryptions(monkeypatch):
     """The rounds whose aggregate the key holder decrypted (and then checked the tags of), in order."""
-    from fedrecgel_secure.privacy.secagg.bfv_keyholder import KeyHolder
+    from fedrecgel_secure.privacy.secagg.bfv.keyholder import KeyHolder
 
     seen: list[int] = []
     check = KeyHolder._check_tags
@@ -69,17 +69,17 @@ def key_holder(tmp_path, setup, rounds=ROUNDS):
 
 
 def honest(world, label, users=None) -> bytes:
-    from test_deploy_inprocess import _aggregate
+    from helpers.bfv_world import aggregate
 
     _, nodes, directory, context, tag, _ = world
-    return _aggregate(context, directory, tag, nodes, label, X, users)
+    return aggregate(context, directory, tag, nodes, label, X, users)
 
 
 def probe(world, label, delta: int) -> bytes:
     """The honest aggregate of ``label`` with ``delta`` added to the first slot of its first ciphertext: accepted
     exactly when ``delta`` decrypts to 0 (the tags check every slot), so each answer is one bit about it."""
-    from fedrecgel_secure.privacy.secagg.bfv import EncryptedAggregate
-    from fedrecgel_secure.privacy.secagg.bfv_wire import (
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import EncryptedAggregate
+    from fedrecgel_secure.privacy.secagg.bfv.wire import (
         _params_of,
         load_context,
         load_vectors,
@@ -165,16 +165,17 @@ def test_labels_at_or_below_the_last_answered_are_refused_across_processes(tmp_p
 
 def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(tmp_path, decryptions):
     """Through the ``keyholder`` handler: the bound and the limit are the key holder's policy's, not the request's."""
-    from conftest import BFV, write_deploy_policy
     from flwr.app import Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
-    from test_deploy_inprocess import _aggregate
 
     from fedrecgel_secure.deploy.node.bfv_node import HENode
     from fedrecgel_secure.deploy.node.handlers import keyholder
     from fedrecgel_secure.deploy.schemes import setup_of
     from fedrecgel_secure.deploy.wire import from_record, to_record
     from fedrecgel_secure.policy import load_policy
+
+    from helpers.bfv_world import aggregate
+    from helpers.deploy import BFV, write_deploy_policy
 
     policy_file = write_deploy_policy(tmp_path, BFV + "[privacy.secure_aggregation.bfv]\nmax_refusals = 1\n", rounds=2)
     policy = load_policy(policy_file)
@@ -199,11 +200,11 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
     session = ask(request)
     for n, node in nodes.items():
         node.join(session["context"], tag, session[f"sealed:{n}"], directory)
-    assert ask({"stage": "decrypt", "aggregate": _aggregate(session["context"], directory, tag, nodes, 3, X)}) == {
+    assert ask({"stage": "decrypt", "aggregate": aggregate(session["context"], directory, tag, nodes, 3, X)}) == {
         "refused": "wrong_round"
     }
     # max_refusals = 1 was that one: round 1, honest as it is, gets nothing
-    assert ask({"stage": "decrypt", "aggregate": _aggregate(session["context"], directory, tag, nodes, 1, X)}) == {
+    assert ask({"stage": "decrypt", "aggregate": aggregate(session["context"], directory, tag, nodes, 1, X)}) == {
         "refused": "too_many_refusals"
     }
     assert decryptions == []

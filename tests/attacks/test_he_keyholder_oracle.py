@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_he_forged_aggregate import N, Round, fresh_holder, world  # noqa: F401  (world is a fixture)
 
 from fedrecgel_secure.privacy.secagg import RejectedPayload
+
+from helpers.bfv_world import N, Round, fresh_holder
 
 
 def perturbed(r: Round, chunk: int) -> bytes:
@@ -30,7 +31,7 @@ def refusal(holder, blob) -> RejectedPayload:
     return err.value
 
 
-def test_a_refused_request_uses_the_round_up(world):  # noqa: F811
+def test_a_refused_request_uses_the_round_up(world):
     r, holder = Round(world, 10), fresh_holder(world)
     assert refusal(holder, perturbed(r, 0)).reason == "bad_ciphertext"
     # the honest aggregate of the same round now gets nothing: no second probe in a round
@@ -40,7 +41,7 @@ def test_a_refused_request_uses_the_round_up(world):  # noqa: F811
     assert np.allclose(holder.decrypt(nxt.aggregate.serialize()), nxt.grid(range(N)))
 
 
-def test_a_refusal_does_not_say_which_ciphertext_failed(world):  # noqa: F811
+def test_a_refusal_does_not_say_which_ciphertext_failed(world):
     r = Round(world, 12)
     refused = refusal(fresh_holder(world), perturbed(r, 0))
     assert refused.reason == "bad_ciphertext" and refused.client_id is None
@@ -51,13 +52,13 @@ def test_a_refusal_does_not_say_which_ciphertext_failed(world):  # noqa: F811
 
 def test_the_deployments_key_holder_records_a_refused_round_as_used_up(tmp_path):
     """Every request reaches a fresh key-holder process: the used-up round must survive in its record on disk."""
-    from test_deploy_inprocess import _aggregate, _he_world
-
     from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
 
-    setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    from helpers.bfv_world import aggregate, bfv_world
+
+    setup, nodes, directory, context, tag, _ = bfv_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
-    honest = _aggregate(context, directory, tag, nodes, 1, x)
+    honest = aggregate(context, directory, tag, nodes, 1, x)
     forged = bytearray(honest)
     forged[20 + 40] ^= 1  # inside the first contribution proof's signature
     with pytest.raises(RejectedPayload, match="bad_signature"):
@@ -65,5 +66,5 @@ def test_the_deployments_key_holder_records_a_refused_round_as_used_up(tmp_path)
     with pytest.raises(RejectedPayload, match="replay"):
         KeyHolderNode(tmp_path / "kh", setup).decrypt(honest, None)
     assert np.allclose(
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 2, x), None), x.sum(0)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(aggregate(context, directory, tag, nodes, 2, x), None), x.sum(0)
     )

@@ -35,8 +35,8 @@ from fedrecgel_secure.privacy.secagg import (
     ServerIdentity,
     shamir,
 )
-from fedrecgel_secure.privacy.secagg.masking import _context, _pair_seed, _self_seed, prg_into
-from fedrecgel_secure.privacy.secagg.masking_wire import (
+from fedrecgel_secure.privacy.secagg.masking.masks import _context, _pair_seed, _self_seed, prg_into
+from fedrecgel_secure.privacy.secagg.masking.wire import (
     decode_share_bundle,
     decode_unmask,
     encode_adverts,

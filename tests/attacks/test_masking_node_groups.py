@@ -22,14 +22,14 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from test_deploy_secagg_stages import ALL, DIM, SETUP, USERS_OF, reference, start
-
 from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import RoundSkipped
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.identity import SIGNATURE_BYTES
-from fedrecgel_secure.privacy.secagg.masking_wire import decode_group, encode_group, group_statement
+from fedrecgel_secure.privacy.secagg.masking.wire import decode_group, encode_group, group_statement
+
+from helpers.masking_stages import ALL, DIM, SETUP, USERS_OF, reference, start
 
 VICTIM = 1  # on node 0 with users 0 and 2
 

@@ -18,10 +18,11 @@ import re
 import tomllib
 
 import pytest
-from test_tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 
 from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.runs.runner import open_run
+
+from helpers.tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 
 SEED = 1234
 TRIES = 1300  # covers SEED: a logged digest would give it away

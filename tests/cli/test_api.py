@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_ratings
+
+from helpers.data import write_ratings
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "python_api.py"
 

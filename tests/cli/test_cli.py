@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import write_ratings
+
+from helpers.cli import bad, fedrecgel
+from helpers.data import write_ratings
 
 METRIC_KEYS = {"round", "loss", "elapsed_s"} | {f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)}
-
-
-def fedrecgel(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, cwd=cwd
-    )
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +96,6 @@ def test_a_finished_run_is_not_overwritten(tiny_run):
     out, data, _ = tiny_run
     result = fedrecgel("train", "--out", out, "--set", f"data.dataset={data}")
     assert result.returncode == 2 and "--resume" in result.stderr and "Traceback" not in result.stderr
-
-
-def bad(args, expected, tmp_path):
-    result = fedrecgel(*args, cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr + result.stdout
-    assert expected in " ".join(result.stderr.split()), result.stderr
 
 
 def test_missing_data_file_is_exit_2(tmp_path):

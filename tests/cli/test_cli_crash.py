@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import write_ratings
 
 from fedrecgel_secure.runs.checkpoint import load_checkpoint
+
+from helpers.data import write_ratings
 
 # The command, with one library function replaced by one that fails while the run's noise secret is one of its
 # locals: the way `audit RUN --rounds 0` used to fail, and any internal error might.

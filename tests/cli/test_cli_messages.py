@@ -3,21 +3,15 @@ names the thing at fault and what to do; and the defaults that misled them now d
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_ratings
 
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED
 
-
-def fedrecgel(*args, cwd: Path):
-    return subprocess.run(
-        [sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, cwd=cwd
-    )
+from helpers.cli import fedrecgel
+from helpers.data import write_ratings
 
 
 def run_dir(tmp: Path, checkpoint: bytes | None) -> Path:

@@ -6,22 +6,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import write_ratings
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.runs.checkpoint import load_checkpoint
 from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS
 from fedrecgel_secure.runs.runner import open_run
 
-CLI = [sys.executable, "-m", "fedrecgel_secure.cli.main"]
-
-
-def fedrecgel(*args, **kwargs):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=300, **kwargs)
+from helpers.cli import CLI, fedrecgel
+from helpers.data import write_ratings
 
 
 def metrics(out_dir):

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import write_ratings
 
 from fedrecgel_secure.runs.directory import RESOLVED
+
+from helpers.cli import fedrecgel
+from helpers.data import write_ratings
 
 TINY = ["data.test_negatives=30", "federation.rounds=2", "federation.fraction=0.25"]
 DP_SECAGG = [
@@ -22,16 +21,6 @@ DP_SECAGG = [
     "privacy.secure_aggregation.scheme=masking",
     "privacy.secure_aggregation.simulation=arithmetic",
 ]
-
-
-def fedrecgel(*args, cwd=None, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def sets(*overrides: str) -> list[str]:

@@ -10,11 +10,12 @@ import sys
 
 import pytest
 import torch
-from conftest import write_ratings
 from typer.testing import CliRunner
 
 from fedrecgel_secure.cli.main import app
 from fedrecgel_secure.cli.startup import lasting_imports
+
+from helpers.data import write_ratings
 
 TIMINGS = {"elapsed_s", "wall_time_s", "elapsed"}
 

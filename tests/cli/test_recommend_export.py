@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_cli import bad, fedrecgel
+
+from helpers.cli import bad, fedrecgel
 
 K = 10
 

@@ -129,7 +129,7 @@ def test_too_few_items_for_the_negatives_is_bad_input(tiny_ratings):
 
 
 def test_the_cache_is_keyed_by_file_content_and_parameters(tmp_path):
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     path = write_ratings(tmp_path / "ratings.txt", seed=1)
     cache = tmp_path / "cache"

@@ -16,26 +16,20 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, open_to_others, seeded_dp, summed_per_node, write_deploy_policy
-from conftest import run_records as _metrics
-from conftest import simulate as _simulate
+from helpers.deploy import (
+    BFV,
+    MASKING,
+    open_to_others,
+    process_policy,
+    run_records,
+    seeded_dp,
+    simulate,
+    summed_per_node,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process per message, even as a relay)
-
-
-def _policy(tmp_path: Path, rounds: int = 2, nodes: int = 3, timeout: float = 60, extra: str = "") -> Path:
-    # the server polls for replies every 0.2 s: a stage ends that much sooner after its last reply (a poll is one
-    # local HTTP request to the SuperLink)
-    return write_deploy_policy(tmp_path, extra, rounds, nodes, timeout, heartbeat=0.2)
-
-
-def _wait_until(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
 
 
 # Plaintext and central DP without secure aggregation are checked in one process (test_deploy_inprocess.py) and
@@ -55,8 +49,8 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     # One round shows each protocol's stages across processes (masking's five take about 23 s a round here); later
     # rounds run the same node code, checked over several rounds in test_deploy_inprocess.py, and a round's
     # evaluation riding on the next train stage across processes is in the resume test below.
-    policy_file = _policy(tmp_path, rounds=1, extra=extra)
-    sim = _simulate(policy_file, tmp_path / "sim")
+    policy_file = process_policy(tmp_path, rounds=1, extra=extra)
+    sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
     try:
@@ -64,7 +58,7 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
         dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"), policy_file)
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     # another account reads nothing of the run: every folder 0700, every file 0600, also what the SuperLink, the
@@ -114,7 +108,7 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     out = tmp_path / "deployed"
     # 5 nodes, and the two victims host 3 of the 12 users sampled (seed 3): as with one node of 4 killed, 9 are left,
     # just what the protocol's consistency threshold needs, so the round recovers; two of 4 nodes leave too few
-    policy = _policy(tmp_path, rounds=1, nodes=5, timeout=TIMEOUT, extra=MASKING)
+    policy = process_policy(tmp_path, rounds=1, nodes=5, timeout=TIMEOUT, extra=MASKING)
     resolved = resolve_policy(out, policy, [], None, False)
     dep = Deployment(resolved, out)
     victims = {1: "supernode", 3: "engine"}
@@ -122,7 +116,7 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
         dep.start()
         run = dep.launch(False)
         for shard in victims:
-            _wait_until(
+            wait_until(
                 lambda s=shard: _took_part_in_key_sharing(out / "nodes" / str(s) / "secagg"),
                 240,
                 f"node {shard} never shared keys",
@@ -140,7 +134,7 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
         assert time.monotonic() - started < TIMEOUT * 3 + 90  # the masked stage times out; no hang
     finally:
         dep.stop()
-    record = _metrics(out)[-1]
+    record = run_records(out)[-1]
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert stages["secagg-share"]["answered"] == 5 and stages["secagg-masked"]["answered"] == 3
     server_log = (out / "logs" / "flwr-run.log").read_text()  # the ServerApp's log, streamed by flwr run
@@ -159,15 +153,15 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
 
-    policy_file = _policy(tmp_path, rounds=2)
+    policy_file = process_policy(tmp_path, rounds=2)
     sim = tmp_path / "sim"
-    _simulate(policy_file, sim)
+    simulate(policy_file, sim)
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
     try:
         dep.start()
         run = dep.launch(False)
-        _wait_until(
+        wait_until(
             lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1,
             240,
             "round 1 never finished",
@@ -179,7 +173,7 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_metrics(tmp_path):
         dep.wait(dep.launch(True), 2)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(sim), policy_file)
+    assert run_records(out) == summed_per_node(run_records(sim), policy_file)
 
 
 @pytest.mark.parametrize(
@@ -208,7 +202,7 @@ def test_what_cannot_be_deployed_faithfully_is_refused_before_any_process_starts
             "fedrecgel_secure.cli.main",
             "deploy",
             "local",
-            str(_policy(tmp_path)),
+            str(process_policy(tmp_path)),
             "--out",
             str(out),
             *extra,

@@ -14,17 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers.engine_node import EngineNode
+
 pytest.importorskip("flwr")
-
-from conftest import write_deploy_policy
-
-ENGINE_START = 120  # torch's import and the shard's load, on a loaded 2-core machine
 
 
 def test_the_relay_imports_no_torch_and_no_node_engine():
@@ -38,55 +35,7 @@ def test_the_relay_imports_no_torch_and_no_node_engine():
     assert json.loads(out.stdout) == []
 
 
-class _Node:
-    """One node's engine as a process, its relay and its config (shard 0 of a tiny 2-node deployment)."""
-
-    def __init__(self, tmp_path: Path, name: str):
-        from fedrecgel_secure.data.shards import shard_name, write_shards
-        from fedrecgel_secure.deploy.launch.layout import node_config
-        from fedrecgel_secure.deploy.launch.processes import Processes
-        from fedrecgel_secure.policy import load_policy
-
-        self.policy_file = write_deploy_policy(tmp_path, rounds=2, nodes=2)
-        self.policy = load_policy(self.policy_file)
-        shards = tmp_path / "shards"
-        if not shards.exists():
-            write_shards(self.policy, shards)
-        self.state_dir = tmp_path / name / "nodes" / "0"
-        self.state_dir.mkdir(parents=True, mode=0o700)
-        self.config_text = node_config(self.policy_file, 0, self.state_dir, shards / shard_name(0))
-        self.procs = Processes(tmp_path / name / "logs")
-
-    def start(self) -> int:
-        from fedrecgel_secure.deploy.node.channel import socket_path
-
-        argv = [sys.executable, "-m", "fedrecgel_secure.deploy.node.engine", "--node-config", self.config_text]
-        socket_path(self.state_dir).unlink(missing_ok=True)
-        proc = self.procs.start("engine", argv)
-        deadline = time.monotonic() + ENGINE_START
-        while not socket_path(self.state_dir).exists():
-            assert proc.poll() is None, (self.procs.log_dir / "engine.log").read_text()
-            assert time.monotonic() < deadline, "the engine never listened"
-            time.sleep(0.1)
-        return proc.pid
-
-    def ask(self, app, message_type: str, payload: dict, ttl: float = 60.0):
-        """``payload`` sent as a Flower message of ``message_type`` to ``app`` (the relay, or the handlers)."""
-        from flwr.app import Context, Message, RecordDict
-        from flwr.common.config import parse_config_args
-        from flwr.supercore.task_identity import TaskIdentity
-
-        from fedrecgel_secure.deploy.wire import from_record, to_record
-
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
-        msg = Message(to_record(payload), dst_node_id=7, message_type=message_type, group_id="g", ttl=ttl)
-        msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
-        config = parse_config_args([self.config_text])
-        reply = app(msg, Context(run_id=1, node_id=7, node_config=config, state=RecordDict(), run_config={}))
-        return from_record(reply.content)
-
-
-def _round_messages(node: _Node) -> list[tuple[str, dict]]:
+def _round_messages(node: EngineNode) -> list[tuple[str, dict]]:
     """Round 1's train and evaluation and round 2's train for half of shard 0's users, as the server sends them."""
     from torch.nn.utils import parameters_to_vector
 
@@ -118,7 +67,7 @@ def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
     # one answers round 2 from the state directory alone: exactly what the in-process handlers answer in one go.
     from fedrecgel_secure.deploy.node import clientapp, handlers
 
-    node, twin = _Node(tmp_path, "engine"), _Node(tmp_path, "oracle")
+    node, twin = EngineNode(tmp_path, "engine"), EngineNode(tmp_path, "oracle")
     messages = _round_messages(node)
     handlers._RESIDENT.clear()
     expected = [twin.ask(handlers.app, kind, payload) for kind, payload in messages]

@@ -2,7 +2,7 @@
 stage, one stage less per round. The plain path (``evaluate_in_train = false``: an evaluate stage per round) is
 the oracle: both write the same records and the same model, in process (:mod:`inprocess_grid`). Only where the
 evaluation has stages at all: a deployment with secure aggregation or DP evaluates inside the round's sum
-(evaluation scope "round", tests/test_deploy_evaluation_in_sum.py)."""
+(evaluation scope "round", tests/federation/test_evaluation_in_sum.py and tests/deploy/test_deploy_inprocess.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import run_records, write_deploy_policy
-from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
+from helpers.deploy import run_records, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 

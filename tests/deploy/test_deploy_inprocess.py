@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.bfv_world import aggregate, bfv_world, uploads
+
 pytest.importorskip("flwr")
 
-from conftest import BFV, MASKING, seeded_dp, summed_per_node, write_deploy_policy
-from conftest import run_records as _records
-from conftest import simulate as _simulate
-from inprocess_grid import InProcessGrid, server_killed_before_checkpoint
+from helpers.deploy import BFV, MASKING, run_records, seeded_dp, simulate, summed_per_node, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 ADAPTIVE = """[privacy.dp.adaptive_clipping]
 initial = 0.2
@@ -42,9 +42,9 @@ def test_a_deployment_without_secure_aggregation_equals_the_simulator_exactly(tm
     policy_file = _policy(tmp_path, seeded_dp("central") if "DP" in privacy else "")
     if "authors" in privacy:  # the nodes draw negatives outside the training set only, positives in blocks
         policy_file.write_text(policy_file.read_text().replace("[data]\n", '[data]\nprotocol = "authors"\n'))
-    sim = _simulate(policy_file, tmp_path / "sim")
+    sim = simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
-    assert _records(tmp_path / "deployed") == summed_per_node(_records(tmp_path / "sim"), policy_file)
+    assert run_records(tmp_path / "deployed") == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(tmp_path / "deployed" / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -67,10 +67,10 @@ def test_dp_under_deployed_masking_equals_the_simulator_exactly(tmp_path, privac
     extra = MASKING + seeded_dp(mode) + ('sampler = "cyclic"\n' if "cyclic" in privacy else "")
     extra += ADAPTIVE if "adaptive" in privacy else ""
     policy_file = _policy(tmp_path, extra, rounds=3)
-    sim = _simulate(policy_file, tmp_path / "sim")
+    sim = simulate(policy_file, tmp_path / "sim")
     _deploy(policy_file, tmp_path / "deployed")
-    deployed = _records(tmp_path / "deployed")
-    assert deployed == summed_per_node(_records(tmp_path / "sim"), policy_file)
+    deployed = run_records(tmp_path / "deployed")
+    assert deployed == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     assert all(r["dp_noise"] == "seeded" and r["contributors"] > 0 for r in deployed)
     if "cyclic" in privacy:  # one epsilon against the release and the server, each user in one round of 3 (b = 2)
         assert all(r["epsilon"] == r["epsilon_server"] for r in deployed)
@@ -142,11 +142,11 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
         extra += seeded_dp("central" if "central" in privacy else "distributed")
     extra += ADAPTIVE if "adaptive" in privacy else ""
     policy_file = _policy(tmp_path, extra)
-    sim = _simulate(policy_file, tmp_path / "sim")
+    sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = _deploy(policy_file, out, key_holder=True)
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
-    assert all(r["contributors"] > 0 for r in _records(out))
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
+    assert all(r["contributors"] > 0 for r in run_records(out))
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     # the secret key lives on the key holder's node alone, 0600; the nodes hold their tag keys, 0600
@@ -159,37 +159,6 @@ def test_deployed_bfv_equals_the_simulator_exactly(tmp_path, privacy):
     assert grid.groups.count("keyholder-decrypt") == 2 and grid.groups.count("keyholder-start") == 1
 
 
-def _he_world(tmp_path, dim=5):
-    """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.node.bfv_node import HENode, KeyHolderNode
-    from fedrecgel_secure.deploy.schemes import Setup
-    from fedrecgel_secure.privacy.secagg import FixedPoint
-    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
-
-    users_of = {0: [0, 1], 1: [2, 3]}
-    setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
-    nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
-    seal = {n: node.sealing_key() for n, node in nodes.items()}
-    directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
-    tag = b"t" * 16
-    context, sealed = KeyHolderNode(tmp_path / "kh", setup).start(directory, tag, seal, users_of)
-    for n, node in nodes.items():
-        node.join(context, tag, sealed[n], directory)
-    return setup, nodes, directory, context, tag, sealed
-
-
-def _aggregate(context, directory, tag, nodes, round_idx, x, users=None):
-    from fedrecgel_secure.privacy.secagg import IdentityDirectory
-    from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
-
-    agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
-    agg.begin_round(round_idx)
-    for u, blob in _uploads(nodes, round_idx, x).items():
-        if users is None or u in users:
-            agg.receive(blob)
-    return agg.finish().serialize()
-
-
 def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_path):
     # A curious server asks a fresh key-holder process (every message is one) for round 1 again, hoping for a
     # second release: with other contributors it could difference the two sums down to one upload, and with
@@ -199,22 +168,22 @@ def test_a_key_holder_restarted_between_requests_releases_each_round_once(tmp_pa
     from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import RejectedPayload
 
-    setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    setup, nodes, directory, context, tag, _ = bfv_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
-    first = KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x), None)
+    first = KeyHolderNode(tmp_path / "kh", setup).decrypt(aggregate(context, directory, tag, nodes, 1, x), None)
     assert np.allclose(first, x.sum(0), atol=1e-9)
     # the same round without client 0: refused, so the two sums never give client 0's upload
     with pytest.raises(RejectedPayload, match="replay"):
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
     # the same round and contributors with other values (a resumed server, fresh noise): the first release again
-    again = _aggregate(context, directory, tag, nodes, 1, x + 1.0)
+    again = aggregate(context, directory, tag, nodes, 1, x + 1.0)
     assert np.array_equal(KeyHolderNode(tmp_path / "kh", setup).decrypt(again, None), first)
     # a new session (a resumed server's) keeps the record
     KeyHolderNode(tmp_path / "kh", setup).start(
         directory, tag, {n: nd.sealing_key() for n, nd in nodes.items()}, {n: nd.users for n, nd in nodes.items()}
     )
     with pytest.raises(RejectedPayload, match="replay"):
-        KeyHolderNode(tmp_path / "kh", setup).decrypt(_aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
+        KeyHolderNode(tmp_path / "kh", setup).decrypt(aggregate(context, directory, tag, nodes, 1, x, {1, 2, 3}), None)
 
 
 def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
@@ -226,7 +195,7 @@ def test_the_server_cannot_open_the_tag_keys_it_relays(tmp_path):
 
     from fedrecgel_secure.deploy.node.bfv_node import _INFO, _suite
 
-    _, nodes, directory, context, tag, sealed = _he_world(tmp_path)
+    _, nodes, directory, context, tag, sealed = bfv_world(tmp_path)
     with pytest.raises(InvalidTag):
         _suite().decrypt(sealed[0], X25519PrivateKey.generate(), info=_INFO + tag)
     with pytest.raises(InvalidTag):
@@ -261,7 +230,7 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, BFV + seeded_dp("central"), rounds=3)
-    sim = _simulate(policy_file, tmp_path / "sim")
+    sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
     with server_killed_before_checkpoint(2):
@@ -270,7 +239,7 @@ def test_a_bfv_server_killed_after_a_release_resumes_to_the_uninterrupted_run(tm
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, out / "nodes" / "keyholder")
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("keyholder-decrypt") == 2  # rounds 2 (the repeat) and 3
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
 
@@ -290,7 +259,7 @@ def test_noise_shares_lost_with_a_node_are_accounted_as_the_noise_that_reached_t
     extra = (MASKING if scheme == "masking" else BFV) + seeded_dp("distributed")
     out = tmp_path / "deployed"
     _deploy(_policy(tmp_path, extra, rounds=2), out, down={1: (stage,)}, key_holder=scheme == "bfv")
-    records = _records(out)
+    records = run_records(out)
     if scheme == "bfv":
         assert records[0]["contributors"] == 0 and "skipped" in records[0]
     else:
@@ -377,18 +346,7 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     server_secret = servers[0].aggregation.randomness.state_dict()["secret"]
     key_holder_draws = [secret for purpose, secret in made if purpose == "update-noise" and secret != server_secret]
     assert len(key_holder_draws) == 1  # round 1's noise, drawn by the key holder from its own secret
-    assert _records(tmp_path / "deployed")[0]["dp_noise"] == "secure"
-
-
-def _uploads(nodes, round_idx, x):
-    """Each user's own upload (HEClient), as a node's users would send them one by one without the group."""
-    import numpy as np
-
-    return {
-        c.identity.client_id: c.upload(round_idx, x[c.identity.client_id])
-        for node in nodes.values()
-        for c in node.group(np.asarray(node.users)).clients
-    }
+    assert run_records(tmp_path / "deployed")[0]["dp_noise"] == "secure"
 
 
 def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key_holder(tmp_path):
@@ -402,10 +360,15 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
 
     from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.bfv import EncryptedAggregate, HEAggregator
-    from fedrecgel_secure.privacy.secagg.bfv_wire import load_vectors, max_chunk_bytes, parse_aggregate, read_chunks
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import EncryptedAggregate, HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.wire import (
+        load_vectors,
+        max_chunk_bytes,
+        parse_aggregate,
+        read_chunks,
+    )
 
-    setup, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    setup, nodes, directory, context, tag, _ = bfv_world(tmp_path)
     x = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
     honest = [nodes[n].partial_sum(1, np.asarray(nodes[n].users), x[nodes[n].users], None)[0] for n in (0, 1)]
 
@@ -421,7 +384,7 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
         )
 
     alone = aggregator(1)
-    alone.receive(_uploads(nodes, 1, x)[0])
+    alone.receive(uploads(nodes, 1, x)[0])
     user_0 = vectors(alone, alone.finish().serialize())
     forged = EncryptedAggregate(1, 5, parse_aggregate(honest[0])[2], user_0).serialize()  # proofs of users 0, 1
     with pytest.raises(RejectedPayload) as refused:
@@ -449,9 +412,9 @@ def test_the_server_checks_each_proof_of_a_partial_sum(tmp_path):
     import numpy as np
 
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
 
-    _, nodes, directory, context, tag, _ = _he_world(tmp_path)
+    _, nodes, directory, context, tag, _ = bfv_world(tmp_path)
     x = np.ones((4, 5))
     partial = nodes[0].partial_sum(1, np.asarray(nodes[0].users), x[:2], None)[0]
 
@@ -517,7 +480,7 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, MASKING + seeded_dp("central"), rounds=3)
-    sim = _simulate(policy_file, tmp_path / "sim")
+    sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     with server_killed_before_checkpoint(2):
@@ -526,7 +489,7 @@ def test_a_masking_server_killed_after_a_release_resumes_to_the_uninterrupted_ru
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     run_server(grid, policy_file, out, resume=True, catalogue=grid.catalogue)
     assert grid.groups.count("secagg-unmask") == 3  # round 3's, one message per node; round 2 not run again
-    assert _records(out) == summed_per_node(_records(tmp_path / "sim"), policy_file)
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     model = load_checkpoint(out / "checkpoint.pt")["model"]
     assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
     assert stat.S_IMODE((out / "releases" / "round-3.npz").stat().st_mode) == 0o600

@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from test_deploy import _policy, _wait_until
+from helpers.deploy import process_policy, wait_until
+from helpers.engine_node import EngineNode
 
 pytestmark = pytest.mark.slow
 
@@ -102,11 +103,11 @@ def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deploym
     from fedrecgel_secure.deploy.launch.processes import flower_bin
 
     out = tmp_path / "deployed"
-    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
+    dep = Deployment(resolve_policy(out, process_policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
     try:
         dep.start()
         app, env, markers = _stranger(tmp_path, f"{dep.HOST}:{dep.port}")
-        _wait_until(lambda: len(dep.supernodes()) == 2, 90, "the SuperNodes never registered")
+        wait_until(lambda: len(dep.supernodes()) == 2, 90, "the SuperNodes never registered")
         result = subprocess.run(
             [flower_bin("flwr"), "run", str(app), "theirs", "--stream"],
             capture_output=True,
@@ -175,7 +176,7 @@ def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis
     from fedrecgel_secure.deploy.launch.processes import wait_for_port
 
     out = tmp_path / "deployed"
-    dep = Deployment(resolve_policy(out, _policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
+    dep = Deployment(resolve_policy(out, process_policy(tmp_path, rounds=1, nodes=2), [], None, False), out)
     thief = tmp_path / "stranger" / "thief.py"
     thief.parent.mkdir()
     thief.write_text(TASK_THIEF)
@@ -241,7 +242,7 @@ KINDS = {"launch.superlink": 1, "node.engine": 2, "flower-supernode": 2, "flwr r
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
-    out, policy = tmp_path / "deployed", _policy(tmp_path, rounds=50, nodes=2)
+    out, policy = tmp_path / "deployed", process_policy(tmp_path, rounds=50, nodes=2)
     cli = subprocess.Popen(
         [sys.executable, "-m", "fedrecgel_secure.cli.main", "deploy", "local", str(policy), "--out", str(out)],
         stdout=open(tmp_path / "stdout.txt", "w"),  # noqa: SIM115 (the child keeps its own descriptor)
@@ -251,7 +252,7 @@ def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
     started: dict[int, str] = {}
     try:
         # up and running: the SuperLink, its SuperExec and the ServerApp, the SuperNodes, flwr run
-        _wait_until(
+        wait_until(
             lambda: any("flwr-serverapp" in c for c in _descendants(cli.pid).values()) or cli.poll() is not None,
             240,
             "the run never started",
@@ -301,15 +302,13 @@ def test_another_account_cannot_connect_to_a_nodes_engine(tmp_path):
     import shutil
     import tempfile
 
-    from test_deploy_engine import _Node
-
     from fedrecgel_secure.deploy.node.channel import socket_path
 
     # a base every account can walk through (pytest's own tmp root is 0700, which would keep the stranger out
     # on its own): only the node's 0700 state directory and its 0600 socket stand in the way
     base = Path(tempfile.mkdtemp(prefix="engine-", dir="/tmp"))
     base.chmod(0o755)
-    node = _Node(base, "deployed")
+    node = EngineNode(base, "deployed")
     for d in (base / "deployed", base / "deployed" / "nodes"):
         d.chmod(0o755)
     try:

@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import MASKING, seeded_dp, simulate, write_deploy_policy
-from inprocess_grid import InProcessGrid
-from test_cli import bad
+from helpers.cli import bad
+from helpers.deploy import MASKING, seeded_dp, simulate, write_deploy_policy
+from helpers.inprocess_grid import InProcessGrid
 
 K = 5
 

@@ -11,8 +11,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import summed_per_node
-from test_deploy import _metrics, _policy, _simulate, _wait_until
+from helpers.deploy import process_policy, run_records, simulate, summed_per_node, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +33,7 @@ def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_
 
     out = tmp_path / "deployed"
     said: list[str] = []
-    policy = resolve_policy(out, _policy(tmp_path, rounds=1, nodes=1, extra=TLS_AUTH), [], None, False)
+    policy = resolve_policy(out, process_policy(tmp_path, rounds=1, nodes=1, extra=TLS_AUTH), [], None, False)
     dep = Deployment(policy, out, say=said.append)
     try:
         dep.start()  # SuperLink (TLS, --enable-supernode-auth), node 0's key registered, node 0 started
@@ -46,7 +45,7 @@ def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_
         unregistered = dep.procs.start("unregistered", dep.supernode_argv(0, port_a, intruder_key), dep.env)
         keyless = dep.procs.start("keyless", dep.supernode_argv(0, port_b), dep.env)
         # without authentication both would register themselves and keep running: this wait would time out
-        _wait_until(
+        wait_until(
             lambda: unregistered.poll() is not None and keyless.poll() is not None,
             90,
             "an unregistered SuperNode was not turned away",
@@ -55,7 +54,7 @@ def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_
         def online():
             return [n for n in dep.supernodes() if n["status"] == "online"]
 
-        _wait_until(lambda: len(online()) == 1, 90, "the registered SuperNode never came online")
+        wait_until(lambda: len(online()) == 1, 90, "the registered SuperNode never came online")
         nodes = dep.supernodes()
         assert dep.procs.procs["supernode-0"].poll() is None  # the registered node is still connected
         node_log = (out / "logs" / "supernode-0.log").read_text()
@@ -87,8 +86,8 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
 
     own = make_throwaway_tls(tmp_path / "own-certs", ["127.0.0.1"])
     files = f'ca_cert = "{own.ca_cert}"\nserver_cert = "{own.server_cert}"\nserver_key = "{own.server_key}"\n'
-    policy_file = _policy(tmp_path, rounds=1, nodes=2, extra=TLS_AUTH + files)
-    _simulate(policy_file, tmp_path / "sim")
+    policy_file = process_policy(tmp_path, rounds=1, nodes=2, extra=TLS_AUTH + files)
+    simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
     try:
@@ -97,7 +96,7 @@ def test_a_round_over_tls_with_node_authentication_gives_the_simulators_metrics(
         dep.wait(dep.launch(False), 1)
     finally:
         dep.stop()
-    assert _metrics(out) == summed_per_node(_metrics(tmp_path / "sim"), policy_file)
+    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     assert link_args[link_args.index("--ssl-certfile") + 1] == str(own.server_cert)
     assert not (out / "tls").exists()  # nothing generated: the policy named its certificates
     assert all((out / "logs" / f"register-node-{k}.log").read_text().count("registered successfully") for k in (0, 1))
@@ -171,7 +170,7 @@ def test_missing_certificate_files_are_refused_before_any_process_starts(tmp_pat
     import sys
 
     out = tmp_path / "run"
-    argv = ["deploy", "local", str(_policy(tmp_path)), "--out", str(out), "--set", "deployment.tls.enabled=true"]
+    argv = ["deploy", "local", str(process_policy(tmp_path)), "--out", str(out), "--set", "deployment.tls.enabled=true"]
     for s in sets:
         argv += ["--set", f"deployment.tls.{s}"]
     result = subprocess.run(

@@ -9,10 +9,11 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import run_records, write_deploy_policy
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.dp import matrix
+
+from helpers.deploy import run_records, write_deploy_policy
 
 BANDED = """[privacy.dp]
 enabled = true
@@ -114,11 +115,12 @@ def test_a_bfv_deployment_with_banded_noise_equals_the_simulator_and_the_key_hol
     import stat
 
     import torch
-    from conftest import BFV, simulate, summed_per_node
-    from inprocess_grid import InProcessGrid
 
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
+
+    from helpers.deploy import BFV, simulate, summed_per_node
+    from helpers.inprocess_grid import InProcessGrid
 
     policy = write_deploy_policy(tmp_path, BFV + BANDED, rounds=4, timeout=1.0, heartbeat=0.05)
     sim = simulate(policy, tmp_path / "sim")

@@ -35,7 +35,7 @@ def test_the_shipped_policies_epsilon_recomputed_with_dp_accounting_directly(nam
         dp, FILMTRUST_USERS, federation.rounds, federation.fraction, policy.privacy.secure_aggregation
     )
     q = dp.sample_rate or federation.fraction
-    if dp.sampler == "cyclic":  # k Gaussian mechanisms a user, nothing amplified (tests/test_dp_participation.py)
+    if dp.sampler == "cyclic":  # k Gaussian mechanisms a user, nothing amplified (tests/dp/test_dp_participation.py)
         event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(resolved.noise_multiplier), resolved.max_rounds)
         assert PLDAccountant().compose(event).get_epsilon(dp.delta) == pytest.approx(dp.target_epsilon, rel=2e-3)
         return
@@ -119,7 +119,7 @@ def test_the_server_s_epsilon_is_its_most_exposed_user_s_and_round_trips():
 
 
 # seeded and without cryptography: these tests check the accounting, which both simulations feed alike
-# (tests/test_secagg_arithmetic.py shows arithmetic mode releases the protocol's sums, dropouts and refusals)
+# (tests/secagg/test_secagg_arithmetic.py shows arithmetic mode releases the protocol's sums, dropouts and refusals)
 ACCOUNTING = {"simulation": "arithmetic", "noise": "seeded"}
 
 
@@ -246,7 +246,7 @@ def test_the_cli_reports_each_observer_s_epsilon(tmp_path):
     import subprocess
     import sys
 
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=80, per_user=(5, 12))
     sets = [

@@ -24,7 +24,7 @@ from fedrecgel_secure.runs.runner import open_run
 
 @pytest.fixture(scope="module")
 def tiny_split(tmp_path_factory):
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     path = write_ratings(tmp_path_factory.mktemp("dp") / "ratings.txt", n_users=60, n_items=150, per_user=(5, 20))
     return load_split(DataPolicy(dataset=str(path), test_negatives=30))

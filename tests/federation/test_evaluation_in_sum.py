@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import MASKING, run_records, seeded_dp, write_deploy_policy
 
 from fedrecgel_secure.errors import BadInputError
+
+from helpers.deploy import MASKING, run_records, seeded_dp, write_deploy_policy
 
 
 def _run(policy, out, scope: str, *extra: str, stop_after=None, resume=False):

@@ -107,11 +107,11 @@ def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
 def test_dp_accounting_resumes_exactly(tmp_path):
     """Heterogeneous rounds (noise shares lost to dropouts): the PLD and RDP epsilons and the server's per-user
     ledger continue from the checkpoint to exactly what the uninterrupted run reports."""
-    from conftest import write_ratings
-
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.federation.trainer import Trainer
     from fedrecgel_secure.policy import DataPolicy, Policy
+
+    from helpers.data import write_ratings
 
     split = load_split(DataPolicy(dataset=str(write_ratings(tmp_path / "r.txt", n_users=60)), test_negatives=20))
     policy = Policy.model_validate(

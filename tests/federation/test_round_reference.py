@@ -57,7 +57,7 @@ def reference_client(theta, phi, items, labels, rho_sh, rho_ns):
 
 @pytest.fixture(scope="module")
 def tiny_split(tmp_path_factory):
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     path = write_ratings(tmp_path_factory.mktemp("tiny") / "ratings.txt", n_users=20, n_items=120, per_user=(6, 40))
     return load_split(DataPolicy(dataset=str(path), test_negatives=20))

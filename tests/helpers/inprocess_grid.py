@@ -5,7 +5,7 @@ object per node (:class:`fedrecgel_secure.deploy.node.engine.Engine`, the node's
 handlers with their Node kept between messages) and makes its answer the reply as
 the relay ClientApp does, so the ServerApp's ``run_server``, ``FlowerStages``, the
 record encoding and every node handler run unchanged; only the SuperLink and
-the processes are missing (``tests/test_deploy.py`` has those). A node in
+the processes are missing (``tests/deploy/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
 the ServerApp waits out the stage timeout, as for a killed node. With
 ``key_holder_dir`` one more node is the BFV key holder (``role=keyholder``).

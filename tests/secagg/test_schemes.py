@@ -38,8 +38,8 @@ def test_a_sealed_scheme_names_both_sides_of_its_protocol_and_an_unsealed_one_no
 
 @pytest.mark.parametrize("name", ["masking", "bfv"])
 def test_the_setup_carries_the_schemes_own_parameters(name):
-    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
-    from fedrecgel_secure.privacy.secagg.masking import MaskingParams
+    from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
+    from fedrecgel_secure.privacy.secagg.masking.masks import MaskingParams
 
     policy = load_policy(None, [f"privacy.secure_aggregation.scheme={name}"])
     setup = setup_of(policy, 7)

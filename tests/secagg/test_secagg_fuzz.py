@@ -25,10 +25,10 @@ from fedrecgel_secure.privacy.secagg import (
     MaskingParams,
     RejectedPayload,
     ServerIdentity,
-    bfv,
-    masking,
-    masking_wire,
 )
+from fedrecgel_secure.privacy.secagg.bfv import wire as bfv_wire
+from fedrecgel_secure.privacy.secagg.masking import masks as masking
+from fedrecgel_secure.privacy.secagg.masking import wire as masking_wire
 
 DIM = 100
 TAG = b"fuzz-session-tag-0123"
@@ -179,7 +179,7 @@ def test_he_upload_body_decoder(data):
     w = he_world()
     body = Envelope.parse(w["uploads"][2]).body
     agg = w["agg"]
-    only_rejections(bfv.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
+    only_rejections(bfv_wire.decode_upload, data.draw(bytes_or_mutation(body)), agg.context, agg.params, DIM)
 
 
 @FUZZ

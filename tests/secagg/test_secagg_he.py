@@ -22,7 +22,7 @@ from fedrecgel_secure.privacy.secagg import (
     RejectedPayload,
     RoundSkipped,
 )
-from fedrecgel_secure.privacy.secagg.bfv_params import batching_prime, is_prime
+from fedrecgel_secure.privacy.secagg.bfv.params import batching_prime, is_prime
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 DIM = 5000
@@ -258,7 +258,13 @@ class TestTampering:
 
         import tenseal.sealapi as sealapi
 
-        from fedrecgel_secure.privacy.secagg.bfv_wire import _U32, _UPLOAD_HEAD, frame, parse_aggregate, read_chunks
+        from fedrecgel_secure.privacy.secagg.bfv.wire import (
+            _U32,
+            _UPLOAD_HEAD,
+            frame,
+            parse_aggregate,
+            read_chunks,
+        )
 
         def ntt_form(blob: bytes) -> bytes:
             """A BFVVector's serialization (sizes, ciphertexts: tensors.proto) with its ciphertext in NTT form."""

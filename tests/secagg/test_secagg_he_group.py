@@ -19,7 +19,7 @@ from fedrecgel_secure.privacy.secagg import (
     IdentityDirectory,
     KeyHolder,
 )
-from fedrecgel_secure.privacy.secagg.bfv import HEGroup
+from fedrecgel_secure.privacy.secagg.bfv.client import HEGroup
 
 DIM = 9000  # two ciphertexts, the second one partly padding
 N = 6

@@ -22,8 +22,8 @@ from fedrecgel_secure.privacy.secagg import (
     ServerIdentity,
     neighbour_graph,
 )
-from fedrecgel_secure.privacy.secagg.masking import _context
-from fedrecgel_secure.privacy.secagg.masking_wire import decode_survivors, encode_survivors
+from fedrecgel_secure.privacy.secagg.masking.masks import _context
+from fedrecgel_secure.privacy.secagg.masking.wire import decode_survivors, encode_survivors
 
 DIM = 5000
 TAG = b"masking-tests-session-tag"
@@ -324,7 +324,7 @@ def test_masks_are_the_aes128_ctr_keystream_built_independently_from_the_block_c
     """prg_into is AES-128 of the counter blocks 0, 1, 2, … (big-endian), read as little-endian uint64."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    from fedrecgel_secure.privacy.secagg.masking import MASK_KEY_BYTES, prg_into
+    from fedrecgel_secure.privacy.secagg.masking.masks import MASK_KEY_BYTES, prg_into
 
     key, dim = os.urandom(MASK_KEY_BYTES), 1001  # an odd length ends mid-block
     counters = b"".join(i.to_bytes(16, "big") for i in range(math.ceil(dim * 8 / 16)))

@@ -11,7 +11,7 @@ import pytest
 
 from fedrecgel_secure.errors import ProtocolStateError
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
-from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
+from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 from fedrecgel_secure.privacy.secagg.clients import ClientSetup
 
 DIM = 20_000  # big enough that vectors and uploads travel through shared memory

@@ -244,7 +244,7 @@ def test_audit_cli_on_a_run_directory_with_canaries(tmp_path):
     import subprocess
     import sys
 
-    from conftest import write_ratings
+    from helpers.data import write_ratings
 
     data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=150, per_user=(5, 20))
     out = tmp_path / "run"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -10,12 +11,10 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import write_ratings
 from PIL import Image
 
 from fedrecgel_secure.errors import BadInputError
@@ -23,19 +22,16 @@ from fedrecgel_secure.policy import load_policy
 from fedrecgel_secure.study import EPSILON_KEY, plan_study
 from fedrecgel_secure.study.plots import PLOTS_DIGEST
 
+from helpers.cli import CLI, ONE_THREAD
+from helpers.cli import fedrecgel as _fedrecgel
+from helpers.data import write_ratings
+
 PLOTS = ("hr_ndcg_vs_epsilon.png", "hr_over_rounds.png")
 ROUNDS = 6
 
 
-# One torch thread per process: on a shared 2-core machine, two threads contending
-# with another busy process made a 10-round tiny run 60x slower (20 s instead of 0.3 s).
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def fedrecgel(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "fedrecgel_secure.cli.main", *map(str, args)], capture_output=True, text=True, env=ENV
-    )
+ENV = {**os.environ, **ONE_THREAD}
+fedrecgel = functools.partial(_fedrecgel, env=ONE_THREAD)
 
 
 def write_study(
@@ -88,7 +84,7 @@ def resumed_study(tmp_path_factory, data_file):
     spec, out = write_study(root / "study.toml", data_file), root / "out"
     with open(root / "first.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fedrecgel_secure.cli.main", "study", spec, "--out", out],
+            [*CLI, "study", spec, "--out", out],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=ENV,
@@ -214,7 +210,7 @@ def test_study_report_rebuilds_the_files_without_training(resumed_study, tmp_pat
 
 
 def test_study_report_imports_neither_torch_opacus_nor_tenseal(resumed_study, tmp_path):
-    from test_light_imports import HEAVY, imported_packages
+    from helpers.imports import HEAVY, imported_packages
 
     out = tmp_path / "copy"
     shutil.copytree(resumed_study["out"], out)
@@ -225,7 +221,7 @@ def test_study_report_imports_neither_torch_opacus_nor_tenseal(resumed_study, tm
 
 
 def test_study_report_redraws_plots_only_when_their_inputs_changed(resumed_study, tmp_path):
-    from test_light_imports import imported_packages
+    from helpers.imports import imported_packages
 
     out = tmp_path / "copy"
     shutil.copytree(resumed_study["out"], out)

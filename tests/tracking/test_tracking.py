@@ -6,6 +6,7 @@ reads the local file store, as ``mlflow ui`` would.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -14,29 +15,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_deploy_policy, write_ratings
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one torch thread: the machine's cores are shared
-TRACKED_DP = """[privacy.dp]
-enabled = true
-noise = "{noise}"
-noise_multiplier = 1.0
-delta = 0.01
-[tracking]
-tensorboard = true
-mlflow = true
-"""
+from helpers.cli import ONE_THREAD
+from helpers.cli import fedrecgel as _fedrecgel
+from helpers.data import write_ratings
+from helpers.deploy import write_deploy_policy
+from helpers.tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 
-
-def tiny_policy(folder: Path, rounds: int = 3, every: int = 1, noise: str = "secure", seed: int = 3) -> Path:
-    """A DP run on 24 users (the deployment tests' tiny policy), logged to TensorBoard and a local MLflow store."""
-    path = write_deploy_policy(folder, TRACKED_DP.format(noise=noise), rounds)
-    text = path.read_text().replace("seed = 3", f"seed = {seed}", 1).replace("every = 1", f"every = {every}", 1)
-    path.write_text(text)
-    return path
+ENV = {**os.environ, **ONE_THREAD}
+fedrecgel = functools.partial(_fedrecgel, env=ONE_THREAD)
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -50,26 +40,6 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def tensorboard_texts(run_dir: Path) -> dict[str, str]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tensorboard"))
-    acc.Reload()
-    return {
-        tag.split("/")[0]: b"".join(e.tensor_proto.string_val).decode()
-        for tag in acc.Tags()["tensors"]
-        for e in acc.Tensors(tag)
-    }
-
-
-def mlflow_of(run_dir: Path):
-    """(client, run id) of the MLflow run a run directory logged to (tracking.json), reading its store."""
-    from fedrecgel_secure.tracking.mlflow_sink import client
-
-    state = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
-    return client(state["uri"]), state["run_id"]
 
 
 def mlflow_series(c, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -90,23 +60,13 @@ def expected_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def fedrecgel(*args, importtime: bool = False):
-    flags = ["-X", "importtime"] if importtime else []
-    return subprocess.run(
-        [sys.executable, *flags, "-m", "fedrecgel_secure.cli.main", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-    )
-
-
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     """``fedrecgel train`` of a 3-round DP run with both trackers, then ``fedrecgel audit``: (run dir, the top-level
     packages the training process imported)."""
     folder = tmp_path_factory.mktemp("tracked")
     run_dir = folder / "run"
-    trained = fedrecgel("train", tiny_policy(folder), "--out", run_dir, importtime=True)
+    trained = fedrecgel("train", tiny_policy(folder), "--out", run_dir, flags=("-X", "importtime"))
     assert trained.returncode == 0, trained.stderr[-3000:]
     imported = {
         line.rsplit("|", 1)[-1].strip().split(".")[0]
@@ -165,13 +125,6 @@ def test_mlflow_skinny_alone_logs_to_the_local_file_store_without_a_server_or_da
     assert importlib.metadata.distribution("mlflow-skinny")
     assert "mlflow" in imported  # the training process did log through MLflow ...
     assert imported.isdisjoint({"sqlalchemy", "alembic", "flask", "requests_toolbelt"})  # ... to files, no database
-
-
-def logged_bytes(run_dir: Path) -> bytes:
-    """Every byte the trackers hold: all files of the MLflow store and of the event folder."""
-    files = [p for folder in ("mlruns", "tensorboard") for p in (run_dir / folder).rglob("*") if p.is_file()]
-    assert len(files) > 20  # the probe sees the store: params, metrics, tags, artifacts, events
-    return b"\n".join(p.read_bytes() for p in files)
 
 
 def secrets_in(tree, key: str = "secret") -> list[str]:
@@ -329,9 +282,9 @@ def test_a_study_is_an_mlflow_run_with_each_of_its_runs_a_child_and_its_report_a
 @pytest.mark.slow
 def test_a_deployed_run_is_logged_by_its_server_like_a_simulated_one(tmp_path):
     pytest.importorskip("flwr")
-    from inprocess_grid import InProcessGrid
-
     from fedrecgel_secure.deploy.server.serverapp import run_server
+
+    from helpers.inprocess_grid import InProcessGrid
 
     policy = write_deploy_policy(
         tmp_path, "[tracking]\ntensorboard = true\nmlflow = true\n", timeout=1.0, heartbeat=0.05

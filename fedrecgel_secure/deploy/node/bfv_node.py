@@ -93,10 +93,10 @@ class HENode:
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
-        proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.bfv_wire.Binding`. How many values the grid
+        proofs, signed under their :class:`~fedrecgel_secure.privacy.secagg.bfv.wire.Binding`. How many values the grid
         clipped is logged here and never sent: it is a function of the vectors outside the sum (:mod:`..replies`)."""
         from fedrecgel_secure.deploy.messages import train_binding
-        from fedrecgel_secure.privacy.secagg.bfv_wire import Binding
+        from fedrecgel_secure.privacy.secagg.bfv.wire import Binding
 
         # every proof is signed over the model and DP settings this node was sent, and the sample its users' noise
         # shares were sized for: the key holder sums no users sent another model, nor fewer than the shares assume
@@ -108,9 +108,9 @@ class HENode:
         return {"partial": partial}
 
     def group(self, clients: np.ndarray):
-        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.bfv.HEGroup` of this session."""
-        from fedrecgel_secure.privacy.secagg.bfv import HEClient, HEGroup
-        from fedrecgel_secure.privacy.secagg.bfv_wire import load_context
+        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.bfv.client.HEGroup`"""
+        from fedrecgel_secure.privacy.secagg.bfv.client import HEClient, HEGroup
+        from fedrecgel_secure.privacy.secagg.bfv.wire import load_context
 
         facts = json.loads((self.dir / "he.json").read_text())
         context = load_context(bytes.fromhex(facts["context"]), "public context")
@@ -169,7 +169,7 @@ class HENode:
 # decrypted, and met by an honest run whose nodes drop out (fewer users than min_clients, or than the noise shares
 # were sized for); each still uses its round up
 HONEST_REFUSALS = ("too_few_contributors", "inconsistent")
-# all a refusal of the key holder's node says, besides its reason (the key holder's own: bfv_keyholder.REFUSED)
+# all a refusal of the key holder's node says, besides its reason (the key holder's own: bfv.keyholder.REFUSED)
 NOT_A_ROUND = "the key holder refused this aggregate: its round is not one of the run's"
 NO_MORE = "the key holder refused as many aggregates as the run allows; it answers no more"
 
@@ -202,7 +202,7 @@ class KeyHolderNode:
         self.max_refusals = BfvPolicy().max_refusals if max_refusals is None else max_refusals
 
     def _key_holder(self, directory: Mapping[int, bytes], session_tag: bytes):
-        from fedrecgel_secure.privacy.secagg.bfv_keyholder import KeyHolder
+        from fedrecgel_secure.privacy.secagg.bfv.keyholder import KeyHolder
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         s, path = self.setup, self.dir / KEY_FILE
@@ -270,8 +270,8 @@ class KeyHolderNode:
         noised clipped count its clip norm follows from. Nothing the server
         says about rounds or counts sizes the noise.
         """
-        from fedrecgel_secure.privacy.secagg.bfv_keyholder import REFUSED
-        from fedrecgel_secure.privacy.secagg.bfv_wire import parse_aggregate
+        from fedrecgel_secure.privacy.secagg.bfv.keyholder import REFUSED
+        from fedrecgel_secure.privacy.secagg.bfv.wire import parse_aggregate
         from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 
         facts = json.loads(read_private_file(self.dir / "session.json"))

@@ -1,6 +1,6 @@
 """A masking client's attempt secrets on disk, so each stage can run in a fresh ``flwr-clientapp`` process.
 
-:class:`~fedrecgel_secure.privacy.secagg.masking_client.MaskingClient` keeps
+:class:`~fedrecgel_secure.privacy.secagg.masking.client.MaskingClient` keeps
 its attempt (X25519 keys, self-mask seed, held shares, survivor set) in memory.
 A node runs every stage in a new process, so between stages that attempt is
 written to one 0600 file per user and read back by the next stage. The file is
@@ -19,7 +19,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
-from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient, _ClientRound
+from fedrecgel_secure.privacy.secagg.masking.client import MaskingClient, _ClientRound
 
 
 def _hex_map(d: dict[int, bytes]) -> dict[str, str]:

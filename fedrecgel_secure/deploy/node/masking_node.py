@@ -46,8 +46,8 @@ from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 from fedrecgel_secure.privacy.secagg.keys import write_private_file
-from fedrecgel_secure.privacy.secagg.masking_client import MaskingClient
-from fedrecgel_secure.privacy.secagg.masking_wire import encode_group, group_statement
+from fedrecgel_secure.privacy.secagg.masking.client import MaskingClient
+from fedrecgel_secure.privacy.secagg.masking.wire import encode_group, group_statement
 
 STAGES = ("advertise", "share", "masked", "confirm", "unmask")
 log = logging.getLogger("fedrecgel_secure.deploy")

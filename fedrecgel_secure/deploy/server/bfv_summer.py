@@ -55,7 +55,7 @@ class NodeHESum:
 
     def start(self) -> None:
         """Users' identity keys and nodes' sealing keys in, the key holder's session out, every node joined."""
-        from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
+        from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         keys = self.exchange("keys", {s: {"stage": "keys"} for s in self.users_of})

@@ -38,7 +38,7 @@ import numpy as np
 
 from fedrecgel_secure.deploy.messages import request
 from fedrecgel_secure.privacy.secagg.clients import Reply
-from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
+from fedrecgel_secure.privacy.secagg.masking.aggregator import MaskingAggregator
 from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
 
 log = logging.getLogger("fedrecgel_secure.secagg")

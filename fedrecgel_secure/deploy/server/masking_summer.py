@@ -32,7 +32,7 @@ from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reporte
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity
-from fedrecgel_secure.privacy.secagg.masking_aggregator import MaskingAggregator
+from fedrecgel_secure.privacy.secagg.masking.aggregator import MaskingAggregator
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 

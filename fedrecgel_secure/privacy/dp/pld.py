@@ -14,7 +14,7 @@ left to right. The PLDs are discretised
 pessimistically, so the result is an upper bound on the true :math:`\varepsilon`;
 the discretisation interval :data:`VALUE_DISCRETIZATION`, ten times the
 library's default, keeps it within :math:`10^{-3}` of the finer grid's
-(``tests/test_dp_pld.py``) and makes a subsampled-Gaussian PLD far cheaper to build.
+(``tests/dp/test_dp_pld.py``) and makes a subsampled-Gaussian PLD far cheaper to build.
 
 :math:`\varepsilon` is a function of the ordered history, which a checkpoint
 stores, so a resumed run reports exactly what the uninterrupted run reports. A

@@ -134,13 +134,13 @@ class ResolvedDP:
         planned noise and each dropout lowers it. ``threshold``: the fewest
         survivors with which a masking round can complete,
         :math:`t = \min(|S|, \max(\text{min\_clients}, \lfloor f|S|\rfloor + 1))`
-        (:meth:`~fedrecgel_secure.privacy.secagg.masking.MaskingParams.consistency_threshold`),
+        (:meth:`~fedrecgel_secure.privacy.secagg.masking.masks.MaskingParams.consistency_threshold`),
         so any round that completes with the whole sample as its cohort carries at least the planned noise,
         more when more than :math:`t` survive. The one rule every party (simulator, node) sizes shares by.
         """
         if self.shares == "sampled" or participants < 1:
             return participants
-        from fedrecgel_secure.privacy.secagg.masking import MaskingParams
+        from fedrecgel_secure.privacy.secagg.masking.masks import MaskingParams
 
         survivors = MaskingParams(consistency=self.consistency).consistency_threshold(participants)
         return min(participants, max(self.min_clients, survivors))

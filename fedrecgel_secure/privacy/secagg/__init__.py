@@ -6,7 +6,7 @@ releases the aggregate alone. Both sum the same fixed-point integers
 (:mod:`.fixedpoint`), so they release bit-identical aggregates.
 
 * ``"bfv"``: exact TenSEAL BFV encryption of the fixed-point grid integers under
-  a key held by a separate key holder (:mod:`.bfv`, :mod:`.bfv_keyholder`), which
+  a key held by a separate key holder (:mod:`.bfv`), which
   releases one exact, checked aggregate per round and adds central noise
   itself. It protects against an honest-but-curious aggregator that does not
   collude with the key holder; against a malicious or colluding server use
@@ -41,22 +41,22 @@ _EXPORTS = {
     "RejectedPayload": "errors",
     "RoundSkipped": "errors",
     "FixedPoint": "fixedpoint",
-    "EncryptedAggregate": "bfv",
-    "HEAggregator": "bfv",
-    "HEClient": "bfv",
-    "KeyHolder": "bfv_keyholder",
-    "BFVParams": "bfv_params",
+    "EncryptedAggregate": "bfv.aggregator",
+    "HEAggregator": "bfv.aggregator",
+    "HEClient": "bfv.client",
+    "KeyHolder": "bfv.keyholder",
+    "BFVParams": "bfv.params",
     "ClientIdentity": "identity",
     "ContributionProof": "identity",
     "Envelope": "identity",
     "IdentityDirectory": "identity",
     "Kind": "identity",
     "ServerIdentity": "identity",
-    "MaskingParams": "masking",
-    "neighbour_graph": "masking",
-    "MaskedSum": "masking_aggregator",
-    "MaskingAggregator": "masking_aggregator",
-    "MaskingClient": "masking_client",
+    "MaskingParams": "masking.masks",
+    "neighbour_graph": "masking.masks",
+    "MaskedSum": "masking.aggregator",
+    "MaskingAggregator": "masking.aggregator",
+    "MaskingClient": "masking.client",
     "RoundResult": "session",
     "SecAggSession": "session",
     "make_session": "session",

@@ -15,7 +15,7 @@ protocol's order and raises the same :class:`RoundSkipped`.
 Every client here is honest (nothing plays a malicious server or a client that
 refuses a message), so the outcomes are those of an honest run with dropouts
 and refused uploads; a client's own checks then always pass. The equivalence
-with the full protocol is a test (``tests/test_secagg_arithmetic.py``), not an
+with the full protocol is a test (``tests/secagg/test_secagg_arithmetic.py``), not an
 assumption.
 """
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .bfv_params import BFVParams
+from .bfv.params import BFVParams
 from .errors import RoundSkipped
-from .masking import MaskingParams, neighbour_graph
+from .masking.masks import MaskingParams, neighbour_graph
 
 
 def contributors(

@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from .bfv import HEClient
-from .bfv_params import BFVParams
+from .bfv.client import HEClient
+from .bfv.params import BFVParams
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
 from .identity import ClientIdentity, IdentityDirectory
-from .masking import MaskingParams
-from .masking_client import MaskingClient
+from .masking.client import MaskingClient
+from .masking.masks import MaskingParams
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 

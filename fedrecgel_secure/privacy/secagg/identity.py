@@ -205,7 +205,7 @@ class ClientIdentity:
 
     def sign(self, kind: Kind, round_idx: int, digest: bytes, context: bytes = b"") -> bytes:
         """The signature :meth:`seal` puts on a body whose SHA-256 is ``digest``, alone: for a statement that
-        travels once with the signatures of several clients (a masking group, :func:`.masking_wire.encode_group`)."""
+        travels once with the signatures of several clients (a masking group, :func:`.masking.wire.encode_group`)."""
         check_round(round_idx)
         return self._key.sign(signed_message(context, kind, round_idx, self.client_id, digest, self.domain))
 

@@ -17,7 +17,7 @@ session still prepares inputs, and a reader thread takes the replies as they
 come; arrival order does not change an exact sum.
 
 :class:`~.clients.LocalClients` is the same interface in one process, and the
-oracle this pool is tested against (``tests/test_secagg_pool.py``).
+oracle this pool is tested against (``tests/secagg/test_secagg_pool.py``).
 """
 
 from __future__ import annotations

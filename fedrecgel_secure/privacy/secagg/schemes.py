@@ -18,8 +18,8 @@ from .settings import bfv_params, masking_params
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import SecureAggregationPolicy
 
-    from .bfv_params import BFVParams
-    from .masking import MaskingParams
+    from .bfv.params import BFVParams
+    from .masking.masks import MaskingParams
 
 
 @dataclass(frozen=True)

@@ -34,17 +34,18 @@ import numpy as np
 from fedrecgel_secure.errors import BadInputError
 
 from .arithmetic import admit_or_skip
-from .bfv import HEAggregator, HEClient
-from .bfv_keyholder import KeyHolder
-from .bfv_params import BFVParams
+from .bfv.aggregator import HEAggregator
+from .bfv.client import HEClient
+from .bfv.keyholder import KeyHolder
+from .bfv.params import BFVParams
 from .clients import ClientSetup, LocalClients, Reply
 from .errors import RejectedPayload, RoundSkipped
 from .fixedpoint import FixedPoint
 from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
-from .masking import MaskingParams
-from .masking_aggregator import MaskingAggregator
-from .masking_client import MaskingClient
-from .masking_wire import decode_survivors
+from .masking.aggregator import MaskingAggregator
+from .masking.client import MaskingClient
+from .masking.masks import MaskingParams
+from .masking.wire import decode_survivors
 from .pool import ClientPool
 from .vectors import check_dim, check_vector
 

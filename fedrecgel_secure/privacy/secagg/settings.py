@@ -15,8 +15,8 @@ from .fixedpoint import FixedPoint
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
 
-    from .bfv_params import BFVParams
-    from .masking import MaskingParams
+    from .bfv.params import BFVParams
+    from .masking.masks import MaskingParams
 
 
 def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
@@ -25,7 +25,7 @@ def encoding(settings: SecureAggregationPolicy) -> FixedPoint:
 
 
 def bfv_params(settings: BfvPolicy) -> BFVParams:
-    from .bfv_params import BFVParams
+    from .bfv.params import BFVParams
 
     return BFVParams(
         poly_modulus_degree=settings.poly_modulus_degree,
@@ -35,6 +35,6 @@ def bfv_params(settings: BfvPolicy) -> BFVParams:
 
 
 def masking_params(settings: MaskingPolicy) -> MaskingParams:
-    from .masking import MaskingParams
+    from .masking.masks import MaskingParams
 
     return MaskingParams(degree=settings.degree, threshold=settings.threshold, consistency=settings.consistency)

@@ -1,6 +1,6 @@
 """The HE key holder: keeps the BFV secret key and releases exact, checked aggregates only.
 
-Threat model: see :mod:`.bfv`. The key holder is trusted not to collude with the
+Threat model: see :mod:`~fedrecgel_secure.privacy.secagg.bfv`. The key holder is trusted not to collude with the
 aggregator; against an honest-but-curious aggregator it guarantees that
 
 * nothing but an exact integer sum decoded on the fixed-point grid is ever
@@ -17,10 +17,10 @@ aggregator; against an honest-but-curious aggregator it guarantees that
   if it is not handed any;
 * the decrypted sum is the sum of exactly the uploads the proofs name: every
   ciphertext's tag slot must equal <α, data> plus the named clients' pads
-  (:mod:`.bfv_tags`), so one client's ciphertext presented with others' proofs,
+  (:mod:`.tags`), so one client's ciphertext presented with others' proofs,
   a sum missing a named client, double counting or slot-wise masking are
   refused, and the tag slot is never released;
-* a deployment's aggregate is bound (:class:`.bfv_wire.Binding`): every proof
+* a deployment's aggregate is bound (:class:`.wire.Binding`): every proof
   must verify under the one binding it states, the digest of the model and DP
   settings its users were sent (users sent different models are never summed
   together), and under distributed noise it must hold exactly the users the
@@ -29,7 +29,7 @@ aggregator; against an honest-but-curious aggregator it guarantees that
 
 The key file (0600) holds the secret context and the tag master key; clients
 get their tag keys from :meth:`KeyHolder.client_key` at registration.
-Residuals are listed in :mod:`.bfv`.
+Residuals are listed in :mod:`~fedrecgel_secure.privacy.secagg.bfv`.
 """
 
 from __future__ import annotations
@@ -43,9 +43,15 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
-from . import bfv_tags
-from .bfv import (
-    HE_UPLOAD,
+from ..errors import Reason, RejectedPayload
+from ..fixedpoint import FixedPoint
+from ..identity import IdentityDirectory, check_session_tag
+from ..keys import read_private_file, write_private_file, write_public_file
+from ..vectors import check_dim, check_vector
+from . import tags
+from .client import HE_UPLOAD
+from .params import BFVParams
+from .wire import (
     _params_of,
     aggregate_binding,
     centre_lift,
@@ -57,12 +63,6 @@ from .bfv import (
     read_chunks,
     signing_context,
 )
-from .bfv_params import BFVParams
-from .errors import Reason, RejectedPayload
-from .fixedpoint import FixedPoint
-from .identity import IdentityDirectory, check_session_tag
-from .keys import read_private_file, write_private_file, write_public_file
-from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 _KEY_FILE_MAGIC = b"FRHEKEY1"
@@ -83,7 +83,7 @@ class KeyHolder:
         encoding: FixedPoint = FixedPoint(),
         noise_std: float = 0.0,
         max_clients: int | None = None,
-        tag_keys: bfv_tags.TagKeys | None = None,
+        tag_keys: tags.TagKeys | None = None,
     ) -> None:
         if not context.is_private():
             raise BadInputError("a key holder needs a context with the secret key")
@@ -101,8 +101,8 @@ class KeyHolder:
         self.noise_std = float(noise_std)
         self.max_clients = len(directory) if max_clients is None else max_clients
         self.params.check_capacity(encoding, self.max_clients, "privacy.secure_aggregation", self.noise_std)
-        self._tags = bfv_tags.TagKeys() if tag_keys is None else tag_keys
-        self._alpha = bfv_tags.alpha(
+        self._tags = tags.TagKeys() if tag_keys is None else tag_keys
+        self._alpha = tags.alpha(
             self._tags.alpha_key(), n_chunks(self.dim, self.params), self.params.data_slots, self.params.plain_modulus
         )
         self.last_decrypted_round = -1
@@ -117,11 +117,11 @@ class KeyHolder:
         data = read_private_file(path)
         if data[: len(_KEY_FILE_MAGIC)] != _KEY_FILE_MAGIC:
             raise BadInputError(f"{path} is not a key holder file (a public context cannot decrypt)")
-        start = len(_KEY_FILE_MAGIC) + bfv_tags.KEY_BYTES
+        start = len(_KEY_FILE_MAGIC) + tags.KEY_BYTES
         ctx = load_context(data[start:], f"key file {path}")
         if not ctx.is_private():
             raise BadInputError(f"{path} holds a public context; the key holder needs the secret key")
-        return cls(ctx, directory, tag_keys=bfv_tags.TagKeys(data[len(_KEY_FILE_MAGIC) : start]), **kwargs)
+        return cls(ctx, directory, tag_keys=tags.TagKeys(data[len(_KEY_FILE_MAGIC) : start]), **kwargs)
 
     def save(self, path: str | Path) -> None:
         """Write the secret context and tag master key to a 0600 file (refused on load if others can read it)."""
@@ -214,8 +214,8 @@ class KeyHolder:
         """Refuse unless every ciphertext's tag slot is <α, data> plus the pads of exactly the named clients."""
         t = self.params.plain_modulus
         wrong = 0  # every ciphertext is checked, so neither the refusal nor its timing says which one failed
-        for c, dot in enumerate(bfv_tags.inner(self._alpha, rows[:, :-1], t)):
-            pads = sum(bfv_tags.pad(self._tags.pad_key(i), self.session_tag, round_idx, c, t) for i in clients)
+        for c, dot in enumerate(tags.inner(self._alpha, rows[:, :-1], t)):
+            pads = sum(tags.pad(self._tags.pad_key(i), self.session_tag, round_idx, c, t) for i in clients)
             wrong += (dot + pads) % t != int(rows[c, -1])
         if wrong:
             raise RejectedPayload(

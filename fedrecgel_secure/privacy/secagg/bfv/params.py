@@ -2,8 +2,8 @@
 
 Concern: choosing and checking the parameters only (ring degree, coefficient modulus within the
 HomomorphicEncryption.org bound, a batching-friendly plain modulus found by a deterministic primality test) and
-making the key holder's fresh secret context from them. Encrypting, summing and decrypting are :mod:`.bfv` and
-:mod:`.bfv_keyholder`'s.
+making the key holder's fresh secret context from them. Encrypting, summing and decrypting are the
+clients', the aggregator's and :mod:`.keyholder`'s.
 """
 
 from __future__ import annotations

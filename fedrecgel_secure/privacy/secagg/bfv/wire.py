@@ -1,4 +1,4 @@
-"""BFV wire formats and context checks shared by the HE roles (see :mod:`.bfv` for the protocol).
+"""BFV wire formats and context checks shared by the HE roles (the protocol: this package's docstring).
 
     upload:    b"BFV1" | dim u32 | n_chunks u32 | (len u32 | TenSEAL BFVVector)*
     aggregate: b"BFA1" | round u64 | dim u32 | n u32 | proof*n
@@ -24,9 +24,9 @@ import tenseal.sealapi
 
 from fedrecgel_secure.errors import BadInputError
 
-from .errors import Reason, RejectedPayload
-from .fixedpoint import FixedPoint
-from .identity import ContributionProof
+from ..errors import Reason, RejectedPayload
+from ..fixedpoint import FixedPoint
+from ..identity import ContributionProof
 
 SEAL_NOISE_STD = 3.2
 _UPLOAD_HEAD = struct.Struct(">4sII")
@@ -91,7 +91,7 @@ class ContextInfo:
 
     @property
     def data_slots(self) -> int:
-        """Values per ciphertext: every slot but the last, which holds the tag (:mod:`.bfv_tags`)."""
+        """Values per ciphertext: every slot but the last, which holds the tag (:mod:`.tags`)."""
         return self.poly_modulus_degree - 1
 
     def fresh_noise_bound(self) -> int:

@@ -1,8 +1,8 @@
-"""The aggregator's side of the masking protocol (:mod:`.masking`).
+"""The aggregator's side of the masking protocol (:mod:`~fedrecgel_secure.privacy.secagg.masking`).
 
 It routes shares, sums masked inputs as they arrive, runs the consistency
 check and strips the masks. Every message it sends is signed with its
-:class:`~.identity.ServerIdentity`; the clients (:mod:`.masking_client`) check
+:class:`~fedrecgel_secure.privacy.secagg.identity.ServerIdentity`; the clients (:mod:`.client`) check
 those signatures and the contents, so a misbehaving aggregator makes clients
 drop out rather than learn an upload.
 """
@@ -20,11 +20,20 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from fedrecgel_secure.errors import BadInputError, ProtocolStateError
 
-from . import shamir
-from .errors import Reason, RejectedPayload, RoundSkipped
-from .fixedpoint import FixedPoint
-from .identity import Envelope, IdentityDirectory, Kind, ServerIdentity, authenticate, check_round, check_session_tag
-from .masking import (
+from .. import shamir
+from ..errors import Reason, RejectedPayload, RoundSkipped
+from ..fixedpoint import FixedPoint
+from ..identity import (
+    Envelope,
+    IdentityDirectory,
+    Kind,
+    ServerIdentity,
+    authenticate,
+    check_round,
+    check_session_tag,
+)
+from ..vectors import check_dim, check_vector
+from .masks import (
     RING_BITS,
     SEED_BYTES,
     MaskingParams,
@@ -35,7 +44,7 @@ from .masking import (
     neighbour_graph,
     prg_into,
 )
-from .masking_wire import (
+from .wire import (
     _PAIR,
     _SELF,
     confirmation_body,
@@ -50,7 +59,6 @@ from .masking_wire import (
     encode_request,
     encode_survivors,
 )
-from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -240,7 +248,7 @@ class MaskingAggregator:
         st.survivors.extend(senders)
 
     def receive_group(self, payload: bytes, hosted: Collection[int] | None = None) -> list[int]:
-        """Fold a group (:func:`.masking_wire.decode_group`): the sum of the masked inputs of the users it lists,
+        """Fold a group (:func:`.wire.decode_group`): the sum of the masked inputs of the users it lists,
         made by their host (a deployment's node), in place of their single masked inputs; returns the users.
 
         Checked as each listed user's single masked input would be (in the cohort with shares sent, none sent

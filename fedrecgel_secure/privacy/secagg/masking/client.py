@@ -1,4 +1,4 @@
-"""A client's side of the masking protocol (:mod:`.masking`), hardened against a malicious aggregator.
+"""A client's side of the masking protocol (this package), hardened against a malicious aggregator.
 
 Every method maps the aggregator's signed message to this client's signed
 reply. The client trusts nothing the aggregator says that it can check: each
@@ -33,11 +33,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from fedrecgel_secure.errors import BadInputError
 
-from . import shamir
-from .errors import ProtocolViolation, Reason, RejectedPayload
-from .fixedpoint import FixedPoint
-from .identity import ClientIdentity, Envelope, IdentityDirectory, Kind, authenticate, check_session_tag
-from .masking import (
+from .. import shamir
+from ..bfv.wire import _U32
+from ..errors import ProtocolViolation, Reason, RejectedPayload
+from ..fixedpoint import FixedPoint
+from ..identity import ClientIdentity, Envelope, IdentityDirectory, Kind, authenticate, check_session_tag
+from ..vectors import check_dim, check_upload, check_vector
+from .masks import (
     RING_BITS,
     MaskingParams,
     _context,
@@ -47,10 +49,9 @@ from .masking import (
     neighbour_graph,
     open_shares,
 )
-from .masking_wire import (
+from .wire import (
     _PAIR,
     _SELF,
-    _U32,
     confirmation_body,
     decode_adverts,
     decode_announcement,
@@ -61,7 +62,6 @@ from .masking_wire import (
     encode_unmask,
     group_users,
 )
-from .vectors import check_dim, check_upload, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -300,7 +300,7 @@ class MaskingClient:
         return add_masks(grid.view(np.uint64), st.b_seed, pair_keys, st.round_seed, st.round_idx, self.client_id)
 
     def seal_group(self, statement: bytes) -> bytes:
-        """Sign a group statement (:func:`.masking_wire.group_statement`) that lists this client: its host's sum
+        """Sign a group statement (:func:`.wire.group_statement`) that lists this client: its host's sum
         of the masked inputs of the clients listed, this one's included. Returns the signature alone.
 
         Once per attempt, after :meth:`mask`, in place of :meth:`masked_input`: an input in two groups (or alone

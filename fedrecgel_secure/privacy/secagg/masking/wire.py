@@ -1,9 +1,9 @@
-"""Wire formats of the masking protocol (:mod:`.masking`): bodies of the signed envelopes.
+"""Wire formats of the masking protocol (this package): bodies of the signed envelopes.
 
 Every function here checks layout only; signatures are checked by the roles.
 Decoders raise :class:`RejectedPayload` and nothing else on malformed input.
 
-Aggregator → client bodies (signed by the server, :class:`~.identity.ServerIdentity`):
+Aggregator → client bodies (signed by the server, :class:`~fedrecgel_secure.privacy.secagg.identity.ServerIdentity`):
 
 * ``MASK_ANNOUNCE``: ``"MKR1" | round u64 | seed[16]``
 * ``MASK_COHORT``: ``"MKB1" | round u64 | count u32 | seed[16] | (len u32 | advert envelope)*``
@@ -35,10 +35,10 @@ import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
 
-from . import shamir
-from .errors import Reason, RejectedPayload
-from .identity import SIGNATURE_BYTES, Envelope
-from .masking import _U32, SEED_BYTES, x25519_public
+from .. import shamir
+from ..errors import Reason, RejectedPayload
+from ..identity import SIGNATURE_BYTES, Envelope
+from .masks import _U32, SEED_BYTES, x25519_public
 
 _ANNOUNCE = struct.Struct(">4sQ16s")
 _LIST_HEAD = struct.Struct(">4sQI")
