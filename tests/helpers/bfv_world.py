@@ -15,7 +15,7 @@ from fedrecgel_secure.privacy.secagg import (
     IdentityDirectory,
     KeyHolder,
 )
-from fedrecgel_secure.privacy.secagg.bfv import decode_upload
+from fedrecgel_secure.privacy.secagg.bfv.wire import decode_upload
 from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 
@@ -24,7 +24,7 @@ def bfv_world(tmp_path, dim=5):
     from fedrecgel_secure.deploy.node.bfv_node import HENode, KeyHolderNode
     from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
-    from fedrecgel_secure.privacy.secagg.bfv_params import BFVParams
+    from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
     setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
@@ -40,7 +40,7 @@ def bfv_world(tmp_path, dim=5):
 
 def aggregate(context, directory, tag, nodes, round_idx, x, users=None):
     from fedrecgel_secure.privacy.secagg import IdentityDirectory
-    from fedrecgel_secure.privacy.secagg.bfv import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
 
     agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
     agg.begin_round(round_idx)
