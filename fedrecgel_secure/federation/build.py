@@ -14,7 +14,8 @@ import torch
 
 from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.federation.aggregation import AggregationRule, MeanAggregation
-from fedrecgel_secure.federation.dp_aggregation import DPFedAvg, DPMechanism
+from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.reports import report_count
 from fedrecgel_secure.federation.sampling import build_local_sets_per_client
@@ -43,8 +44,7 @@ def make_aggregation(
 def make_dp_rule(policy: Policy, n_users: int, deployed: bool = False) -> DPFedAvg:
     """The policy's DP-FedAvg, with no summer yet. Its randomness is a fresh CSPRNG secret unless the policy asks
     for seeded noise."""
-    m = make_dp_mechanism(policy, n_users, deployed)
-    return DPFedAvg(m.dp, None, m.grid, m.randomness)
+    return DPFedAvg(make_dp_mechanism(policy, n_users, deployed))
 
 
 def make_dp_mechanism(policy: Policy, n_users: int, deployed: bool = False) -> DPMechanism:

@@ -1,10 +1,11 @@
-"""Client-level DP aggregation: :class:`DPFedAvg` (McMahan et al. 2018) and its accountant-free core.
+"""Client-level DP aggregation: :class:`DPFedAvg` (McMahan et al. 2018) over the run's one mechanism.
 
-Concern: the DP rule only. :class:`DPMechanism` is the clipping and noise each party computes once the clip
-norm C is known (a deployment's node runs its clients' part, the BFV key holder the central noise);
-:class:`DPFedAvg` adds Poisson sampling, the fixed denominator m = qN, the Opacus accountant charged with the
-noise that actually reached the sum, and the enforced budget. The rule's shared surface (:class:`~.aggregation.
-AggregationRule`, :class:`~.aggregation.RoundInfo`) and the plain rule are :mod:`.aggregation`'s.
+Concern: the DP rule only. :class:`~.dp_mechanism.DPMechanism` is the clipping and noise each party computes
+once the clip norm C is known (a deployment's node runs its clients' part, the BFV key holder the central
+noise); :class:`DPFedAvg` owns the run's mechanism and adds Poisson sampling, the fixed denominator m = qN, the
+accountant charged with the noise that actually reached the sum, and the enforced budget. The rule's shared
+surface (:class:`~.aggregation.AggregationRule`, :class:`~.aggregation.RoundInfo`) and the plain rule are
+:mod:`.aggregation`'s.
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.federation.aggregation import Aggregate, CanaryHook, RoundInfo, _with_canaries
-from fedrecgel_secure.federation.reports import with_reports
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import Contributions, Summer
-from fedrecgel_secure.federation.uploads import GROUPS, Uploads
+from fedrecgel_secure.federation.uploads import Uploads
 from fedrecgel_secure.privacy.dp import mechanism
-from fedrecgel_secure.privacy.dp.adaptive import clipped_bits
 from fedrecgel_secure.privacy.dp.matrix import noise_row
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
-from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
-from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
 
 class RoundReleased(RuntimeError):
@@ -39,123 +37,6 @@ class _Spent:
     participants: int = 0
     users: np.ndarray | None = None  # the clients whose uploads are in the released sum
     tail_delta: float = 0.0  # the δ the sampler's truncation adds to the release
-
-
-class DPMechanism:
-    """DP-FedAvg's clipping and noise, without the accountant: what each party computes once C is known.
-
-    :meth:`protect` is the clients' part (clip, clipped bit, noise share) and
-    :meth:`central_noise` the one noise of central mode. :class:`DPFedAvg` runs
-    both in the simulator; a deployment's node runs :meth:`protect` for its own
-    users, and the BFV key holder :meth:`central_noise`, each with the settings
-    of its own policy. Neither spends privacy, so neither builds an Opacus
-    accountant (seconds per call).
-
-    Every draw is bound to its round and attempt (:mod:`.randomness`): a caller
-    that names no attempt gets the next one of that round for this mechanism,
-    so one mechanism asked twice for a round's noise (a node or key holder that
-    keeps its mechanism between a server's requests) never hands out the same
-    noise twice; the first is attempt 0, what the simulator draws.
-    """
-
-    def __init__(self, resolved: ResolvedDP, grid: FixedPoint, randomness: DPRandomness):
-        self.dp, self.grid, self.randomness = resolved, grid, randomness
-        self._attempts: dict[tuple[str, int], int] = {}  # (draw, round) -> attempts drawn
-
-    def _attempt(self, draw: str, round_idx: int, attempt: int | None) -> int:
-        if attempt is None:
-            attempt = self._attempts.get((draw, round_idx), 0)
-        self._attempts[draw, round_idx] = max(self._attempts.get((draw, round_idx), 0), attempt + 1)
-        return attempt
-
-    @property
-    def extra(self) -> int:
-        """Coordinates appended to every upload: the clipped bit under adaptive clipping, then the reported
-        metrics under evaluation.scope = "round" (:mod:`..reports`)."""
-        return (0 if self.dp.adaptive is None else 1) + self.dp.reports
-
-    def clip(self, uploads: Uploads, dim: int, clip_norm: float) -> tuple[Uploads, torch.Tensor]:
-        """Clipped uploads and the unclipped norms (the clipped bit needs those).
-
-        The clip norm is C (``clip_norm``) minus the rounding slack of the
-        fixed-point grid (:meth:`FixedPoint.dp_clip`), so that the integers each
-        client hands over still have norm at most C on the grid.
-        """
-        clip_norm = self.grid.dp_clip(clip_norm, dim)
-        group_sq = uploads.group_sq_norms()
-        norms = group_sq.sum(1).sqrt()
-        if self.dp.group_fractions is None:
-            return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
-        budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
-        group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype, device=group_sq.device)
-        return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
-
-    def protect(
-        self,
-        round_idx: int,
-        clients: np.ndarray,
-        uploads: Uploads,
-        dim: int,
-        dtype,
-        *,
-        participants: int,
-        clip_norm: float,
-        attempt: int | None = None,
-    ) -> Contributions:
-        """What each client hands over: its clipped upload (plus its clipped bit) and, distributed, its noise share.
-
-        ``clip_norm`` is the round's C and ``participants`` the number of
-        clients sampled (it sizes the share z*C/sqrt(participants)). The
-        simulator runs this for every sampled client; a deployment's node runs
-        it for the ones it hosts. ``attempt``: the round's attempt the shares
-        are bound to (default: this mechanism's next one for the round).
-        """
-        attempt = self._attempt("share", round_idx, attempt)
-        clipped, norms = self.clip(uploads, dim, clip_norm)
-        bits = None if self.dp.adaptive is None else clipped_bits(norms, clip_norm)
-        if (uploads.reports is None) != (self.dp.reports == 0):
-            raise ValueError(f"uploads with reports need a mechanism that noises {self.dp.reports} of them")
-
-        def vector(pos: int) -> torch.Tensor:
-            v = clipped.vector(pos)
-            return v if bits is None else torch.cat([v, bits[pos : pos + 1].to(v.dtype)])
-
-        def total() -> torch.Tensor:
-            t = clipped.total()
-            return t if bits is None else torch.cat([t, bits.sum().reshape(1).to(t.dtype)])
-
-        noise = None
-        if self.dp.mode == "distributed":
-            share = self.dp.update_noise_std(clip_norm, participants)
-            count_share = None if bits is None else self.dp.count_noise_std(participants)
-            report_share = self.dp.report_noise_std(participants) if self.dp.reports else None
-
-            def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
-                cid = int(clients[pos])
-                parts = [self.randomness.normal("update-share", round_idx, cid, dim, share, attempt=attempt)]
-                for draw, n, std in (("count-share", 1, count_share), ("report-share", self.dp.reports, report_share)):
-                    if std is not None:
-                        parts.append(self.randomness.normal(draw, round_idx, cid, n, std, attempt=attempt))
-                return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-        own = Contributions(clients, dim + self.extra - self.dp.reports, dtype, vector, noise, total)
-        return with_reports(own, uploads.reports)
-
-    def central_noise(
-        self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None, device=None
-    ) -> torch.Tensor:
-        """The full noise, added once to the sum: std z*C on the update (and sigma_b on the clipped count, and the
-        reports' std on each reported metric), for
-        ``attempt`` of the round (default: this mechanism's next one for the round), made on ``device``."""
-        attempt = self._attempt("central", round_idx, attempt)
-        std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
-        draws = [("update-noise", dim, std)]
-        if self.dp.adaptive is not None:
-            draws.append(("count-noise", 1, self.dp.clipped_count_stddev))
-        if self.dp.reports:
-            draws.append(("report-noise", self.dp.reports, self.dp.report_noise_std(1)))
-        parts = [self.randomness.normal(d, round_idx, 0, n, s, attempt=attempt, device=device) for d, n, s in draws]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class DPFedAvg:
@@ -188,8 +69,10 @@ class DPFedAvg:
 
     canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
 
-    def __init__(self, resolved: ResolvedDP, summer: Summer | None, grid: FixedPoint, randomness: DPRandomness):
-        self.dp, self.summer, self.grid, self.randomness = resolved, summer, grid, randomness
+    def __init__(self, mechanism: DPMechanism, summer: Summer | None = None):
+        self.mechanism = mechanism  # the run's one: its attempt counter is the rounds'
+        self.dp, self.grid, self.summer = mechanism.dp, mechanism.grid, summer
+        resolved = mechanism.dp
         from fedrecgel_secure.privacy.dp.observers import PrivacyLedger
 
         self.ledger = PrivacyLedger(resolved)
@@ -198,7 +81,6 @@ class DPFedAvg:
         self.clip_norm = resolved.clip_norm
         self._spent: _Spent | None = None
         self.last_released = -1  # rounds only move forward: one release each
-        self._attempts: dict[int, int] = {}  # round -> attempts begun (of rounds not yet released)
         self._slots: np.ndarray | None = None  # cyclic participation: each client's slot, drawn once (sample)
         # correlated noise (privacy.dp.correlation = "banded"): the update noise of the last rounds, newest last
         # (what the round's solve of C w = z reads), and this round's, kept once the round is committed
@@ -208,7 +90,12 @@ class DPFedAvg:
     @property
     def extra(self) -> int:
         """Coordinates appended to every upload: the clipped bit under adaptive clipping, then the reports."""
-        return (0 if self.adaptive is None else 1) + self.dp.reports
+        return self.mechanism.extra
+
+    @property
+    def randomness(self) -> DPRandomness:
+        """The run's secret (or seed): the sample's and the noise's."""
+        return self.mechanism.randomness
 
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
         """Round ``round_idx``'s clients from the run's secret: a Poisson sample, or under cyclic participation the
@@ -230,7 +117,7 @@ class DPFedAvg:
 
     def attempt(self, round_idx: int) -> int:
         """The attempt of round ``round_idx`` whose noise is drawn now: the last one begun (0 before any)."""
-        return max(0, self._attempts.get(round_idx, 0) - 1)
+        return self.mechanism.current_attempt(round_idx)
 
     def _begin_attempt(self, round_idx: int) -> None:
         if round_idx <= self.last_released:
@@ -238,21 +125,16 @@ class DPFedAvg:
                 f"round {round_idx}: round {self.last_released} was released already; a round is released once,"
                 " and a second attempt's sum would share or choose among its noise"
             )
-        self._attempts = {r: n for r, n in self._attempts.items() if r > self.last_released}
-        self._attempts[round_idx] = self._attempts.get(round_idx, 0) + 1
-
-    @property
-    def dp_mechanism(self) -> DPMechanism:
-        """The clipping and noise of this run, without its accountant, at this round's randomness."""
-        return DPMechanism(self.dp, self.grid, self.randomness)
+        self.mechanism.forget_rounds_until(self.last_released)
+        self.mechanism.begin_attempt(round_idx)
 
     def clip(self, uploads: Uploads, dim: int) -> tuple[Uploads, torch.Tensor]:
         """The uploads clipped to this round's C, and their unclipped norms (:meth:`DPMechanism.clip`)."""
-        return self.dp_mechanism.clip(uploads, dim, self.clip_norm)
+        return self.mechanism.clip(uploads, dim, self.clip_norm)
 
     def protect(self, round_idx: int, clients: np.ndarray, uploads: Uploads, dim: int, dtype) -> Contributions:
         """The sampled clients' part at this round's clip norm (:meth:`DPMechanism.protect`, for all of them)."""
-        return self.dp_mechanism.protect(
+        return self.mechanism.protect(
             round_idx,
             clients,
             uploads,
@@ -270,7 +152,7 @@ class DPFedAvg:
         made on ``device``, where the sum it noises is."""
         if self.dp.mode == "distributed" and not nobody_sampled:
             return None
-        noise = self.dp_mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx), device)
+        noise = self.mechanism.central_noise(round_idx, dim, self.clip_norm, self.attempt(round_idx), device)
         if self.dp.bands is None:
             return noise
         # BandMF: the round's fresh draw z becomes w = (C^-1 z)_t on the update (the clipped count and the reports
@@ -286,7 +168,7 @@ class DPFedAvg:
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
-            tail = self.dp.release_tail_delta(self.clip_norm, dim, 1.0 / self.grid.scale, 0, 0)
+            tail = self.mechanism.release_tail_delta(self.clip_norm, dim, 0, 0)
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
             self.last_released = round_idx
@@ -319,9 +201,7 @@ class DPFedAvg:
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
         reports = result.total[dim + self.extra - self.dp.reports : dim + self.extra] if self.dp.reports else None
-        tail = self.dp.release_tail_delta(
-            self.clip_norm, dim, 1.0 / self.grid.scale, participants, result.contributors.size
-        )
+        tail = self.mechanism.release_tail_delta(self.clip_norm, dim, participants, result.contributors.size)
         self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail)
         info.noise_multiplier = reached
         gradient = mechanism.fixed_denominator_mean(
@@ -364,8 +244,7 @@ class DPFedAvg:
             self.adaptive.load_state_dict(state["adaptive"])
         self.clip_norm = state["clip_norm"]
         self.last_released = state.get("last_released", -1)  # checkpoints before attempts: rounds after it are new
-        self._attempts = {}
-        self.randomness = DPRandomness.from_state_dict(state["randomness"])
+        self.mechanism = DPMechanism(self.dp, self.grid, DPRandomness.from_state_dict(state["randomness"]))
         self._slots = None  # drawn from the restored secret
         self._noise_history, self._round_noise = list(state.get("noise_history", [])), None
         if self.canaries is not None:

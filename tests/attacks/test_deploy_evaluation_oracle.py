@@ -87,7 +87,7 @@ def test_a_node_refuses_an_evaluation_outside_the_round_and_the_sum_in_the_round
     truths = [int(np.isin(cohort, node_0[split.test_items[node_0] == item]).sum()) for cohort, item in
               zip(cohorts[1:], queried.tolist(), strict=False)]  # fmt: skip
     errors = np.abs(np.asarray(reads[: len(truths)]) - np.asarray(truths))
-    std = server.aggregation.dp.report_noise_std(1)  # the reports' noise reaching the sum, ~4.5 here
+    std = server.aggregation.mechanism.report_noise_std(1)  # the reports' noise reaching the sum, ~4.5 here
     print(f"holders read {np.round(reads, 2).tolist()} for true {truths}; noise std {std:.2f}")
     assert len(truths) >= QUERIES - 1 and len(reads) >= len(truths)
     assert not np.any(errors < 0.5)  # no count is read exactly, even rounded

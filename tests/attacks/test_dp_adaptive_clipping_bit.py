@@ -21,6 +21,7 @@ import torch
 from scipy import stats
 
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.policy import DPSettings, SecureAggregationPolicy
@@ -44,7 +45,7 @@ def rule():
     resolved = validate_against_population(settings, N_CLIENTS, 1000, 1.0)
     secagg = SecureAggregationPolicy(scheme="masking", min_clients=3, allow_small_cohort=True)  # 3 clients: a unit test
     summer = make_summer(secagg, N_CLIENTS, DIM + 1, DIM, seed=0)
-    return DPFedAvg(resolved, summer, encoding(secagg), DPRandomness.from_seed(7))  # seeded: a deterministic test
+    return DPFedAvg(DPMechanism(resolved, encoding(secagg), DPRandomness.from_seed(7)), summer)  # seeded: deterministic
 
 
 @pytest.mark.slow  # 160 real masking rounds: the accuracy bound needs that many trials; CI runs it

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg, RoundReleased
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import make_summer
 from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.policy import DPSettings, SecureAggregationPolicy
@@ -42,7 +43,7 @@ def rule(mode: str, scheme: str) -> DPFedAvg:
     resolved = validate_against_population(settings, N_CLIENTS, 100, 1.0)
     secagg = SecureAggregationPolicy(scheme=scheme, min_clients=3, allow_small_cohort=True)  # a unit-sized cohort
     summer = make_summer(secagg, N_CLIENTS, DIM, DIM, seed=0)
-    return DPFedAvg(resolved, summer, encoding(secagg), DPRandomness.fresh())  # the default: secure noise
+    return DPFedAvg(DPMechanism(resolved, encoding(secagg), DPRandomness.fresh()), summer)  # the default: secure noise
 
 
 def uploads() -> torch.Tensor:

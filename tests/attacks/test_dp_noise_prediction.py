@@ -77,7 +77,7 @@ def attack(p: Policy, trainer: Trainer, clients: np.ndarray, dim: int, round_idx
     if p.privacy.dp.mode == "central":
         noise = guess.normal("update-noise", round_idx, 0, dim, resolved.update_noise_multiplier * 0.5)
     else:  # every client's share, for the clients the adversary believes were sampled
-        share = resolved.update_noise_std(0.5, predicted_sample.size)
+        share = trainer.aggregation.mechanism.update_noise_std(0.5, predicted_sample.size)
         noise = sum(guess.normal("update-share", round_idx, int(c), dim, share) for c in predicted_sample)
     return predicted_sample, noise
 

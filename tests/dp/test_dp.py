@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from scipy import stats
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.policy import AdaptiveClippingSettings, DPSettings, GroupFractions
 from fedrecgel_secure.privacy.dp.accounting import BudgetExhausted, PrivacyAccountant, calibrate_noise_multiplier
 from fedrecgel_secure.privacy.dp.adaptive import AdaptiveClipping, effective_update_noise
@@ -30,6 +31,7 @@ from fedrecgel_secure.privacy.dp.mechanism import (
 )
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
 # The design document's figure: ML-1M's 6,040 clients, 100 per round.
 Q = 100 / 6040
@@ -147,9 +149,7 @@ def test_a_mechanism_asked_twice_for_a_rounds_noise_draws_it_afresh():
     """A node or key holder that keeps its mechanism between a server's requests: the second request for a
     round's shares or central noise is a new attempt, with noise of its own; the first is what the simulator
     draws (attempt 0), so seeded deployments still equal the simulator."""
-    from fedrecgel_secure.federation.dp_aggregation import DPMechanism
     from fedrecgel_secure.federation.uploads import DenseUploads
-    from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
     dp = DPSettings(enabled=True, mode="distributed", clip_norm=1.0, noise_multiplier=1.0, delta=1e-3)
     resolved = validate_against_population(dp, 10, 100, 1.0)
@@ -163,7 +163,8 @@ def test_a_mechanism_asked_twice_for_a_rounds_noise_draws_it_afresh():
     assert abs(np.corrcoef(first.numpy(), second.numpy())[0, 1]) < 0.25
     fresh = DPMechanism(resolved, FixedPoint(), DPRandomness.from_seed(3))
     assert torch.equal(first, share(fresh, attempt=0)) and torch.equal(second, share(fresh, attempt=1))
-    noise = [mech.central_noise(1, 500, 1.0) for _ in range(2)]
+    holder = DPMechanism(resolved, FixedPoint(), DPRandomness.from_seed(3))  # a key holder's: central noise only
+    noise = [holder.central_noise(1, 500, 1.0) for _ in range(2)]
     assert torch.equal(noise[0], fresh.central_noise(1, 500, 1.0, attempt=0))
     assert abs(np.corrcoef(noise[0].numpy(), noise[1].numpy())[0, 1]) < 0.25
 
@@ -444,7 +445,8 @@ def test_resolution_uses_the_federation_fraction_and_the_fixed_denominator():
     assert resolved.update_noise_multiplier == 1.0 and resolved.clip_norm == 1.0
     assert resolved.group_fractions == {"item_embeddings": 0.5, "mlp": 0.5}
     assert resolved.make_accountant().epsilon() == 0.0
-    assert resolved.update_noise_std(1.0, 100) == pytest.approx(1.0)  # central: z*C whatever the participants
+    central = DPMechanism(resolved, FixedPoint(), DPRandomness.fresh())
+    assert central.update_noise_std(1.0, 100) == pytest.approx(1.0)  # central: z*C whatever the participants
 
 
 def test_resolution_calibrates_a_target_epsilon():
@@ -464,7 +466,7 @@ def test_resolution_with_adaptive_clipping_splits_the_noise():
         "distributed", clipping.count_noise_multiplier, AdaptiveClipping.COUNT_SENSITIVITY, 100
     ) == pytest.approx(0.5)
     distributed = validate_against_population(settings.model_copy(update={"mode": "distributed"}), 6040, 100, Q)
-    assert distributed.count_noise_std(100) == pytest.approx(0.5)
+    assert DPMechanism(distributed, FixedPoint(), DPRandomness.fresh()).count_noise_std(100) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,15 @@ from dp_accounting import dp_event
 from dp_accounting.pld import PLDAccountant
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import POLICY_DIR, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 from fedrecgel_secure.privacy.dp.observers import UserExposure
 from fedrecgel_secure.privacy.dp.pld import gaussian_epsilon, history_event, pld_epsilon
+from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
 FILMTRUST_USERS = 1227
 SHIPPED_DP = ("dp-eps1", "dp-eps4", "dp-eps8", "dp-distributed", "secagg-dp")
@@ -195,7 +198,7 @@ def test_threshold_shares_carry_the_planned_noise_with_any_t_survivors(masked_dp
     sampled = 30
     t = resolved.noise_shares(sampled)
     assert t == math.floor(2 / 3 * sampled) + 1 == 21  # the consistency check's T (above min_clients = 5)
-    share = resolved.update_noise_std(0.5, sampled)
+    share = DPMechanism(resolved, FixedPoint(), DPRandomness.fresh()).update_noise_std(0.5, sampled)
     assert share == pytest.approx(0.922 * 0.5 / math.sqrt(t))
     assert math.sqrt(t) * share == pytest.approx(0.922 * 0.5)  # t surviving shares: exactly the planned noise
     assert resolved.reached_noise_multiplier(sampled, t) == pytest.approx(0.922)

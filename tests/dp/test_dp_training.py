@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.dp_aggregation import DPMechanism
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy

@@ -9,6 +9,9 @@ import math
 import pytest
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.dp_mechanism import DPMechanism
+from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 
 from helpers.deploy import MASKING, run_records, seeded_dp, write_deploy_policy
 
@@ -62,7 +65,8 @@ def test_the_reports_noise_keeps_the_round_one_gaussian_mechanism_of_z(adaptive)
     assert precision == pytest.approx(1.3**-2, rel=1e-12)
     assert r.report_noise_multiplier == pytest.approx(1.3 / math.sqrt(0.2))
     # std on each reported metric: z_m times the reports' sensitivity, sqrt(4) (each metric in [0, 1])
-    assert r.report_noise_std(1) == pytest.approx(2 * 1.3 / math.sqrt(0.2))
+    mechanism = DPMechanism(r, FixedPoint(), DPRandomness.fresh())
+    assert mechanism.report_noise_std(1) == pytest.approx(2 * 1.3 / math.sqrt(0.2))
     plain = validate_against_population(settings, 1000, 10, 0.1, SecureAggregationPolicy())
     assert plain.noise_multiplier == r.noise_multiplier and plain.report_noise_multiplier is None
 

@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ import numpy as np
 from fedrecgel_secure.policy import Policy
 
 if TYPE_CHECKING:
-    from fedrecgel_secure.federation.dp_aggregation import DPMechanism
+    from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 
 IDENTITY = "identity.pem"
 log = logging.getLogger("fedrecgel_secure.deploy")
@@ -246,6 +247,15 @@ class Node:
         )
         return reply, update.uploads
 
+    @cached_property
+    def dp_mechanism(self) -> DPMechanism:
+        """The node's one DP mechanism, built on first use: its own policy's clipping and noise (z calibrated
+        once), with its own randomness; its attempt counter spans the node's life, so a round asked for twice
+        gets fresh shares (:meth:`DPMechanism.protect`)."""
+        from fedrecgel_secure.federation.build import make_dp_mechanism
+
+        return make_dp_mechanism(self.policy, self.population, deployed=True)
+
     def dp_round(
         self,
         round_idx: int,
@@ -281,9 +291,7 @@ class Node:
         """
         if not self.policy.privacy.dp.enabled:
             return None
-        from fedrecgel_secure.federation.build import make_dp_mechanism
-
-        mechanism = make_dp_mechanism(self.policy, self.population, deployed=True)
+        mechanism = self.dp_mechanism
         dp = mechanism.dp
         where = f"node {self.shard}, round {round_idx}"
         if len(released_counts) > round_idx - 1:

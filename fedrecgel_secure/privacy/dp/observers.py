@@ -148,7 +148,7 @@ class PrivacyLedger:
     def commit(self, release_noise: float, participants: int, users: np.ndarray, tail_delta: float = 0.0) -> None:
         """A round was released (or skipped, ``users`` empty): account it at ``release_noise``, and charge
         ``users``, whose uploads the server saw, at what of it the server cannot remove. ``tail_delta``: the
-        δ the sampler's truncation adds to this release (:meth:`.resolution.ResolvedDP.release_tail_delta`).
+        δ the sampler's truncation adds to this release (the mechanism's ``release_tail_delta``).
         Per user (cyclic participation), a release charges its contributors only: a round without a user's
         upload is independent of its data."""
         if not self.per_user:

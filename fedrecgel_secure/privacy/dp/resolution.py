@@ -21,7 +21,7 @@ from fedrecgel_secure.policy import (
 )
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, noise_std, reached_noise_multiplier
+from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, reached_noise_multiplier
 
 
 @dataclass(frozen=True)
@@ -144,45 +144,6 @@ class ResolvedDP:
 
         survivors = MaskingParams(consistency=self.consistency).consistency_threshold(participants)
         return min(participants, max(self.min_clients, survivors))
-
-    def update_noise_std(self, clip_norm: float, participants: int) -> float:
-        """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""
-        return noise_std(self.mode, self.update_noise_multiplier, clip_norm, self.noise_shares(participants))
-
-    def report_noise_std(self, participants: int) -> float:
-        """Std one party adds to each reported metric this round (evaluation.scope = "round" only)."""
-        assert self.report_noise_multiplier is not None
-        sensitivity = math.sqrt(self.reports)  # each of the metrics in [0, 1]
-        return noise_std(self.mode, self.report_noise_multiplier, sensitivity, self.noise_shares(participants))
-
-    def count_noise_std(self, participants: int) -> float:
-        """Std one party adds to the centred clipped count this round (adaptive clipping only)."""
-        z_b = AdaptiveClipping.count_noise_multiplier_for(self.clipped_count_stddev)
-        return noise_std(self.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, self.noise_shares(participants))
-
-    def release_tail_delta(self, clip_norm: float, dim: int, grid_step: float, participants: int, contributors: int):
-        r"""The δ the sampler's truncation adds to one release: the chance that any noise draw in it lies beyond
-        its :func:`.randomness.gapless_bound` (:func:`.randomness.tail_delta`, a union bound over the draws).
-
-        The draws are the central noise (std :math:`z_\Delta C` on ``dim`` values, and
-        :math:`\sigma_b` on the clipped count) in central mode or when nobody was sampled
-        (``participants`` = 0), else the ``contributors``' shares that reached the sum.
-        """
-        from .randomness import tail_delta
-
-        if self.mode == "central" or participants == 0:
-            draws = [(noise_std("central", self.update_noise_multiplier, clip_norm, 1), dim)]
-            if self.adaptive is not None:
-                draws.append((self.clipped_count_stddev, 1))
-            if self.reports:
-                draws.append((self.report_noise_std(1), self.reports))
-        else:
-            draws = [(self.update_noise_std(clip_norm, participants), dim * contributors)]
-            if self.adaptive is not None:
-                draws.append((self.count_noise_std(participants), contributors))
-            if self.reports:
-                draws.append((self.report_noise_std(participants), self.reports * contributors))
-        return math.fsum(tail_delta(std, grid_step, n) for std, n in draws if n > 0)
 
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
         r"""The noise multiplier of a released sum of ``contributors`` uploads, ``participants`` having been
