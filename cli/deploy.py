@@ -88,8 +88,8 @@ def deploy_local_cmd(
     )
     report_written(out_dir)
     if policy_.deployment.recommend:
+        from fedrecgel_secure.deploy.node.files import state_dir_for
         from fedrecgel_secure.deploy.node.recommendations import RECOMMENDATIONS
-        from fedrecgel_secure.deploy.node.shard import state_dir_for
         from fedrecgel_secure.deploy.server.recommendations import recommend_stage
 
         stage = recommend_stage(out_dir) or {"answered": 0, "sent": policy_.deployment.nodes}

@@ -21,7 +21,8 @@ from fedrecgel_secure.federation.summers import Contributions, Summer
 from fedrecgel_secure.federation.uploads import Uploads
 from fedrecgel_secure.privacy.dp import mechanism
 from fedrecgel_secure.privacy.dp.matrix import noise_row
-from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.dp.randomness import GUARANTEE, DPRandomness
+from fedrecgel_secure.runs.directory import PrivacySpent
 
 
 class RoundReleased(RuntimeError):
@@ -226,6 +227,27 @@ class DPFedAvg:
         info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
         info.epsilon_server = spent_now["epsilon_server"]
         info.delta, info.dp_noise = spent_now["delta"], self.randomness.source
+
+    def privacy_spent(self) -> PrivacySpent:
+        """What the run has spent and the settings it spent it under, as its summary records them."""
+        r = self.dp
+        return PrivacySpent(
+            **self.ledger.report(),
+            noise=r.noise,
+            guarantee=GUARANTEE[r.noise],
+            accountant=r.accountant,
+            noise_multiplier=r.noise_multiplier,
+            update_noise_multiplier=r.update_noise_multiplier,
+            sample_rate=r.sample_rate,
+            expected_clients=r.expected_clients,
+            clip_norm=self.clip_norm,
+            mode=r.mode,
+            max_epsilon=r.max_epsilon,
+            max_epsilon_against=r.max_epsilon_against,
+            shares=r.shares,
+            sampler=r.sampler,
+            correlation=r.correlation,
+        )
 
     def state_dict(self) -> dict:
         return {

@@ -30,7 +30,6 @@ from fedrecgel_secure.federation.summers import SecAggCost, make_summer
 from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.privacy.dp.randomness import GUARANTEE
 from fedrecgel_secure.privacy.secagg.schemes import scheme_of
 from fedrecgel_secure.runs.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.runs.directory import (
@@ -319,26 +318,7 @@ class Trainer:
         )
 
     def privacy_summary(self) -> PrivacySpent | None:
-        if not isinstance(self.aggregation, DPFedAvg):
-            return None
-        r = self.aggregation.dp
-        return PrivacySpent(
-            **self.aggregation.ledger.report(),
-            noise=r.noise,
-            guarantee=GUARANTEE[r.noise],
-            accountant=r.accountant,
-            noise_multiplier=r.noise_multiplier,
-            update_noise_multiplier=r.update_noise_multiplier,
-            sample_rate=r.sample_rate,
-            expected_clients=r.expected_clients,
-            clip_norm=self.aggregation.clip_norm,
-            mode=r.mode,
-            max_epsilon=r.max_epsilon,
-            max_epsilon_against=r.max_epsilon_against,
-            shares=r.shares,
-            sampler=r.sampler,
-            correlation=r.correlation,
-        )
+        return self.aggregation.privacy_spent() if isinstance(self.aggregation, DPFedAvg) else None
 
     # -- checkpoints ----------------------------------------------------------
     def state_dict(self) -> dict:
@@ -365,7 +345,9 @@ class Trainer:
                 f"{source}: checkpoint format {state.get('format')!r}, this version reads format {CHECKPOINT_FORMAT}"
                 " (DP noise and sampling now come from a CSPRNG whose secret the checkpoint keeps); start a new run"
             )
-        self._check_same_policy(state, source)
+        refused = self.policy.refuses_to_continue(state.get("policy_digest"), state.get("planned_rounds"))
+        if refused:
+            raise BadInputError(f"{source}: {refused}; resume with the run's own {RESOLVED}, or start a new --out")
         self.round = int(state["round"])
         self.elapsed = float(state["elapsed"])
         self.model.load_state_dict(state["model"])
@@ -377,28 +359,6 @@ class Trainer:
         self.aggregation.load_state_dict(state["aggregation"])
         pending = state.get("pending")
         self.pending = None if pending is None else _event_of(json.loads(pending))
-
-    def _check_same_policy(self, state: dict, source: str) -> None:
-        """A checkpoint continues only under the policy it was written with, except for the number of rounds:
-        a run may be extended, unless its DP noise was calibrated for the rounds it planned."""
-        planned = state.get("planned_rounds")
-        if state.get("policy_digest") == self.policy.digest():
-            return
-        if planned is not None:
-            federation = self.policy.federation.model_copy(update={"rounds": int(planned)})
-            if state["policy_digest"] == self.policy.model_copy(update={"federation": federation}).digest():
-                dp = self.policy.privacy.dp
-                if dp.enabled and dp.noise_multiplier is None:
-                    raise BadInputError(
-                        f"{source}: federation.rounds cannot change from {planned} to {self.policy.federation.rounds}:"
-                        " the DP noise was calibrated to privacy.dp.target_epsilon over the planned rounds;"
-                        " start a new run with the new number of rounds"
-                    )
-                return
-        raise BadInputError(
-            f"{source}: was written under a different policy; resume with the run's own {RESOLVED}"
-            " (only federation.rounds may change), or start a new --out directory"
-        )
 
     def resume_from(self, out_dir: Path) -> None:
         path = Path(out_dir) / CHECKPOINT

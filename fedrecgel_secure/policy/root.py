@@ -131,3 +131,21 @@ class Policy(Section):
                 del dump["privacy"]["dp"][field]
         canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def refuses_to_continue(self, digest: str | None, planned_rounds: int | None) -> str | None:
+        """Why a run written under ``digest``, planning ``planned_rounds``, cannot continue under this policy, or
+        None: a run continues under the policy it was written with, except for the number of rounds, which may
+        change unless the DP noise was calibrated for the rounds it planned."""
+        if digest == self.digest():
+            return None
+        if planned_rounds is not None:
+            federation = self.federation.model_copy(update={"rounds": int(planned_rounds)})
+            if digest == self.model_copy(update={"federation": federation}).digest():
+                dp = self.privacy.dp
+                if not (dp.enabled and dp.noise_multiplier is None):
+                    return None
+                return (
+                    f"federation.rounds cannot change from {planned_rounds} to {self.federation.rounds}: the DP"
+                    " noise was calibrated to privacy.dp.target_epsilon over the planned rounds"
+                )
+        return "was written under a different policy (only federation.rounds may change)"

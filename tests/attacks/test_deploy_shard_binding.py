@@ -177,7 +177,7 @@ def test_two_nodes_claiming_an_unpinned_shard_at_first_contact_are_both_refused(
 def test_a_node_whose_key_changed_is_refused_after_a_resume(tmp_path, capsys):
     # Someone with node 1's configuration but not its key (a reinstalled machine, a copied node_config) answers
     # for shard 1 after the server resumes: refused, shard 1's users drop out of round 2. Before: accepted.
-    from fedrecgel_secure.deploy.node.shard import IDENTITY
+    from fedrecgel_secure.deploy.node.files import IDENTITY
     from fedrecgel_secure.deploy.server.serverapp import run_server
 
     policy_file = _policy(tmp_path)

@@ -106,8 +106,8 @@ def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
     from typer.testing import CliRunner
 
     from fedrecgel_secure.cli.main import app
+    from fedrecgel_secure.deploy.node.files import IDENTITY
     from fedrecgel_secure.deploy.node.hello import signed_hello
-    from fedrecgel_secure.deploy.node.shard import IDENTITY
     from fedrecgel_secure.deploy.server.pins import check_hello
 
     result = CliRunner().invoke(app, ["deploy", "identity", str(tmp_path / "node")])

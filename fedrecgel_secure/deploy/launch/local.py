@@ -47,7 +47,7 @@ from fedrecgel_secure.deploy.launch.processes import (
 from fedrecgel_secure.deploy.launch.tls import NODE_KEY, TlsFiles, make_node_key, make_throwaway_tls, write_private
 from fedrecgel_secure.deploy.messages import KEY_HOLDER
 from fedrecgel_secure.deploy.node.channel import socket_path
-from fedrecgel_secure.deploy.node.shard import state_dir_for
+from fedrecgel_secure.deploy.node.files import state_dir_for
 from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.runs.directory import METRICS, SUMMARY
@@ -350,7 +350,7 @@ class Deployment:
                 if not (summary.exists() and summary.stat().st_mtime >= started):
                     raise RuntimeError(
                         f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})."
-                        f" The end of the ServerApp's log:\n{self._run_log_tail()}"
+                        f" The end of the ServerApp's log:\n{self.procs.log_tail('flwr-run')}"
                     )
             time.sleep(0.5)
         raise TimeoutError(f"the run did not finish in time; see {self.out / 'logs'}")
@@ -362,28 +362,9 @@ class Deployment:
 
         return not self.policy.deployment.recommend or recommend_stage(self.out) is not None
 
-    def _run_log_tail(self, lines: int = 30) -> str:
-        """The last lines ``flwr run --stream`` printed (the ServerApp's log, a traceback if it failed), so that
-        the error says why the run ended, also where the run directory is gone (a CI machine)."""
-        try:
-            text = (self.procs.log_dir / "flwr-run.log").read_text(errors="replace")
-        except OSError as err:
-            return f"(unreadable: {err})"
-        return "\n".join(text.splitlines()[-lines:])
-
     def serverapp_pids(self) -> list[int]:
         """The flwr-serverapp processes (the SuperLink's SuperExec spawns them)."""
-        pids, todo = [], self.procs.children("superexec-superlink")
-        while todo:
-            pid = todo.pop()
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"flwr-serverapp" in cmd:
-                pids.append(pid)
-            todo += self.procs.children_of(pid)
-        return pids
+        return self.procs.descendants_running("superexec-superlink", b"flwr-serverapp")
 
     def stop(self) -> None:
         """Every process started here, in two waves, each stopped together (one grace period): the run, the

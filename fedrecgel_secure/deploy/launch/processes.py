@@ -241,6 +241,29 @@ class Processes:
         """PIDs of the direct children of process ``name`` (e.g. the SuperExec a SuperLink spawned)."""
         return self.children_of(self.procs[name].pid)
 
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` process ``name`` wrote to its log (``flwr-run``: the ServerApp's log, a traceback if it
+        failed), so that an error says why a run ended, also where the log directory is gone (a CI machine)."""
+        try:
+            text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+        except OSError as err:
+            return f"(unreadable: {err})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def descendants_running(self, name: str, program: bytes) -> list[int]:
+        """PIDs of the processes below process ``name``, at any depth, whose command line names ``program``."""
+        pids, todo = [], self.children(name)
+        while todo:
+            pid = todo.pop()
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if program in cmd:
+                pids.append(pid)
+            todo += self.children_of(pid)
+        return pids
+
     @staticmethod
     def children_of(pid: int) -> list[int]:
         out = []

@@ -36,6 +36,7 @@ import numpy as np
 
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
+from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 
 log = logging.getLogger("fedrecgel_secure.deploy")
@@ -352,3 +353,17 @@ class KeyHolderNode:
         facts["refusals"] = facts.get("refusals", 0) + 1
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         log.warning("key holder refusal %d of %d in this run: %s", facts["refusals"], self.max_refusals, exc)
+
+
+def key_holder_population(policy: Policy, catalogue: str | None) -> int:
+    """N for the BFV key holder, which holds no shard: the number of users in the public shard manifest its node
+    config names (``catalogue``), checked against its policy. The one place the key holder learns N."""
+    from fedrecgel_secure.data.shards import load_catalogue
+    from fedrecgel_secure.errors import BadInputError
+
+    if catalogue is None:
+        raise BadInputError(
+            'the key holder\'s --node-config has no catalogue="…/manifest.json" (the public shard manifest):'
+            " its central DP noise needs the number of users"
+        )
+    return int(load_catalogue(Path(catalogue), policy).n_users)

@@ -43,7 +43,8 @@ def _not_the_key_holder(context: Context) -> None:
 
 
 def _node(context: Context, digest: str | None):
-    from fedrecgel_secure.deploy.node.shard import Node, private_umask
+    from fedrecgel_secure.deploy.node.files import private_umask
+    from fedrecgel_secure.deploy.node.shard import Node
     from fedrecgel_secure.policy import load_policy
 
     _not_the_key_holder(context)
@@ -65,8 +66,8 @@ def _commits(req: dict) -> dict[int, list[int]]:
 @app.query(HELLO)
 def hello(msg: Message, context: Context) -> Message:
     """Who this node is (its shard, or the key holder), signed with its identity key over the server's nonce."""
+    from fedrecgel_secure.deploy.node.files import private_umask
     from fedrecgel_secure.deploy.node.hello import signed_hello
-    from fedrecgel_secure.deploy.node.shard import private_umask
     from fedrecgel_secure.policy import load_policy
 
     private_umask()
@@ -165,7 +166,7 @@ def keyholder(msg: Message, context: Context) -> Message:
     import numpy as np
 
     from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
-    from fedrecgel_secure.deploy.node.shard import private_umask
+    from fedrecgel_secure.deploy.node.files import private_umask
     from fedrecgel_secure.federation.reports import report_count
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
@@ -198,7 +199,7 @@ def keyholder(msg: Message, context: Context) -> Message:
             # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
             # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
             # aggregate's signed round; the request has no say
-            from fedrecgel_secure.deploy.node.shard import key_holder_population
+            from fedrecgel_secure.deploy.node.bfv_node import key_holder_population
             from fedrecgel_secure.federation.build import make_dp_mechanism
 
             population = key_holder_population(policy, context.node_config.get(CATALOGUE))

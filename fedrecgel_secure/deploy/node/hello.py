@@ -10,14 +10,14 @@ from fedrecgel_secure.deploy.messages import KEY_HOLDER, hello_statement
 
 def identity_key(state_dir: Path) -> str:
     """The node's identity public key (hex) of ``state_dir``, making the key (0600) on first use."""
-    from fedrecgel_secure.deploy.node.shard import ensure_identity
+    from fedrecgel_secure.deploy.node.files import ensure_identity
 
     return ensure_identity(Path(state_dir), 0).hex()
 
 
 def signed_hello(state_dir: Path, who: int | str, digest: str, nonce: bytes) -> dict:
     """The node's part of ``hello``: who it is, its policy digest and identity key, signed over ``nonce``."""
-    from fedrecgel_secure.deploy.node.shard import IDENTITY, ensure_identity
+    from fedrecgel_secure.deploy.node.files import IDENTITY, ensure_identity
     from fedrecgel_secure.privacy.secagg.identity import ClientIdentity, Kind
 
     public = ensure_identity(Path(state_dir), 0)

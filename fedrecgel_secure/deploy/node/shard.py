@@ -21,7 +21,6 @@ torch is imported inside the functions: importing this module costs no torch.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,20 +35,8 @@ from fedrecgel_secure.policy import Policy
 if TYPE_CHECKING:
     from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 
-IDENTITY = "identity.pem"
 log = logging.getLogger("fedrecgel_secure.deploy")
 _FILE = re.compile(r"^(state|pending)-(\d+)\.pt$")
-
-
-def ensure_identity(state_dir: Path, shard: int) -> bytes:
-    """The node's Ed25519 public key; the private key is made on first start, 0600, and never leaves ``state_dir``."""
-    from fedrecgel_secure.privacy.secagg.identity import ClientIdentity
-
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state_dir / IDENTITY
-    if not path.exists():
-        ClientIdentity.generate(shard).save(path)
-    return ClientIdentity.load(shard, path).public_bytes
 
 
 class RefusedRequest(RuntimeError):
@@ -388,30 +375,3 @@ class Node:
         self.load_shared(shared)
         sums = make_engine(self.policy).evaluation_sums(self.model, states.theta, self.split)
         return EvaluationReply(users=int(self.users.size), sums=sums)
-
-
-def key_holder_population(policy: Policy, catalogue: str | None) -> int:
-    """N for the BFV key holder, which holds no shard: the number of users in the public shard manifest its node
-    config names (``catalogue``), checked against its policy. The one place the key holder learns N."""
-    from fedrecgel_secure.data.shards import load_catalogue
-    from fedrecgel_secure.errors import BadInputError
-
-    if catalogue is None:
-        raise BadInputError(
-            'the key holder\'s --node-config has no catalogue="…/manifest.json" (the public shard manifest):'
-            " its central DP noise needs the number of users"
-        )
-    return int(load_catalogue(Path(catalogue), policy).n_users)
-
-
-def state_dir_for(policy: Policy, base: Path, shard: int | str) -> Path:
-    """Node ``shard``'s state directory (or the key holder's, for ``KEY_HOLDER``), under ``base`` if relative."""
-    from fedrecgel_secure.deploy.messages import KEY_HOLDER
-
-    d = policy.deployment
-    path = Path(d.key_holder_dir if shard == KEY_HOLDER else d.state_dir.format(shard=shard))
-    return path if path.is_absolute() else Path(base) / path
-
-
-def private_umask() -> None:
-    os.umask(0o077)
