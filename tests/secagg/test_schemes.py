@@ -45,3 +45,13 @@ def test_the_setup_carries_the_schemes_own_parameters(name):
     setup = setup_of(policy, 7)
     assert setup.dim == 7 and setup.min_clients == policy.privacy.secure_aggregation.min_clients
     assert isinstance(setup.params, {"masking": MaskingParams, "bfv": BFVParams}[name])
+
+
+@pytest.mark.parametrize("name", ["masking", "bfv"])
+def test_a_sealed_schemes_server_side_offers_the_deployed_summers_interface(name):
+    # the trainer drives every scheme's server side through these methods alone (no getattr for one scheme's)
+    from fedrecgel_secure.deploy.server.summer import DeployedSummer
+
+    policy = load_policy(None, [f"privacy.secure_aggregation.scheme={name}"])
+    summer = part(DEPLOYED[name].server_summer)(setup_of(policy, 7), lambda stage, payloads: {}, None, {0: [0, 1]})
+    assert isinstance(summer, DeployedSummer)

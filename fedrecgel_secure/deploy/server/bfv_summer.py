@@ -22,23 +22,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import reported_keys
+from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
 
 log = logging.getLogger("fedrecgel_secure.secagg")
-
-# stage, payload per shard -> replies per shard that arrived in time
-Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
-# stage, payload -> the key holder's reply, or None if it did not answer in time
-KeyHolderCall = Callable[[str, dict], "dict | None"]
 
 
 class NodeHESum:
@@ -98,6 +94,10 @@ class NodeHESum:
         if self.aggregator is None:
             self.start()
         self.partials = {}
+
+    def keep_releases(self, run_dir: Path, keep: int) -> None:
+        """Nothing to keep: the key holder answers each round once and keeps its answer (a resumed server gets the
+        same release, :meth:`~fedrecgel_secure.deploy.node.bfv_node.KeyHolderNode.decrypt`)."""
 
     def received(self, replies: dict[int, dict]) -> None:
         """The train replies, each with its node's users' summed ciphertexts and their proofs (``partial``)."""

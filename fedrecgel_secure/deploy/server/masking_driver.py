@@ -37,14 +37,13 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 
 from fedrecgel_secure.deploy.messages import request
+from fedrecgel_secure.deploy.server.summer import Exchange
 from fedrecgel_secure.privacy.secagg.clients import Reply
 from fedrecgel_secure.privacy.secagg.masking.aggregator import MaskingAggregator
 from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
-# stage name, payload per node -> the replies that arrived in time, per node
-Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 Admit = Callable[[list[int]], "str | None"]
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +28,13 @@ import torch
 
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
+from fedrecgel_secure.deploy.server.summer import Exchange
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity
 from fedrecgel_secure.privacy.secagg.masking.aggregator import MaskingAggregator
 
 log = logging.getLogger("fedrecgel_secure.secagg")
-
-# stage, payload per shard -> replies per shard that arrived in time
-Exchange = Callable[[str, dict[int, dict]], dict[int, dict]]
 
 
 RELEASES = "releases"  # in the run directory

@@ -102,9 +102,8 @@ class RemoteTrainer(Trainer):
         return part(name)(setup_of(self.policy, dim), exchange, key_holder, self._users_of())
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
-        keep = getattr(self.aggregation.summer, "keep_releases", None)
-        if keep is not None and out_dir is not None:  # masking: each round's sum, for a resumed server to reuse
-            keep(out_dir, self.policy.checkpoint.every)
+        if deployed(self.policy).server_summer is not None and out_dir is not None:  # a DeployedSummer's
+            self.aggregation.summer.keep_releases(out_dir, self.policy.checkpoint.every)
         return super().run(out_dir, *args, **kwargs)
 
     def released_counts(self) -> np.ndarray:
