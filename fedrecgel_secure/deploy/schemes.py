@@ -3,14 +3,13 @@ read instead of comparing the scheme's name.
 
 A row adds to the scheme's shared facts (:class:`~fedrecgel_secure.privacy.secagg.schemes.Scheme`: sealed uploads,
 a key holder) where its server and node code live. They are named as ``"module:attribute"`` and imported only by
-the role that runs them (:func:`part`): the launcher and the node's relay read this table without loading torch
+the role that runs them (``part``): the launcher and the node's relay read this table without loading torch
 or a protocol, and a server never imports a node's code. :class:`Setup` is what every party of a session derives
 from the policy, so the server and the nodes agree on it without sending it.
 """
 
 from __future__ import annotations
 
-import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +79,3 @@ DEPLOYED = {
 def deployed(policy) -> Deployed:
     """The row of the policy's ``privacy.secure_aggregation.scheme``."""
     return DEPLOYED[policy.privacy.secure_aggregation.scheme]
-
-
-def part(name: str):
-    """The class or function a row names (``"module:attribute"``), its module imported now."""
-    return pkgutil.resolve_name(name)

@@ -12,9 +12,9 @@ import typing
 
 import pytest
 
-from fedrecgel_secure.deploy.schemes import DEPLOYED, part, setup_of
+from fedrecgel_secure.deploy.schemes import DEPLOYED, setup_of
 from fedrecgel_secure.policy import SecureAggregationPolicy, load_policy
-from fedrecgel_secure.privacy.secagg.schemes import SCHEMES
+from fedrecgel_secure.privacy.secagg.schemes import SCHEMES, part
 
 POLICY_SCHEMES = typing.get_args(SecureAggregationPolicy.model_fields["scheme"].annotation)
 

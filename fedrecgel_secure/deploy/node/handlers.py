@@ -29,8 +29,9 @@ from fedrecgel_secure.deploy.messages import (
     SHARD,
     STATE_DIR,
 )
-from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
+from fedrecgel_secure.deploy.schemes import deployed, setup_of
 from fedrecgel_secure.deploy.wire import from_record, to_record
+from fedrecgel_secure.privacy.secagg.schemes import part
 
 app = ClientApp()
 _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy digest, its Node), in this process

@@ -1,6 +1,6 @@
 """The server's side of masking over nodes: the aggregator's steps as one message round-trip per node and stage.
 
-The round is :func:`~fedrecgel_secure.privacy.secagg.session.masking_round`,
+The round is :func:`~fedrecgel_secure.privacy.secagg.masking.session.masking_round`,
 the one the in-process session runs; here its client host is
 :class:`NodeClients`: each step's messages go to the nodes hosting the users,
 one message per node carrying all its users' parts (:func:`request`), and come
@@ -40,7 +40,8 @@ from fedrecgel_secure.deploy.messages import request
 from fedrecgel_secure.deploy.server.summer import Exchange
 from fedrecgel_secure.privacy.secagg.clients import Reply
 from fedrecgel_secure.privacy.secagg.masking.aggregator import MaskingAggregator
-from fedrecgel_secure.privacy.secagg.session import RoundResult, masking_round
+from fedrecgel_secure.privacy.secagg.masking.session import masking_round
+from fedrecgel_secure.privacy.secagg.session import RoundResult
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 

@@ -28,7 +28,7 @@ from torch.nn.utils import parameters_to_vector
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
 from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply, reports_in_clear
-from fedrecgel_secure.deploy.schemes import deployed, part, setup_of
+from fedrecgel_secure.deploy.schemes import deployed, setup_of
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.reports import ROUND
 from fedrecgel_secure.federation.state import RoundUpdate
@@ -36,6 +36,7 @@ from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads, Uploads
 from fedrecgel_secure.metrics import means
 from fedrecgel_secure.policy import Policy
+from fedrecgel_secure.privacy.secagg.schemes import part
 
 
 class Stages(Protocol):

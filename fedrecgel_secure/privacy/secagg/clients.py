@@ -18,14 +18,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .bfv.client import HEClient
-from .bfv.params import BFVParams
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
-from .identity import ClientIdentity, IdentityDirectory
-from .masking.client import MaskingClient
-from .masking.masks import MaskingParams
+from .identity import ClientIdentity
+
+if TYPE_CHECKING:
+    from .bfv.params import BFVParams
+    from .masking.masks import MaskingParams
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -54,37 +55,11 @@ class ClientSetup:
         return dataclasses.replace(self, tag_keys={c: k for c, k in self.tag_keys.items() if c in keep})
 
 
-def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, HEClient | MaskingClient]:
-    """The protocol roles of the clients whose ``identities`` are held here."""
-    if setup.scheme == "bfv":
-        import tenseal as ts
+def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict:
+    """The protocol roles of the clients whose ``identities`` are held here, as the scheme's session makes them."""
+    from .schemes import SCHEMES, part
 
-        shared = ts.context_from(setup.public_context, n_threads=1)  # one public context for all, as loaded
-        return {
-            c: HEClient(
-                ident,
-                shared,
-                setup.dim,
-                encoding=setup.encoding,
-                session_tag=setup.session_tag,
-                tag_key=setup.tag_keys[c],
-            )
-            for c, ident in identities.items()
-        }
-    directory = IdentityDirectory(setup.public_keys)  # shared by the roles here: its verification cache too
-    return {
-        c: MaskingClient(
-            ident,
-            directory,
-            setup.dim,
-            setup.params,
-            server_key=setup.server_key,
-            encoding=setup.encoding,
-            min_clients=setup.min_clients,
-            session_tag=setup.session_tag,
-        )
-        for c, ident in identities.items()
-    }
+    return part(SCHEMES[setup.scheme].session).make_roles(setup, identities)
 
 
 @dataclass(frozen=True)

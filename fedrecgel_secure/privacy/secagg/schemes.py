@@ -9,6 +9,7 @@ Importing this module loads no protocol: the parameters are built on demand.
 
 from __future__ import annotations
 
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,14 +34,29 @@ class Scheme:
     key_holder: bool
     # the protocol's parameters from the policy section; None when no protocol runs
     params: Callable[[SecureAggregationPolicy], BFVParams | MaskingParams] | None
+    # the simulator's session of all its roles in one process (:class:`.session.SecAggSession`), as
+    # "module:class", imported only when a session is made (:func:`part`); None when no protocol runs
+    session: str | None = None
 
 
 SCHEMES = {
     s.name: s
     for s in (
         Scheme("none", sealed=False, key_holder=False, params=None),
-        Scheme("masking", sealed=True, key_holder=False, params=lambda settings: masking_params(settings.masking)),
-        Scheme("bfv", sealed=True, key_holder=True, params=lambda settings: bfv_params(settings.bfv)),
+        Scheme(
+            "masking",
+            sealed=True,
+            key_holder=False,
+            params=lambda settings: masking_params(settings.masking),
+            session=f"{__package__}.masking.session:MaskingSession",
+        ),
+        Scheme(
+            "bfv",
+            sealed=True,
+            key_holder=True,
+            params=lambda settings: bfv_params(settings.bfv),
+            session=f"{__package__}.bfv.session:BFVSession",
+        ),
     )
 }
 
@@ -48,3 +64,8 @@ SCHEMES = {
 def scheme_of(settings: SecureAggregationPolicy) -> Scheme:
     """The row of ``settings.scheme`` (the policy's ``[privacy.secure_aggregation]`` section)."""
     return SCHEMES[settings.scheme]
+
+
+def part(name: str):
+    """The class or function a row names (``"module:attribute"``), its module imported now."""
+    return pkgutil.resolve_name(name)

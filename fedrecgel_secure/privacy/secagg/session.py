@@ -22,7 +22,6 @@ n − ⌊f·n⌋ − 1 dropouts after masking skip the round (``inconsistent``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import secrets
 import time
@@ -33,20 +32,12 @@ import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
 
-from .arithmetic import admit_or_skip
-from .bfv.aggregator import HEAggregator
-from .bfv.client import HEClient
-from .bfv.keyholder import KeyHolder
-from .bfv.params import BFVParams
 from .clients import ClientSetup, LocalClients, Reply
-from .errors import RejectedPayload, RoundSkipped
+from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
-from .identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity, check_client_id, check_round
-from .masking.aggregator import MaskingAggregator
-from .masking.client import MaskingClient
-from .masking.masks import MaskingParams
-from .masking.wire import decode_survivors
+from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
 from .pool import ClientPool
+from .schemes import SCHEMES, part
 from .vectors import check_dim, check_vector
 
 log = logging.getLogger("fedrecgel_secure.secagg")
@@ -108,16 +99,23 @@ def _cost(clock: _Clock, n: int, finalize: float) -> dict[str, float]:
 
 
 class SecAggSession:
-    """All roles of one scheme, wired together with byte messages."""
+    """All roles of one scheme, wired together with byte messages.
+
+    A scheme's session (its row's ``session``, :mod:`.schemes`) says how its roles start (:meth:`_start`: the
+    aggregator, and the key holder where the scheme has one), how its clients are made wherever they live
+    (:meth:`make_roles`) and how a round runs (:meth:`_run`); this class does what every scheme shares.
+    """
+
+    scheme: str  # the row's name
+    Params: type  # the protocol's parameters (MaskingParams, BFVParams)
 
     def __init__(
         self,
-        scheme: str,
         dim: int,
         client_ids: Sequence[int],
         *,
         min_clients: int,
-        params: BFVParams | MaskingParams,
+        params,
         encoding: FixedPoint = FixedPoint(),
         workers: int = 1,
     ) -> None:
@@ -126,11 +124,10 @@ class SecAggSession:
             raise BadInputError("client_ids must be a non-empty sequence of distinct ids")
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or not 1 <= min_clients <= len(ids):
             raise BadInputError(f"min_clients must be an integer in [1, {len(ids)}], got {min_clients!r}")
-        if scheme not in ("bfv", "masking"):
-            raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
+        if not isinstance(params, self.Params):
+            raise BadInputError(f"params for scheme {self.scheme!r} must be {self.Params.__name__}")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise BadInputError(f"workers must be an integer >= 1, got {workers!r}")
-        self.scheme = scheme
         self.dim = check_dim(dim)
         self.client_ids = sorted(ids)
         self.min_clients = min_clients
@@ -145,35 +142,10 @@ class SecAggSession:
         else:
             public_keys = pool.public_keys
         self.directory = IdentityDirectory(public_keys)
-        setup = ClientSetup(scheme, dim, params, encoding, tag, min_clients, public_keys)
-        if scheme == "bfv":
-            assert isinstance(params, BFVParams)
-            self.key_holder: KeyHolder | None = KeyHolder.create(
-                params, self.directory, dim=dim, min_clients=min_clients, session_tag=tag, encoding=encoding
-            )
-            public = self.key_holder.public_context()
-            self.aggregator: HEAggregator | MaskingAggregator = HEAggregator(
-                public, self.directory, dim, min_clients=min_clients, session_tag=tag
-            )
-            tag_keys = {c: self.key_holder.client_key(c) for c in self.client_ids}
-            setup = dataclasses.replace(setup, public_context=public, tag_keys=tag_keys)
-        else:
-            assert isinstance(params, MaskingParams)
-            self.key_holder = None
-            self.server_identity = ServerIdentity.generate()
-            self.aggregator = MaskingAggregator(
-                self.directory,
-                dim,
-                params,
-                identity=self.server_identity,
-                encoding=encoding,
-                min_clients=min_clients,
-                session_tag=tag,
-            )
-            setup = dataclasses.replace(setup, server_key=self.server_identity.public_bytes)
+        setup = self._start(ClientSetup(self.scheme, dim, params, encoding, tag, min_clients, public_keys))
         if pool is None:
             self.host: LocalClients | ClientPool = LocalClients(setup, identities)
-            self.clients: dict[int, HEClient | MaskingClient] = self.host.roles
+            self.clients: dict = self.host.roles
         else:
             pool.start(setup)
             self.host, self.clients = pool, {}
@@ -232,122 +204,19 @@ class SecAggSession:
         if central_noise is not None:
             central_noise = check_vector(central_noise, self.dim, "central noise")
         args = (round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
-        return self._run_he(*args) if self.scheme == "bfv" else self._run_masking(*args, round_seed)
+        return self._run(*args, round_seed)
 
-    def _run_he(self, round_idx, uploads, shares, central, dropped, admit, intercept) -> RoundResult:
-        agg = self.aggregator
-        assert isinstance(agg, HEAggregator) and self.key_holder is not None
-        clock, rejected, clipped = _Clock(), {}, 0
-        agg.begin_round(round_idx)
-        cohort = sorted(uploads)
-        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], shares.get(c))):
-            clock.client_reply(reply)
-            clipped += reply.clipped
-            if reply.client not in dropped:
-                _deliver(clock, agg.receive, reply, intercept, rejected)
-        try:
-            aggregate = clock.server_call(agg.finish)
-        except RoundSkipped as exc:
-            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-        admit_or_skip(admit, aggregate.contributors, round_idx, rejected)
-        blob = clock.server_call(aggregate.serialize)
-        t0 = time.perf_counter()
-        total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
-        finalize = time.perf_counter() - t0
-        return RoundResult(
-            round_idx, total, aggregate.contributors, rejected, _cost(clock, len(cohort), finalize), clipped
-        )
+    def _start(self, setup: ClientSetup) -> ClientSetup:
+        """Make the aggregator (and the key holder); ``setup`` with what the clients are to be given of them."""
+        raise NotImplementedError
 
-    def _run_masking(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
-        return masking_round(
-            self.aggregator,
-            self.host,
-            round_idx,
-            sorted(uploads),
-            lambda c: (uploads[c], shares.get(c)),
-            central_noise=central,
-            dropped=dropped,
-            admit=admit,
-            intercept=intercept,
-            round_seed=round_seed,
-        )
+    @staticmethod
+    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict:
+        """The protocol roles of the clients whose ``identities`` are held here."""
+        raise NotImplementedError
 
-
-def masking_round(
-    agg: MaskingAggregator,
-    host,
-    round_idx: int,
-    cohort: list[int],
-    inputs: Callable[[int], tuple],
-    *,
-    central_noise: np.ndarray | None = None,
-    dropped: set[int] | frozenset[int] = frozenset(),
-    admit: Admit | None = None,
-    intercept: Intercept | None = None,
-    round_seed: bytes | None = None,
-    announced: bool = False,
-) -> RoundResult:
-    """One masking round: the aggregator's steps, each a call of the clients' step on ``host``.
-
-    ``host.run(method, clients, args)`` reaches the clients wherever they are
-    (:class:`LocalClients`, :class:`.pool.ClientPool`, or a deployment's nodes)
-    and yields a :class:`Reply` per client that answered; a client that does not
-    answer a step is left out of the later ones, and the protocol's dropout
-    recovery, or its skip (:class:`RoundSkipped`), follows. A host of several
-    clients may answer the masked-input step with one sum of its clients'
-    masked inputs (a :class:`Reply` with ``group``, a deployment's node): the
-    aggregator folds it as one masked input and counts each user it lists
-    (:meth:`MaskingAggregator.receive_group`); the sum released is the same. ``inputs(c)`` is what
-    client ``c`` masks beside the aggregator's message (its vector and noise share;
-    nothing where the client keeps its own). ``announced``: the aggregator's
-    :meth:`~MaskingAggregator.begin_round` already ran and its announcement went
-    out with another message (the host then has the adverts).
-    """
-    clock, rejected, clipped = _Clock(), {}, 0
-
-    def step(method: str, clients, args, *, keep=lambda c: True, tamper=None) -> list[int]:
-        """Run ``method`` on ``clients``; the ones that answered with a message."""
-        nonlocal clipped
-        answered = []
-        for reply in host.run(method, clients, args):
-            clock.client_reply(reply)
-            clipped += reply.clipped
-            if reply.payload is None:  # the client refused an aggregator message and dropped out
-                rejected[reply.client] = reply.reason
-                continue
-            answered.extend(reply.group or (reply.client,))
-            if reply.group:  # a host's one sum of its users' masked inputs, checked against who it hosts
-                _deliver(clock, functools.partial(agg.receive_group, hosted=reply.group), reply, tamper, rejected)
-            elif keep(reply.client):
-                _deliver(clock, agg.receive, reply, tamper, rejected)
-        return sorted(answered)
-
-    try:
-        announcement = None if announced else clock.server_call(agg.begin_round, round_idx, round_seed)
-        advertised = step("advertise", cohort, lambda c: (announcement,))
-        broadcast = clock.server_call(agg.close_adverts)
-        shared = set(step("share_keys", [c for c in advertised if c not in rejected], lambda c: (broadcast,)))
-        inboxes = clock.server_call(agg.close_shares)
-        step(
-            "masked_input",
-            [c for c in inboxes if c in shared],
-            lambda c: (inboxes[c], *inputs(c)),
-            keep=lambda c: c not in dropped,
-            tamper=intercept,
-        )
-        check = clock.server_call(agg.close_masked)
-        survivors = decode_survivors(Envelope.parse(check).body, round_idx)
-        admit_or_skip(admit, survivors, round_idx, rejected)
-        asked = [c for c in survivors if c not in dropped and c not in rejected]
-        confirmed = step("confirm", asked, lambda c: (check,))
-        request = clock.server_call(agg.close_confirms)
-        step("unmask", [c for c in confirmed if c not in rejected], lambda c: (request,))
-        t0 = time.perf_counter()
-        out = agg.finish(central_noise)
-    except RoundSkipped as exc:
-        raise RoundSkipped(exc.reason, exc.detail, rejected) from None
-    finalize = time.perf_counter() - t0
-    return RoundResult(round_idx, out.values, out.contributors, rejected, _cost(clock, len(cohort), finalize), clipped)
+    def _run(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
+        raise NotImplementedError
 
 
 def make_session(
@@ -356,7 +225,7 @@ def make_session(
     client_ids: Sequence[int],
     *,
     min_clients: int,
-    params: BFVParams | MaskingParams | None = None,
+    params=None,
     encoding: FixedPoint = FixedPoint(),
     workers: int = 1,
     **overrides: object,
@@ -365,15 +234,16 @@ def make_session(
 
     >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, degree="all")
     """
-    kinds = {"bfv": BFVParams, "masking": MaskingParams}
     if scheme == "ckks":
         raise BadInputError(
             "scheme 'ckks' was removed: approximate CKKS decryptions let their recipient solve for the secret key"
             " (Li and Micciancio, Eurocrypt 2021); use 'bfv' (exact) or 'masking'"
         )
-    if scheme not in kinds:
-        raise BadInputError(f"scheme must be 'bfv' or 'masking', got {scheme!r}")
-    cls = kinds[scheme]
+    sessions = {name: row.session for name, row in SCHEMES.items() if row.session is not None}
+    if scheme not in sessions:
+        raise BadInputError(f"scheme must be one of {sorted(sessions)}, got {scheme!r}")
+    session = part(sessions[scheme])
+    cls = session.Params
     fields = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(overrides) - fields)
     if bad:
@@ -384,6 +254,4 @@ def make_session(
         raise BadInputError(f"params for scheme {scheme!r} must be {cls.__name__}")
     elif overrides:
         params = dataclasses.replace(params, **overrides)
-    return SecAggSession(
-        scheme, dim, client_ids, min_clients=min_clients, params=params, encoding=encoding, workers=workers
-    )
+    return session(dim, client_ids, min_clients=min_clients, params=params, encoding=encoding, workers=workers)

@@ -1,0 +1,81 @@
+"""BFV's session in one process: the key holder, which holds the secret key and decrypts only the round's checked
+aggregate, the aggregator, which adds ciphertexts, and the clients' roles."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+from ..arithmetic import admit_or_skip
+from ..clients import ClientSetup
+from ..errors import RoundSkipped
+from ..identity import ClientIdentity
+from ..session import RoundResult, SecAggSession, _Clock, _cost, _deliver
+from .aggregator import HEAggregator
+from .client import HEClient
+from .keyholder import KeyHolder
+from .params import BFVParams
+
+
+class BFVSession(SecAggSession):
+    """Exact homomorphic encryption: the session holds the key holder and the aggregator, which never meet a key."""
+
+    scheme = "bfv"
+    Params = BFVParams
+
+    def _start(self, setup: ClientSetup) -> ClientSetup:
+        self.key_holder = KeyHolder.create(
+            self.params,
+            self.directory,
+            dim=self.dim,
+            min_clients=self.min_clients,
+            session_tag=self.session_tag,
+            encoding=self.encoding,
+        )
+        public = self.key_holder.public_context()
+        self.aggregator = HEAggregator(
+            public, self.directory, self.dim, min_clients=self.min_clients, session_tag=self.session_tag
+        )
+        tag_keys = {c: self.key_holder.client_key(c) for c in self.client_ids}
+        return dataclasses.replace(setup, public_context=public, tag_keys=tag_keys)
+
+    @staticmethod
+    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, HEClient]:
+        import tenseal as ts
+
+        shared = ts.context_from(setup.public_context, n_threads=1)  # one public context for all, as loaded
+        return {
+            c: HEClient(
+                ident,
+                shared,
+                setup.dim,
+                encoding=setup.encoding,
+                session_tag=setup.session_tag,
+                tag_key=setup.tag_keys[c],
+            )
+            for c, ident in identities.items()
+        }
+
+    def _run(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
+        agg = self.aggregator
+        clock, rejected, clipped = _Clock(), {}, 0
+        agg.begin_round(round_idx)
+        cohort = sorted(uploads)
+        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], shares.get(c))):
+            clock.client_reply(reply)
+            clipped += reply.clipped
+            if reply.client not in dropped:
+                _deliver(clock, agg.receive, reply, intercept, rejected)
+        try:
+            aggregate = clock.server_call(agg.finish)
+        except RoundSkipped as exc:
+            raise RoundSkipped(exc.reason, exc.detail, rejected) from None
+        admit_or_skip(admit, aggregate.contributors, round_idx, rejected)
+        blob = clock.server_call(aggregate.serialize)
+        t0 = time.perf_counter()
+        total = self.key_holder.decrypt(blob, central)  # the key holder adds the central noise
+        finalize = time.perf_counter() - t0
+        return RoundResult(
+            round_idx, total, aggregate.contributors, rejected, _cost(clock, len(cohort), finalize), clipped
+        )
