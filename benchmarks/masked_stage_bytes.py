@@ -45,7 +45,7 @@ from fedrecgel_secure.privacy.secagg import (
     MaskingParams,
     ServerIdentity,
 )
-from fedrecgel_secure.privacy.secagg.session import SecAggSession
+from fedrecgel_secure.privacy.secagg.masking.session import MaskingSession
 
 OUTPUT = Path(__file__).parent / "results" / "masked_stage_bytes.json"
 
@@ -63,8 +63,8 @@ def vectors(users: list[int], dim: int) -> dict[int, np.ndarray]:
 
 def per_user(users_of: dict[int, list[int]], setup: Setup, inputs: dict[int, np.ndarray]) -> dict:
     users = sorted(inputs)
-    session = SecAggSession(
-        "masking", setup.dim, users, min_clients=setup.min_clients, params=setup.params, encoding=setup.encoding
+    session = MaskingSession(
+        setup.dim, users, min_clients=setup.min_clients, params=setup.params, encoding=setup.encoding
     )
     sent: dict[int, bytes] = {}
     out = session.run_round(1, inputs, intercept=lambda c, payload: sent.setdefault(c, payload))

@@ -18,7 +18,7 @@ from fedrecgel_secure.privacy.secagg import (
     MaskingParams,
     ServerIdentity,
 )
-from fedrecgel_secure.privacy.secagg.session import SecAggSession
+from fedrecgel_secure.privacy.secagg.masking.session import MaskingSession
 
 DIM = 7
 
@@ -108,8 +108,8 @@ def start(tmp_path, with_noise=False):
 
 def reference(users, r, with_noise=False) -> np.ndarray:
     """What the in-process session releases for the same inputs."""
-    session = SecAggSession(
-        "masking", DIM, sorted(users), min_clients=SETUP.min_clients, params=SETUP.params, encoding=SETUP.encoding
+    session = MaskingSession(
+        DIM, sorted(users), min_clients=SETUP.min_clients, params=SETUP.params, encoding=SETUP.encoding
     )
     shares = {u: noise(u, r) for u in users} if with_noise else None
     return session.run_round(r, {u: vector(u, r) for u in users}, noise_shares=shares).total
