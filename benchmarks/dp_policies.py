@@ -1,6 +1,6 @@
 """The shipped DP policies against the non-private default on FilmTrust: epsilon, z and HR@10 / NDCG@10.
 
-    python benchmarks/dp_policies.py [--policies default dp-eps8 ... secagg-dp] [--out FILE]
+    python benchmarks/dp_policies.py [--policies default dp-eps8 ... bfv-banded-dp] [--out FILE]
 
 Each policy is trained as shipped (100 rounds, training seed 42) in the seeded
 research mode (``privacy.dp.noise = "seeded"``), so anyone can reproduce the
@@ -24,7 +24,7 @@ from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import POLICY_DIR, load_policy
 
-POLICIES = ["default", "dp-eps8", "dp-eps4", "dp-eps1", "dp-distributed", "secagg-dp"]
+POLICIES = ["default", "dp-eps8", "dp-eps4", "dp-eps1", "dp-distributed", "secagg-dp", "bfv-banded-dp"]
 
 
 def row(name: str) -> str:
@@ -44,6 +44,10 @@ def row(name: str) -> str:
     scheme = policy.privacy.secure_aggregation.scheme
     sampling = "cyclic" if dp.sampler == "cyclic" else "Poisson"
     mode = f"{dp.mode}, {sampling}" + ("" if scheme == "none" else f", {scheme}") if dp.enabled else "-"
+    if dp.enabled and dp.correlation == "banded":
+        mode += ", banded noise"
+    if policy.federation.server_optimizer != "adam":
+        mode += f", server {policy.federation.server_optimizer.upper()}"
     best, final = summary["best"], summary["final"]
     return (
         f"| `{name}.toml` | {mode} | {eps} | {eps_server} | {z} | {policy.federation.server_lr:g} | {best['round']} "

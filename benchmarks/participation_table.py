@@ -4,7 +4,9 @@ participation, and independent against banded correlated noise, from finished st
     fedrecgel study examples/participation_study.toml --out runs/participation --jobs 2
     fedrecgel study examples/participation_rate_study.toml --out runs/participation-rate --jobs 2
     fedrecgel study examples/correlated_study.toml --out runs/correlated --jobs 2
-    python benchmarks/participation_table.py runs/participation runs/participation-rate runs/correlated
+    fedrecgel study examples/correlated_sgd_study.toml --out runs/correlated-sgd --jobs 2
+    python benchmarks/participation_table.py runs/participation runs/participation-rate runs/correlated \
+        runs/correlated-sgd
 
 One row per setting (target epsilon x sampler x noise x rate q): the noise multiplier z, the epsilon each observer faces
 after the run (the released models' accountant, and the server, which knows who took part: its most exposed
@@ -46,7 +48,7 @@ def _mean_sd(values: list[float], digits: int = 4) -> str:
 
 
 def rows(studies: list[Path]) -> list[list[str]]:
-    runs = defaultdict(list)  # (target, (sampler, correlation, server optimizer), q) -> summaries
+    runs = defaultdict(list)  # (target, (sampler, correlation, server optimizer), q, SGD's lr) -> summaries
     for study in studies:
         for summary_file in sorted(study.glob("runs/*/seed=*/summary.json")):
             s = settings_of(summary_file.parent)
@@ -58,17 +60,19 @@ def rows(studies: list[Path]) -> list[list[str]]:
                 resolved = tomllib.loads((summary_file.parent / "policy.resolved.toml").read_text())
                 optimizer = resolved["federation"].get("server_optimizer", "adam")
                 noise = (sampler, privacy.get("correlation", "independent"), optimizer)
-                runs[(float(s[EPSILON]), noise, q)].append(summary)
+                lr = float(resolved["federation"]["server_lr"]) if optimizer == "sgd" else None  # Adam's: 0.01
+                target = s.get(EPSILON, resolved["privacy"]["dp"].get("target_epsilon"))  # a grid's, or fixed
+                runs[(float(target), noise, q, lr)].append(summary)
     if not runs:
         sys.exit(f"{', '.join(map(str, studies))}: no finished run under runs/*/seed=*/")
     out = []
-    for target, noise, q in sorted(runs, key=lambda k: (k[0], list(MEANING).index(k[1]), k[2])):
-        group = runs[(target, noise, q)]
+    for target, noise, q, lr in sorted(runs, key=lambda k: (k[0], list(MEANING).index(k[1]), k[2], k[3] or 0)):
+        group = runs[(target, noise, q, lr)]
         final = [g["final"] for g in group]
         out.append(
             [
                 f"{target:g}",
-                MEANING[noise],
+                MEANING[noise] + ("" if lr is None else f" (lr {lr:g})"),
                 f"{q:g}",
                 f"{statistics.fmean(f['noise_multiplier'] for f in final):.3f}",
                 f"{max(f['epsilon'] for f in final):.2f}",
@@ -101,7 +105,8 @@ def main() -> None:
         "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
         ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
         " `python benchmarks/participation_table.py` from `examples/participation_study.toml`,"
-        " `examples/participation_rate_study.toml` and `examples/correlated_study.toml`. Under cyclic participation"
+        " `examples/participation_rate_study.toml`, `examples/correlated_study.toml` and"
+        " `examples/correlated_sgd_study.toml`. Under cyclic participation"
         " each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF, b = 1/q bands)"
         " is central, added by the BFV key holder (simulated), at the same z and ε as independent noise; the server"
         " steps with Adam unless the row says SGD (`examples/correlated_sgd_study.toml`). ε is the largest"
