@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 from helpers.data import write_ratings
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "python_api.py"
+EXAMPLE = REPO / "examples" / "python_api.py"
 
 
 def test_the_api_example_trains_recommends_evaluates_and_exports_on_filmtrust(tmp_path):

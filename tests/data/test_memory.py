@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from fedrecgel_secure.data.split import prepare_split
 from fedrecgel_secure.data.synthetic import synthetic_interactions
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = REPO
 
 
 def test_the_synthetic_generator_gives_the_asked_shape():

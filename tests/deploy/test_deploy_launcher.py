@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+
+from helpers import REPO
 
 BARE_PATH = os.pathsep.join(["/usr/bin", "/bin"])  # no venv on it
 
@@ -47,6 +48,6 @@ def test_a_launcher_started_without_the_venv_on_path_spawns_flowers_apps_by_bare
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).parents[1],
+        cwd=REPO,
     )
     assert done.returncode == 0 and "spawned" in done.stdout, done.stdout + done.stderr

@@ -1,11 +1,11 @@
 """`deploy plan` refuses what `deploy local` refuses: one check (deploy.check_deployable), both commands, exit 2."""
 
-from pathlib import Path
-
 import pytest
 from typer.testing import CliRunner
 
-POLICIES = Path(__file__).resolve().parents[1] / "policies"
+from helpers import REPO
+
+POLICIES = REPO / "policies"
 
 REFUSED = [
     (["privacy.dp.enabled=true", "privacy.dp.noise_multiplier=1.0", "privacy.dp.mode=distributed"], "privacy.dp.mode"),

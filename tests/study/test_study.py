@@ -22,6 +22,7 @@ from fedrecgel_secure.policy import load_policy
 from fedrecgel_secure.study import EPSILON_KEY, plan_study
 from fedrecgel_secure.study.plots import PLOTS_DIGEST
 
+from helpers import REPO
 from helpers.cli import CLI, ONE_THREAD
 from helpers.cli import fedrecgel as _fedrecgel
 from helpers.data import write_ratings
@@ -434,7 +435,7 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
 )
 def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     """Every setting of an example study resolves to a valid policy (planning trains nothing)."""
-    spec = Path(__file__).resolve().parents[1] / "examples" / name
+    spec = REPO / "examples" / name
     plan = plan_study(spec, tmp_path / "out")
     assert len(plan.runs) == runs and not (tmp_path / "out" / "runs").exists()
     for run in plan.runs:
