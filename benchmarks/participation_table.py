@@ -5,8 +5,9 @@ participation, and independent against banded correlated noise, from finished st
     fedrecgel study examples/participation_rate_study.toml --out runs/participation-rate --jobs 2
     fedrecgel study examples/correlated_study.toml --out runs/correlated --jobs 2
     fedrecgel study examples/correlated_sgd_study.toml --out runs/correlated-sgd --jobs 2
+    fedrecgel study examples/correlated_sgd_epsilon_study.toml --out runs/correlated-sgd-epsilon --jobs 2
     python benchmarks/participation_table.py runs/participation runs/participation-rate runs/correlated \
-        runs/correlated-sgd
+        runs/correlated-sgd runs/correlated-sgd-epsilon
 
 One row per setting (target epsilon x sampler x noise x rate q): the noise multiplier z, the epsilon each observer faces
 after the run (the released models' accountant, and the server, which knows who took part: its most exposed
@@ -105,11 +106,11 @@ def main() -> None:
         "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
         ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
         " `python benchmarks/participation_table.py` from `examples/participation_study.toml`,"
-        " `examples/participation_rate_study.toml`, `examples/correlated_study.toml` and"
-        " `examples/correlated_sgd_study.toml`. Under cyclic participation"
-        " each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF, b = 1/q bands)"
-        " is central, added by the BFV key holder (simulated), at the same z and ε as independent noise; the server"
-        " steps with Adam unless the row says SGD (`examples/correlated_sgd_study.toml`). ε is the largest"
+        " `examples/participation_rate_study.toml`, `examples/correlated_study.toml`,"
+        " `examples/correlated_sgd_study.toml` and `examples/correlated_sgd_epsilon_study.toml`. Under cyclic"
+        " participation each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF,"
+        " b = 1/q bands) is central, added by the BFV key holder (simulated), at the same z and ε as independent"
+        " noise; the server steps with Adam unless the row says SGD (the two SGD studies). ε is the largest"
         " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(header, rows(args.studies))
     )
     args.out.write_text(text)

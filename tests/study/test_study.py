@@ -431,7 +431,17 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "name, runs, rounds", [("study.toml", 16, 30), ("audit_study.toml", 24, 30), ("dp_server_lr_study.toml", 24, 100)]
+    "name, runs, rounds",
+    [
+        ("study.toml", 16, 30),
+        ("audit_study.toml", 24, 30),
+        ("dp_server_lr_study.toml", 24, 100),
+        ("participation_study.toml", 18, 100),
+        ("participation_rate_study.toml", 9, 100),
+        ("correlated_study.toml", 9, 100),
+        ("correlated_sgd_study.toml", 12, 100),
+        ("correlated_sgd_epsilon_study.toml", 12, 100),
+    ],
 )
 def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     """Every setting of an example study resolves to a valid policy (planning trains nothing)."""
@@ -441,6 +451,9 @@ def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
     for run in plan.runs:
         policy = load_policy(plan.base_path, list(run.overrides))
         assert policy.digest() == run.digest and policy.federation.rounds == rounds
+    if name.startswith("correlated_sgd"):  # the noise BandMF cancels is in the model only under plain SGD
+        optimizers = {load_policy(plan.base_path, list(r.overrides)).federation.server_optimizer for r in plan.runs}
+        assert optimizers == {"sgd"}
     if name == "audit_study.toml":
         secagg = [load_policy(None, list(r.overrides)).privacy.secure_aggregation for r in plan.runs]
         assert plan.spec.audit and {s.scheme for s in secagg} == {"none", "masking", "bfv"}
