@@ -1,0 +1,152 @@
+"""The tree DPF of Boyle, Gilboa and Ishai (CCS 2016, Fig. 1) with a vector output in Z_2^64.
+
+:func:`gen` splits the point function ``f(x) = beta if x == alpha else 0`` over ``2^bits`` rows into two keys;
+``eval_full(k0) + eval_full(k1)`` is ``beta`` in row ``alpha`` and zero in every other row (mod 2^64), and each key
+alone is pseudorandom: a seed of its own and correction words that, without the other key, are uniform. A key is
+``16 + 17·bits + 8·width`` bytes. :func:`eval_full` expands a key over every row a level at a time; :func:`eval_at`
+walks the tree for one row at a time, the plain path the tests hold the fast one to.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import Reason, RejectedPayload
+from .prg import SEED_BYTES, convert, expand
+
+MAGIC = b"DPF1"
+_HEAD = struct.Struct(">4sBBI")  # magic, party, bits, width
+MAX_BITS = 40  # a trillion rows; the tree's depth
+MAX_WIDTH = 1 << 16
+
+
+@dataclass(frozen=True, eq=False)
+class DPFKey:
+    """One party's key: its root seed, a correction word (seed and two control bits) per level, and the output's."""
+
+    party: int  # 0 or 1: party 1 negates its output, so the two shares add up
+    seed: np.ndarray  # (16,) uint8
+    cw_seeds: np.ndarray  # (bits, 16) uint8
+    cw_bits: np.ndarray  # (bits, 2) uint8: the left and right control bits' corrections
+    cw_value: np.ndarray  # (width,) uint64
+
+    @property
+    def bits(self) -> int:
+        return self.cw_seeds.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.cw_value.shape[0]
+
+    def to_bytes(self) -> bytes:
+        packed = (self.cw_bits[:, 0] | (self.cw_bits[:, 1] << 1)).astype(np.uint8)
+        return b"".join(
+            [
+                _HEAD.pack(MAGIC, self.party, self.bits, self.width),
+                self.seed.tobytes(),
+                self.cw_seeds.tobytes(),
+                packed.tobytes(),
+                self.cw_value.astype("<u8").tobytes(),
+            ]
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, client_id: int | None = None) -> DPFKey:
+        """A key from its bytes; anything that is not exactly one well-formed key is :class:`RejectedPayload`."""
+        if len(data) < _HEAD.size:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF key shorter than its header", client_id)
+        magic, party, bits, width = _HEAD.unpack_from(data)
+        if magic != MAGIC or party not in (0, 1) or not 1 <= bits <= MAX_BITS or not 1 <= width <= MAX_WIDTH:
+            raise RejectedPayload(Reason.GARBAGE, "not a DPF key (magic, party, depth or width)", client_id)
+        if len(data) != _HEAD.size + SEED_BYTES * (1 + bits) + bits + 8 * width:
+            raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF key of {len(data)} bytes for its header", client_id)
+        buf = np.frombuffer(data, dtype=np.uint8, offset=_HEAD.size)
+        seed, rest = buf[:SEED_BYTES], buf[SEED_BYTES:]
+        cw_seeds, rest = rest[: bits * SEED_BYTES].reshape(bits, SEED_BYTES), rest[bits * SEED_BYTES :]
+        packed, rest = rest[:bits], rest[bits:]
+        if np.any(packed > 3):
+            raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits")
+        cw_bits = np.stack([packed & 1, packed >> 1], axis=1)
+        cw_value = rest.view("<u8").astype(np.uint64)
+        return cls(party, seed.copy(), cw_seeds.copy(), cw_bits.astype(np.uint8), cw_value)
+
+
+def _seed(random_bytes: Callable[[int], bytes]) -> np.ndarray:
+    seed = np.frombuffer(random_bytes(SEED_BYTES), dtype=np.uint8).copy()
+    seed[0] &= 0xFE  # the control bit's place: seeds carry none
+    return seed
+
+
+def gen(
+    alpha: int, beta: np.ndarray, bits: int, random_bytes: Callable[[int], bytes] = secrets.token_bytes
+) -> tuple[DPFKey, DPFKey]:
+    """Two keys of the point function ``alpha -> beta`` (a vector of uint64) over ``2^bits`` rows.
+
+    ``random_bytes`` is the source of the two root seeds, the only randomness (the OS's CSPRNG; the tests pass a
+    fixed one for known answers).
+    """
+    if not 1 <= bits <= MAX_BITS or not 0 <= alpha < 1 << bits:
+        raise ValueError(f"alpha must be a row of 2^{bits} (bits in 1..{MAX_BITS}), got {alpha}")
+    beta = np.asarray(beta, dtype=np.uint64).reshape(-1)
+    seeds = np.stack([_seed(random_bytes), _seed(random_bytes)])
+    roots, t = seeds.copy(), np.array([0, 1], dtype=np.uint8)
+    cw_seeds = np.zeros((bits, SEED_BYTES), dtype=np.uint8)
+    cw_bits = np.zeros((bits, 2), dtype=np.uint8)
+    for level in range(bits):
+        a = (alpha >> (bits - 1 - level)) & 1  # the path's next step, most significant bit first
+        left, left_t, right, right_t = expand(seeds)
+        keep, keep_t, lose = (right, right_t, left) if a else (left, left_t, right)
+        cw_seeds[level] = lose[0] ^ lose[1]
+        cw_bits[level] = [left_t[0] ^ left_t[1] ^ a ^ 1, right_t[0] ^ right_t[1] ^ a]
+        seeds = keep ^ (t[:, None] * cw_seeds[level])
+        t = keep_t ^ (t & cw_bits[level, a])
+    leaves = convert(seeds, beta.size)
+    cw_value = beta - leaves[0] + leaves[1]  # mod 2^64
+    if t[1]:
+        cw_value = np.uint64(0) - cw_value
+    return tuple(DPFKey(b, roots[b], cw_seeds, cw_bits, cw_value) for b in (0, 1))
+
+
+def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:
+    out = convert(seeds, key.width) + t.astype(np.uint64)[:, None] * key.cw_value[None, :]
+    return np.uint64(0) - out if key.party else out
+
+
+def eval_full(key: DPFKey, rows: int) -> np.ndarray:
+    """This party's share of every row ``0 .. rows-1``, an (rows, width) uint64 array, a tree level at a time (the
+    subtrees wholly past ``rows`` are never expanded)."""
+    if not 1 <= rows <= 1 << key.bits:
+        raise ValueError(f"rows must be in 1..2^{key.bits}, got {rows}")
+    seeds, t = key.seed[None, :].copy(), np.array([key.party], dtype=np.uint8)
+    for level in range(key.bits):
+        left, left_t, right, right_t = expand(seeds)
+        corrected = t.astype(bool)
+        left[corrected] ^= key.cw_seeds[level]
+        right[corrected] ^= key.cw_seeds[level]
+        left_t ^= t & key.cw_bits[level, 0]
+        right_t ^= t & key.cw_bits[level, 1]
+        needed = -(-rows // (1 << (key.bits - 1 - level)))  # the prefixes of this level that hold a row
+        seeds = np.stack([left, right], axis=1).reshape(-1, SEED_BYTES)[:needed]
+        t = np.stack([left_t, right_t], axis=1).reshape(-1)[:needed]
+    return _output(key, seeds, t)
+
+
+def eval_at(key: DPFKey, rows: Iterable[int]) -> np.ndarray:
+    """This party's share of each of ``rows``, walking the tree from the root for each: the plain path."""
+    out = []
+    for x in rows:
+        seed, t = key.seed[None, :].copy(), np.array([key.party], dtype=np.uint8)
+        for level in range(key.bits):
+            left, left_t, right, right_t = expand(seed)
+            if t[0]:
+                left, right = left ^ key.cw_seeds[level], right ^ key.cw_seeds[level]
+                left_t, right_t = left_t ^ key.cw_bits[level, 0], right_t ^ key.cw_bits[level, 1]
+            step = (x >> (key.bits - 1 - level)) & 1
+            seed, t = (right, right_t) if step else (left, left_t)
+        out.append(_output(key, seed, t)[0])
+    return np.stack(out)
