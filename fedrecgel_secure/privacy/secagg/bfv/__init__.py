@@ -28,16 +28,16 @@ any secure sum); a forged tag passes with probability about 1/t ≈ 2^-59.
 
 Roles:
 
-* :class:`~.bfv_keyholder.KeyHolder` creates the BFV key pair and keeps the
+* :class:`~.keyholder.KeyHolder` creates the BFV key pair and keeps the
   secret key; it publishes a *public* context (public key only). It releases
   at most one aggregate per round, of the dimension registered when it was
   created, carrying at least ``min_clients`` distinct, valid contribution
   proofs of that round whose tags match the decrypted sum, and it adds the
   central DP noise itself.
 * :class:`HEClient` puts its vector on the shared fixed-point grid
-  (:class:`.fixedpoint.FixedPoint`, the same integers masking sums), tags
+  (:class:`..fixedpoint.FixedPoint`, the same integers masking sums), tags
   them, encrypts them as BFV plaintexts mod the prime t, and signs SHA-256 of
-  the ciphertext bytes (the envelope of :mod:`.identity`).
+  the ciphertext bytes (the envelope of :mod:`..identity`).
 * :class:`HEGroup` is several clients of one host (a deployment's node): their
   grid vectors added up, tagged with all their pads, encrypted once and signed
   by each of them; it decrypts to exactly what their single uploads would.
@@ -64,7 +64,7 @@ Wire formats (:mod:`.wire`; body of a ``Kind.HE_UPLOAD`` envelope)::
     bound:     b"BFA2" | round u64 | dim u32 | n u32 | participants u32 | digest 32 | proof*n | (as BFA1)
 
 Binding (a deployment). A node's users sign their group's ciphertext under a
-:class:`~.bfv_wire.Binding`: the digest of the model and DP settings their node
+:class:`~.wire.Binding`: the digest of the model and DP settings their node
 was sent, and the sample their noise shares were sized for. The aggregator
 sums only partials of one binding, and the key holder verifies every proof
 under the binding the aggregate states: users sent different models (model
@@ -79,7 +79,7 @@ needs t ≡ 1 mod 2N; it rejects 60 bits). One ciphertext packs N − 1 = 8191
 grid integers and their tag; an upload is about 32 bytes per value.
 
 Range. The sum is exact while every coordinate satisfies |Σ g_i| < t/2;
-:meth:`.bfv_wire.ContextInfo.check_capacity` (run when the key holder is created,
+:meth:`.wire.ContextInfo.check_capacity` (run when the key holder is created,
 for every registered client) refuses any setting where
 ``max_clients`` clipped values plus 10σ of central noise could reach it, and
 where the BFV noise of that many summed ciphertexts could reach q/(2t).

@@ -172,7 +172,7 @@ class HEAggregator:
         and its digest must be that of this very ciphertext (``bad_signature``
         otherwise): every named client signed exactly what is added. That the
         ciphertext holds their vectors, each with weight one, is what the key
-        holder's tags check (:mod:`.bfv_tags`). A host that knows its clients'
+        holder's tags check (:mod:`.tags`). A host that knows its clients'
         tag keys could forge their part, as it could make them upload anything:
         the clients trust their host.
         """

@@ -1,7 +1,7 @@
 """Secure aggregation by pairwise masking (Bonawitz et al., CCS 2017; SecAgg+, Bell et al., CCS 2020).
 
 Each client i encodes its vector on the shared fixed-point grid
-(:mod:`.fixedpoint`: g_i = rint(x_i · 2^f) plus its DP noise share, if any,
+(:mod:`..fixedpoint`: g_i = rint(x_i · 2^f) plus its DP noise share, if any,
 clipped to ±R·2^f), reads the integers in the ring Z_{2^64}, and uploads
 
     y_i = g_i + PRG(b_i) + Σ_{j ∈ P(i), j > i} PRG(s_ij) − Σ_{j ∈ P(i), j < i} PRG(s_ij)   (mod 2^64)
@@ -23,11 +23,11 @@ graph of Bonawitz et al.; ``"secagg+"`` uses k = 2⌈log2 n⌉; ``"auto"``
 (default) is complete up to 32 clients and SecAgg+ above. An odd k is rounded
 up to even. t is the Shamir threshold (default ⌊k/2⌋ + 1).
 
-Steps of one attempt. Every message is a signed envelope (:mod:`.identity`):
+Steps of one attempt. Every message is a signed envelope (:mod:`..identity`):
 the clients' under their identity keys, the aggregator's under its
-:class:`~.identity.ServerIdentity` (a separate signature domain), which every
+:class:`~..identity.ServerIdentity` (a separate signature domain), which every
 client checks; a client that finds any check failing raises
-:class:`~.errors.ProtocolViolation`, forgets the attempt and counts as dropped.
+:class:`~..errors.ProtocolViolation`, forgets the attempt and counts as dropped.
 
 0. announce (server, signed): (round, fresh 16-byte seed).
 1. advertise: client i sends X25519 public keys c_i (to encrypt shares) and s_i

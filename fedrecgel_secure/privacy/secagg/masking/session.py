@@ -91,7 +91,7 @@ def masking_round(
     """One masking round: the aggregator's steps, each a call of the clients' step on ``host``.
 
     ``host.run(method, clients, args)`` reaches the clients wherever they are
-    (:class:`LocalClients`, :class:`.pool.ClientPool`, or a deployment's nodes)
+    (:class:`LocalClients`, :class:`..pool.ClientPool`, or a deployment's nodes)
     and yields a :class:`Reply` per client that answered; a client that does not
     answer a step is left out of the later ones, and the protocol's dropout
     recovery, or its skip (:class:`RoundSkipped`), follows. A host of several
