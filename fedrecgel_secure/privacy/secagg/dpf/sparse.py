@@ -1,0 +1,156 @@
+"""A client's touched rows as bucketed DPF keys, and a server's sum of many clients' keys: the work of a server per
+client follows the table's size, not the rows times the table.
+
+The layout is public: ``buckets`` = ⌈1.5·R⌉ for a budget of R rows, and three hash functions put every row of the
+table in each of its (up to three) candidate buckets ("simple hashing"). A client places each row it touched in one
+of its candidates by cuckoo hashing (one row a bucket) and gives each server one key per bucket: the point function
+of its row's position in the bucket's list and the row's values, or of a random position and zero for a bucket it
+left empty, so every client sends the same number of keys of the same size whatever it touched. A server expands
+every key over its bucket (:func:`forest_sum`: all of a batch's trees a level at a time, one AES call a level) and
+adds them position by position, then once per round spreads the bucket sums over the rows (:meth:`Layout.scatter`).
+Each row sits in up to three buckets, so a server expands about three times the table per client. The construction
+is the batch-DPF of Boyle, Couteau, Gilboa, Ishai, Kohl and Scholl (CCS 2019, "Efficient pseudorandom correlation
+generators: silent OT extension and more") with the cuckoo parameters of Chen, Huang, Laine and Rindal (CCS 2018).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .point import DPFKey, gen
+from .prg import SEED_BYTES, convert, expand
+
+HASHES = 3
+EXPANSION = 1.5  # buckets per row of the budget: three-way cuckoo hashing fails about 2^-40 of the time at this load
+MAX_KICKS = 500
+
+
+class CuckooFailure(ValueError):
+    """The rows could not be placed one a bucket (more than the budget, or the rare unlucky set)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The public bucketing of a ``rows`` x ``width`` table for clients that touch at most ``budget`` rows."""
+
+    rows: int
+    width: int
+    budget: int
+    seed: bytes = b"fedrecgel-dpf-layout/v1"  # public: the hash functions are everyone's
+
+    @cached_property
+    def buckets(self) -> int:
+        return math.ceil(EXPANSION * self.budget)
+
+    @cached_property
+    def candidates(self) -> np.ndarray:
+        """(rows, 3): each row's candidate buckets under the three hash functions."""
+        rng = np.random.default_rng(np.frombuffer(hashlib.sha256(self.seed).digest(), dtype=np.uint64))
+        return rng.integers(0, self.buckets, size=(self.rows, HASHES))
+
+    @cached_property
+    def members(self) -> list[np.ndarray]:
+        """The rows of each bucket, ascending: a row once in each of its distinct candidates."""
+        pairs = np.unique(np.c_[self.candidates.reshape(-1), np.repeat(np.arange(self.rows), HASHES)], axis=0)
+        starts = np.searchsorted(pairs[:, 0], np.arange(self.buckets + 1))
+        return [pairs[starts[b] : starts[b + 1], 1] for b in range(self.buckets)]
+
+    @cached_property
+    def depth(self) -> int:
+        """Every bucket's tree depth: enough for the largest bucket (sizes are public, so one depth hides nothing)."""
+        return max(1, math.ceil(math.log2(max(len(m) for m in self.members))))
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        return np.array([len(m) for m in self.members])
+
+    def scatter(self, bucket_sums: np.ndarray, table: np.ndarray | None = None, first: int = 0) -> np.ndarray:
+        """Sums by bucket position, (buckets, 2^depth, width) for buckets ``first``, ``first + 1``, ..., added into
+        the (rows, width) ``table`` (a new one of zeros by default), mod 2^64."""
+        if table is None:
+            table = np.zeros((self.rows, self.width), dtype=np.uint64)
+        for b, sums in enumerate(bucket_sums, start=first):
+            rows = self.members[b]
+            table[rows] += sums[: len(rows)]  # a bucket lists a row once
+        return table
+
+    def place(self, rows: Sequence[int], choice: Callable[[int], int] = secrets.randbelow) -> dict[int, int]:
+        """Cuckoo hashing: bucket -> row, each of ``rows`` in one of its candidates; :class:`CuckooFailure` if
+        they do not fit (more than the budget, or after ``MAX_KICKS`` evictions)."""
+        if len(rows) > self.budget:
+            raise CuckooFailure(f"{len(rows)} rows for a budget of {self.budget}")
+        held: dict[int, int] = {}
+        for row in rows:
+            row = int(row)
+            for _ in range(MAX_KICKS):
+                free = [int(b) for b in self.candidates[row] if int(b) not in held]
+                if free:
+                    held[free[0]] = row
+                    break
+                bucket = int(self.candidates[row, choice(HASHES)])
+                held[bucket], row = row, held[bucket]
+            else:
+                raise CuckooFailure(f"no placement after {MAX_KICKS} evictions")
+        return held
+
+
+def encode(
+    layout: Layout, values: Mapping[int, np.ndarray], random_bytes: Callable[[int], bytes] = secrets.token_bytes
+) -> tuple[list[DPFKey], list[DPFKey]]:
+    """A client's rows (row -> its ``width`` values in Z_2^64) as one key per bucket for each server."""
+    placed = layout.place(sorted(values))
+    zero = np.zeros(layout.width, dtype=np.uint64)
+    keys: tuple[list[DPFKey], list[DPFKey]] = ([], [])
+    for b, members in enumerate(layout.members):
+        if b in placed:
+            alpha, beta = int(np.searchsorted(members, placed[b])), np.asarray(values[placed[b]], dtype=np.uint64)
+        else:  # an empty bucket: a zero at a random place, the same size as any other key
+            alpha, beta = secrets.randbelow(1 << layout.depth), zero
+        k0, k1 = gen(alpha, beta, layout.depth, random_bytes)
+        keys[0].append(k0)
+        keys[1].append(k1)
+    return keys
+
+
+def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
+    """The sum, position by position, of ``keys`` expanded over their trees, where key ``i`` belongs to tree
+    ``i % len(sizes)`` (a batch of clients' keys, each client's in bucket order) and tree ``j`` has ``sizes[j]``
+    leaves: a (trees, 2^depth, width) array, mod 2^64, zero past each tree's size. Every tree of the batch
+    advances a level per AES call, and only the leaves inside a tree are stretched to values."""
+    depth, width, party = keys[0].bits, keys[0].width, keys[0].party
+    trees = len(sizes)
+    if any(k.bits != depth or k.width != width or k.party != party for k in keys) or len(keys) % trees:
+        raise ValueError("a forest's keys share one depth, width and party, and fill whole sets of trees")
+    n = len(keys)
+    seeds = np.stack([k.seed for k in keys])[:, None, :]  # (n, nodes, 16)
+    t = np.full((n, 1), party, dtype=np.uint8)
+    cw_seeds = np.stack([k.cw_seeds for k in keys])  # (n, depth, 16)
+    cw_bits = np.stack([k.cw_bits for k in keys])  # (n, depth, 2)
+    for level in range(depth):
+        nodes = seeds.shape[1]
+        left, left_t, right, right_t = expand(seeds.reshape(-1, SEED_BYTES))
+        left, right = left.reshape(n, nodes, SEED_BYTES), right.reshape(n, nodes, SEED_BYTES)
+        left_t, right_t = left_t.reshape(n, nodes), right_t.reshape(n, nodes)
+        correction = t[:, :, None] * cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
+        left ^= correction
+        right ^= correction
+        left_t ^= t & cw_bits[:, None, level, 0]
+        right_t ^= t & cw_bits[:, None, level, 1]
+        seeds = np.stack([left, right], axis=2).reshape(n, 2 * nodes, SEED_BYTES)
+        t = np.stack([left_t, right_t], axis=2).reshape(n, 2 * nodes)
+    inside = np.arange(1 << depth)[None, :] < np.tile(np.asarray(sizes), n // trees)[:, None]  # (n, 2^depth)
+    cw_value = np.stack([k.cw_value for k in keys])  # (n, width)
+    out = np.zeros((n, 1 << depth, width), dtype=np.uint64)
+    out[inside] = convert(seeds[inside], width) + t[inside].astype(np.uint64)[:, None] * np.repeat(
+        cw_value, inside.sum(axis=1), axis=0
+    )
+    if party:
+        out = np.uint64(0) - out
+    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=np.uint64)
