@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrecgel_secure.privacy.secagg.dpf.point import DPFKey, eval_at, eval_full, gen
+from fedrecgel_secure.privacy.secagg.dpf.point import DPFKey, eval_at, eval_full, gen, gen_many
 from fedrecgel_secure.privacy.secagg.dpf.prg import KEYS, convert, expand, hash_blocks
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 
@@ -75,6 +75,15 @@ def test_the_full_domain_evaluation_equals_the_walk_to_each_row(bits, seed):
     for key in gen(alpha, rng.integers(0, 2**63, 3, dtype=np.uint64), bits):
         rows = int(rng.integers(1, (1 << bits) + 1))
         assert np.array_equal(eval_full(key, rows), eval_at(key, range(rows)))
+
+
+def test_keys_made_together_are_the_keys_made_one_by_one():
+    # the batch builds every tree a level at a time; each tree must come out as if it had been built alone
+    alphas, betas = [3, 12, 0, 15], np.arange(8, dtype=np.uint64).reshape(4, 2) * 7
+    together = gen_many(alphas, betas, 4, counting_bytes())
+    draw = counting_bytes()
+    alone = [gen(a, b, 4, draw) for a, b in zip(alphas, betas)]
+    assert [k.to_bytes() for pair in together for k in pair] == [k.to_bytes() for pair in alone for k in pair]
 
 
 def test_known_answer():

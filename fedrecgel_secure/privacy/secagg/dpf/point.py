@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,26 +90,47 @@ def gen(
     ``random_bytes`` is the source of the two root seeds, the only randomness (the OS's CSPRNG; the tests pass a
     fixed one for known answers).
     """
-    if not 1 <= bits <= MAX_BITS or not 0 <= alpha < 1 << bits:
-        raise ValueError(f"alpha must be a row of 2^{bits} (bits in 1..{MAX_BITS}), got {alpha}")
-    beta = np.asarray(beta, dtype=np.uint64).reshape(-1)
-    seeds = np.stack([_seed(random_bytes), _seed(random_bytes)])
-    roots, t = seeds.copy(), np.array([0, 1], dtype=np.uint8)
-    cw_seeds = np.zeros((bits, SEED_BYTES), dtype=np.uint8)
-    cw_bits = np.zeros((bits, 2), dtype=np.uint8)
+    return gen_many([alpha], np.asarray(beta, dtype=np.uint64).reshape(1, -1), bits, random_bytes)[0]
+
+
+def gen_many(
+    alphas: Sequence[int], betas: np.ndarray, bits: int, random_bytes: Callable[[int], bytes] = secrets.token_bytes
+) -> list[tuple[DPFKey, DPFKey]]:
+    """The key pairs of many point functions ``alphas[i] -> betas[i]`` over ``2^bits`` rows, their trees built a
+    level at a time together (one AES call a level for all of them)."""
+    alphas = np.asarray(alphas, dtype=np.int64).reshape(-1)
+    betas = np.asarray(betas, dtype=np.uint64).reshape(alphas.size, -1)
+    if not 1 <= bits <= MAX_BITS or np.any(alphas < 0) or np.any(alphas >= 1 << bits):
+        raise ValueError(f"every alpha must be a row of 2^{bits} (bits in 1..{MAX_BITS})")
+    n = alphas.size
+    seeds = np.stack([_seed(random_bytes) for _ in range(2 * n)]).reshape(n, 2, SEED_BYTES)
+    roots, t = seeds.copy(), np.tile(np.array([0, 1], dtype=np.uint8), (n, 1))
+    cw_seeds = np.zeros((n, bits, SEED_BYTES), dtype=np.uint8)
+    cw_bits = np.zeros((n, bits, 2), dtype=np.uint8)
     for level in range(bits):
-        a = (alpha >> (bits - 1 - level)) & 1  # the path's next step, most significant bit first
-        left, left_t, right, right_t = expand(seeds)
-        keep, keep_t, lose = (right, right_t, left) if a else (left, left_t, right)
-        cw_seeds[level] = lose[0] ^ lose[1]
-        cw_bits[level] = [left_t[0] ^ left_t[1] ^ a ^ 1, right_t[0] ^ right_t[1] ^ a]
-        seeds = keep ^ (t[:, None] * cw_seeds[level])
-        t = keep_t ^ (t & cw_bits[level, a])
-    leaves = convert(seeds, beta.size)
-    cw_value = beta - leaves[0] + leaves[1]  # mod 2^64
-    if t[1]:
-        cw_value = np.uint64(0) - cw_value
-    return tuple(DPFKey(b, roots[b], cw_seeds, cw_bits, cw_value) for b in (0, 1))
+        a = ((alphas >> (bits - 1 - level)) & 1).astype(np.uint8)  # each path's next step, most significant first
+        left, left_t, right, right_t = expand(seeds.reshape(-1, SEED_BYTES))
+        left, right = left.reshape(n, 2, SEED_BYTES), right.reshape(n, 2, SEED_BYTES)
+        left_t, right_t = left_t.reshape(n, 2), right_t.reshape(n, 2)
+        go_right = a.astype(bool)[:, None, None]
+        keep, lose = np.where(go_right, right, left), np.where(go_right, left, right)
+        keep_t = np.where(go_right[:, :, 0], right_t, left_t)
+        cw_seeds[:, level] = lose[:, 0] ^ lose[:, 1]
+        cw_bits[:, level, 0] = left_t[:, 0] ^ left_t[:, 1] ^ a ^ 1
+        cw_bits[:, level, 1] = right_t[:, 0] ^ right_t[:, 1] ^ a
+        keep_cw = np.where(a.astype(bool), cw_bits[:, level, 1], cw_bits[:, level, 0])
+        seeds = keep ^ (t[:, :, None] * cw_seeds[:, None, level])
+        t = keep_t ^ (t & keep_cw[:, None])
+    leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1]).reshape(n, 2, -1)
+    cw_value = betas - leaves[:, 0] + leaves[:, 1]  # mod 2^64
+    cw_value = np.where(t[:, 1:2].astype(bool), np.uint64(0) - cw_value, cw_value)
+    return [
+        (
+            DPFKey(0, roots[i, 0], cw_seeds[i], cw_bits[i], cw_value[i]),
+            DPFKey(1, roots[i, 1], cw_seeds[i], cw_bits[i], cw_value[i]),
+        )
+        for i in range(n)
+    ]
 
 
 def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:

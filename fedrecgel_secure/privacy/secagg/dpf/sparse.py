@@ -24,7 +24,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .point import DPFKey, gen
+from .point import DPFKey, gen_many
 from .prg import SEED_BYTES, convert, expand
 
 HASHES = 3
@@ -106,17 +106,15 @@ def encode(
 ) -> tuple[list[DPFKey], list[DPFKey]]:
     """A client's rows (row -> its ``width`` values in Z_2^64) as one key per bucket for each server."""
     placed = layout.place(sorted(values))
-    zero = np.zeros(layout.width, dtype=np.uint64)
-    keys: tuple[list[DPFKey], list[DPFKey]] = ([], [])
+    alphas = np.zeros(layout.buckets, dtype=np.int64)
+    betas = np.zeros((layout.buckets, layout.width), dtype=np.uint64)  # an empty bucket's: zero
     for b, members in enumerate(layout.members):
         if b in placed:
-            alpha, beta = int(np.searchsorted(members, placed[b])), np.asarray(values[placed[b]], dtype=np.uint64)
+            alphas[b], betas[b] = np.searchsorted(members, placed[b]), values[placed[b]]
         else:  # an empty bucket: a zero at a random place, the same size as any other key
-            alpha, beta = secrets.randbelow(1 << layout.depth), zero
-        k0, k1 = gen(alpha, beta, layout.depth, random_bytes)
-        keys[0].append(k0)
-        keys[1].append(k1)
-    return keys
+            alphas[b] = secrets.randbelow(1 << layout.depth)
+    pairs = gen_many(alphas, betas, layout.depth, random_bytes)
+    return [k0 for k0, _ in pairs], [k1 for _, k1 in pairs]
 
 
 def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
