@@ -43,28 +43,34 @@ def server_seconds(layout: Layout, keys) -> float:
     return time.perf_counter() - start
 
 
-def row(name: str, rows: int, budget: int) -> list[str]:
-    layout = Layout(rows=rows, width=WIDTH, budget=budget)
+def measure(rows: int, budget: int, group: type) -> tuple[Layout, int, float, list[float]]:
+    """(layout, upload bytes, client seconds, each server's seconds) for one client whose values are in ``group``."""
+    layout = Layout(rows=rows, width=WIDTH, budget=budget, group=group)
     _ = layout.depth  # the public layout (its buckets and their sizes) is built once per session, not per client
     rng = np.random.default_rng(0)
     touched = rng.choice(rows, budget, replace=False)
-    values = {int(r): rng.integers(0, 2**63, WIDTH, dtype=np.uint64) for r in touched}
+    values = {int(r): rng.integers(0, np.iinfo(group).max, WIDTH, dtype=group) for r in touched}
     start = time.perf_counter()
     keys = encode(layout, values)
     client = time.perf_counter() - start
     upload = sum(len(k.to_bytes()) for side in keys for k in side)
-    servers = [server_seconds(layout, side) for side in keys]
+    return layout, upload, client, [server_seconds(layout, side) for side in keys]
+
+
+def row(name: str, rows: int, budget: int) -> list[str]:
+    layout, upload, client, servers = measure(rows, budget, np.uint64)
+    _, upload32, client32, servers32 = measure(rows, budget, np.uint32)
     dense = rows * WIDTH
     return [
         name,
         f"{rows:,}",
         str(budget),
         f"{layout.buckets} × depth {layout.depth}",
-        f"{upload / 1e6:.2f} MB",
+        f"{upload / 1e6:.2f} / {upload32 / 1e6:.2f} MB",
         f"{dense * MASKING_BYTES / 1e6:,.1f} MB",
         f"{dense * BFV_BYTES / 1e6:,.1f} MB",
-        f"{client:.2f}",
-        " / ".join(f"{s:.2f}" for s in servers),
+        f"{client:.2f} / {client32:.2f}",
+        " / ".join(f"{s:.2f}" for s in servers) + " ; " + " / ".join(f"{s:.2f}" for s in servers32),
     ]
 
 
@@ -77,16 +83,18 @@ def main() -> None:
         "rows",
         "R",
         "keys a server",
-        "DPF upload (both servers)",
+        "DPF upload (both servers), 64 / 32-bit values",
         "masking upload",
         "BFV upload",
-        "client s",
-        "server s (each)",
+        "client s, 64 / 32-bit",
+        "server s (each), 64-bit ; 32-bit",
     ]
     text = (
         f"Per client and round, the item table only ({WIDTH} values a row), one client, numpy and cryptography's"
         " AES on the CPU (`python benchmarks/dpf_cost.py`). Masking and BFV upload the whole table; the DPF keys"
-        " grow with R and only logarithmically with the rows.\n\n" + table(header, [row(*shape) for shape in SHAPES])
+        " grow with R and only logarithmically with the rows. Values in Z_2^64 (the masking grid's ring) or in"
+        " Z_2^32 (half the bytes, where the clip norm and the number of clients let a sum fit).\n\n"
+        + table(header, [row(*shape) for shape in SHAPES])
     )
     print(text)
     if args.out is not None:

@@ -55,14 +55,17 @@ def test_a_child_seed_carries_no_control_bit_and_conversion_is_the_value_hash_by
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_the_two_shares_add_up_to_the_point_function_and_to_nothing_elsewhere(data):
+    group = data.draw(st.sampled_from([np.uint64, np.uint32]))
     bits = data.draw(st.integers(1, 9))
     rows = data.draw(st.integers(1, 1 << bits))
     alpha = data.draw(st.integers(0, rows - 1))
     width = data.draw(st.integers(1, 9))
-    beta = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=width, max_size=width)), dtype=np.uint64)
+    top = 2 ** (8 * np.dtype(group).itemsize) - 1
+    beta = np.array(data.draw(st.lists(st.integers(0, top), min_size=width, max_size=width)), dtype=group)
     k0, k1 = gen(alpha, beta, bits)
-    total = eval_full(k0, rows) + eval_full(k1, rows)  # mod 2^64
-    want = np.zeros((rows, width), dtype=np.uint64)
+    total = eval_full(k0, rows) + eval_full(k1, rows)  # in the group
+    assert total.dtype == group
+    want = np.zeros((rows, width), dtype=group)
     want[alpha] = beta
     assert np.array_equal(total, want)
 
@@ -93,24 +96,28 @@ def test_known_answer():
     assert eval_full(k0, 16)[5].tolist() == KNOWN_SHARE
 
 
-def test_a_key_reads_back_from_its_bytes_and_is_the_size_it_says():
-    k0, _ = gen(1000, np.arange(32, dtype=np.uint64), 12)
+@pytest.mark.parametrize("group", [np.uint64, np.uint32])
+def test_a_key_reads_back_from_its_bytes_and_is_the_size_it_says(group):
+    k0, _ = gen(1000, np.arange(32, dtype=group), 12)
     data = k0.to_bytes()
-    assert len(data) == 10 + 16 + 17 * 12 + 8 * 32
+    assert len(data) == 11 + 16 + 17 * 12 + np.dtype(group).itemsize * 32
     again = DPFKey.from_bytes(data)
-    assert again.to_bytes() == data and np.array_equal(eval_full(again, 2059), eval_full(k0, 2059))
+    assert again.to_bytes() == data and again.cw_value.dtype == group
+    assert np.array_equal(eval_full(again, 2059), eval_full(k0, 2059))
 
 
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda d: d[:9], Reason.TRUNCATED),
+        (lambda d: d[:10], Reason.TRUNCATED),
         (lambda d: b"XXXX" + d[4:], Reason.GARBAGE),
         (lambda d: d[:4] + b"\x02" + d[5:], Reason.GARBAGE),  # party 2
         (lambda d: d[:5] + b"\x00" + d[6:], Reason.GARBAGE),  # depth 0
+        (lambda d: d[:6] + b"\x03" + d[7:], Reason.GARBAGE),  # 3-byte values: no such group
+        (lambda d: d[:6] + b"\x04" + d[7:], Reason.WRONG_SHAPE),  # 4-byte values, the length of 8-byte ones
         (lambda d: d + b"\x00", Reason.WRONG_SHAPE),
         (lambda d: d[:-1], Reason.WRONG_SHAPE),
-        (lambda d: d[: 10 + 16 + 16 * 4] + b"\x04" + d[10 + 16 + 16 * 4 + 1 :], Reason.GARBAGE),  # a third bit set
+        (lambda d: d[: 11 + 16 + 16 * 4] + b"\x04" + d[11 + 16 + 16 * 4 + 1 :], Reason.GARBAGE),  # a third bit set
     ],
 )
 def test_a_malformed_key_is_refused_with_its_reason(mutate, reason):
@@ -138,5 +145,5 @@ def test_one_key_alone_does_not_tell_its_holder_the_row():
     assert abs(accuracy - 0.5) < 0.05, accuracy  # the attack's best, on held-out keys: a coin
 
 
-KNOWN_KEYS = "e084e981b28c595e965504eaac3f6e7c"
+KNOWN_KEYS = "c89fcc2f4af56bc886a142fcc91d55f3"
 KNOWN_SHARE = [12383052976595748331, 12369199258529102912, 11446089433054350463]

@@ -1,10 +1,11 @@
-"""The tree DPF of Boyle, Gilboa and Ishai (CCS 2016, Fig. 1) with a vector output in Z_2^64.
+"""The tree DPF of Boyle, Gilboa and Ishai (CCS 2016, Fig. 1) with a vector output in Z_2^64 or Z_2^32.
 
 :func:`gen` splits the point function ``f(x) = beta if x == alpha else 0`` over ``2^bits`` rows into two keys;
-``eval_full(k0) + eval_full(k1)`` is ``beta`` in row ``alpha`` and zero in every other row (mod 2^64), and each key
-alone is pseudorandom: a seed of its own and correction words that, without the other key, are uniform. A key is
-``16 + 17·bits + 8·width`` bytes. :func:`eval_full` expands a key over every row a level at a time; :func:`eval_at`
-walks the tree for one row at a time, the plain path the tests hold the fast one to.
+``eval_full(k0) + eval_full(k1)`` is ``beta`` in row ``alpha`` and zero in every other row (in the group), and
+each key alone is pseudorandom: a seed of its own and correction words that, without the other key, are uniform.
+A key is ``11 + 16 + 17·bits + 8·width`` bytes (``4·width`` in Z_2^32). :func:`eval_full` expands a key over
+every row a level at a time; :func:`eval_at` walks the tree for one row at a time, the plain path the tests hold
+the fast one to.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ..errors import Reason, RejectedPayload
 from .prg import SEED_BYTES, convert, expand
 
 MAGIC = b"DPF1"
-_HEAD = struct.Struct(">4sBBI")  # magic, party, bits, width
+_HEAD = struct.Struct(">4sBBBI")  # magic, party, bits, bytes a value (4 or 8: the group), width
+GROUPS = {4: np.uint32, 8: np.uint64}
 MAX_BITS = 40  # a trillion rows; the tree's depth
 MAX_WIDTH = 1 << 16
 
@@ -33,7 +35,7 @@ class DPFKey:
     seed: np.ndarray  # (16,) uint8
     cw_seeds: np.ndarray  # (bits, 16) uint8
     cw_bits: np.ndarray  # (bits, 2) uint8: the left and right control bits' corrections
-    cw_value: np.ndarray  # (width,) uint64
+    cw_value: np.ndarray  # (width,) of the group: uint64 (Z_2^64) or uint32 (Z_2^32)
 
     @property
     def bits(self) -> int:
@@ -47,11 +49,11 @@ class DPFKey:
         packed = (self.cw_bits[:, 0] | (self.cw_bits[:, 1] << 1)).astype(np.uint8)
         return b"".join(
             [
-                _HEAD.pack(MAGIC, self.party, self.bits, self.width),
+                _HEAD.pack(MAGIC, self.party, self.bits, self.cw_value.itemsize, self.width),
                 self.seed.tobytes(),
                 self.cw_seeds.tobytes(),
                 packed.tobytes(),
-                self.cw_value.astype("<u8").tobytes(),
+                self.cw_value.astype(f"<u{self.cw_value.itemsize}").tobytes(),
             ]
         )
 
@@ -60,10 +62,12 @@ class DPFKey:
         """A key from its bytes; anything that is not exactly one well-formed key is :class:`RejectedPayload`."""
         if len(data) < _HEAD.size:
             raise RejectedPayload(Reason.TRUNCATED, "a DPF key shorter than its header", client_id)
-        magic, party, bits, width = _HEAD.unpack_from(data)
+        magic, party, bits, size, width = _HEAD.unpack_from(data)
         if magic != MAGIC or party not in (0, 1) or not 1 <= bits <= MAX_BITS or not 1 <= width <= MAX_WIDTH:
             raise RejectedPayload(Reason.GARBAGE, "not a DPF key (magic, party, depth or width)", client_id)
-        if len(data) != _HEAD.size + SEED_BYTES * (1 + bits) + bits + 8 * width:
+        if size not in GROUPS:
+            raise RejectedPayload(Reason.GARBAGE, f"a DPF key's values of {size} bytes (4 or 8)", client_id)
+        if len(data) != _HEAD.size + SEED_BYTES * (1 + bits) + bits + size * width:
             raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF key of {len(data)} bytes for its header", client_id)
         buf = np.frombuffer(data, dtype=np.uint8, offset=_HEAD.size)
         seed, rest = buf[:SEED_BYTES], buf[SEED_BYTES:]
@@ -72,7 +76,7 @@ class DPFKey:
         if np.any(packed > 3):
             raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits")
         cw_bits = np.stack([packed & 1, packed >> 1], axis=1)
-        cw_value = rest.view("<u8").astype(np.uint64)
+        cw_value = rest.view(f"<u{size}").astype(GROUPS[size])
         return cls(party, seed.copy(), cw_seeds.copy(), cw_bits.astype(np.uint8), cw_value)
 
 
@@ -85,12 +89,13 @@ def _seed(random_bytes: Callable[[int], bytes]) -> np.ndarray:
 def gen(
     alpha: int, beta: np.ndarray, bits: int, random_bytes: Callable[[int], bytes] = secrets.token_bytes
 ) -> tuple[DPFKey, DPFKey]:
-    """Two keys of the point function ``alpha -> beta`` (a vector of uint64) over ``2^bits`` rows.
+    """Two keys of the point function ``alpha -> beta`` over ``2^bits`` rows; ``beta``'s type is the group (a
+    vector of uint64 for Z_2^64, of uint32 for Z_2^32).
 
     ``random_bytes`` is the source of the two root seeds, the only randomness (the OS's CSPRNG; the tests pass a
     fixed one for known answers).
     """
-    return gen_many([alpha], np.asarray(beta, dtype=np.uint64).reshape(1, -1), bits, random_bytes)[0]
+    return gen_many([alpha], np.asarray(beta).reshape(1, -1), bits, random_bytes)[0]
 
 
 def gen_many(
@@ -99,7 +104,10 @@ def gen_many(
     """The key pairs of many point functions ``alphas[i] -> betas[i]`` over ``2^bits`` rows, their trees built a
     level at a time together (one AES call a level for all of them)."""
     alphas = np.asarray(alphas, dtype=np.int64).reshape(-1)
-    betas = np.asarray(betas, dtype=np.uint64).reshape(alphas.size, -1)
+    betas = np.asarray(betas).reshape(alphas.size, -1)
+    if betas.dtype not in (np.uint32, np.uint64):
+        raise ValueError(f"betas must be uint32 (Z_2^32) or uint64 (Z_2^64), got {betas.dtype}")
+    group = betas.dtype.type
     if not 1 <= bits <= MAX_BITS or np.any(alphas < 0) or np.any(alphas >= 1 << bits):
         raise ValueError(f"every alpha must be a row of 2^{bits} (bits in 1..{MAX_BITS})")
     n = alphas.size
@@ -121,9 +129,9 @@ def gen_many(
         keep_cw = np.where(a.astype(bool), cw_bits[:, level, 1], cw_bits[:, level, 0])
         seeds = keep ^ (t[:, :, None] * cw_seeds[:, None, level])
         t = keep_t ^ (t & keep_cw[:, None])
-    leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1]).reshape(n, 2, -1)
-    cw_value = betas - leaves[:, 0] + leaves[:, 1]  # mod 2^64
-    cw_value = np.where(t[:, 1:2].astype(bool), np.uint64(0) - cw_value, cw_value)
+    leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1], group).reshape(n, 2, -1)
+    cw_value = betas - leaves[:, 0] + leaves[:, 1]  # in the group: unsigned arithmetic wraps
+    cw_value = np.where(t[:, 1:2].astype(bool), group(0) - cw_value, cw_value)
     return [
         (
             DPFKey(0, roots[i, 0], cw_seeds[i], cw_bits[i], cw_value[i]),
@@ -134,13 +142,14 @@ def gen_many(
 
 
 def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:
-    out = convert(seeds, key.width) + t.astype(np.uint64)[:, None] * key.cw_value[None, :]
-    return np.uint64(0) - out if key.party else out
+    group = key.cw_value.dtype.type
+    out = convert(seeds, key.width, group) + t.astype(group)[:, None] * key.cw_value[None, :]
+    return group(0) - out if key.party else out
 
 
 def eval_full(key: DPFKey, rows: int) -> np.ndarray:
-    """This party's share of every row ``0 .. rows-1``, an (rows, width) uint64 array, a tree level at a time (the
-    subtrees wholly past ``rows`` are never expanded)."""
+    """This party's share of every row ``0 .. rows-1``, an (rows, width) array of the key's group, a tree level at
+    a time (the subtrees wholly past ``rows`` are never expanded)."""
     if not 1 <= rows <= 1 << key.bits:
         raise ValueError(f"rows must be in 1..2^{key.bits}, got {rows}")
     seeds, t = key.seed[None, :].copy(), np.array([key.party], dtype=np.uint8)

@@ -42,13 +42,15 @@ def expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return left, left_bits, right, right_bits
 
 
-def convert(seeds: np.ndarray, width: int) -> np.ndarray:
-    """Each leaf seed stretched to ``width`` pseudorandom elements of Z_2^64: ``H_value(seed ⊕ i)`` for counters
-    i = 0, 1, ... (in the last two bytes), little-endian, as an (n, width) uint64 array."""
-    blocks = -(-width * 8 // SEED_BYTES)
+def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarray:
+    """Each leaf seed stretched to ``width`` pseudorandom elements of the ``group`` (np.uint64: Z_2^64, np.uint32:
+    Z_2^32): ``H_value(seed ⊕ i)`` for counters i = 0, 1, ... (in the last two bytes), little-endian, as an
+    (n, width) array of that type."""
+    size = np.dtype(group).itemsize
+    blocks = -(-width * size // SEED_BYTES)
     counters = np.zeros((blocks, SEED_BYTES), dtype=np.uint8)
     counters[:, 14] = np.arange(blocks) >> 8
     counters[:, 15] = np.arange(blocks) & 0xFF
     x = (seeds[:, None, :] ^ counters[None, :, :]).reshape(-1, SEED_BYTES)
     out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES)
-    return out.view("<u8")[:, :width].astype(np.uint64)
+    return out.view(f"<u{size}")[:, :width].astype(group)

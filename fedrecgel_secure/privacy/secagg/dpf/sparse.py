@@ -44,6 +44,7 @@ class Layout:
     width: int
     budget: int
     seed: bytes = b"fedrecgel-dpf-layout/v1"  # public: the hash functions are everyone's
+    group: type = np.uint64  # the values' group: np.uint64 (Z_2^64) or np.uint32 (Z_2^32, half the bytes)
 
     @cached_property
     def buckets(self) -> int:
@@ -73,9 +74,9 @@ class Layout:
 
     def scatter(self, bucket_sums: np.ndarray, table: np.ndarray | None = None, first: int = 0) -> np.ndarray:
         """Sums by bucket position, (buckets, 2^depth, width) for buckets ``first``, ``first + 1``, ..., added into
-        the (rows, width) ``table`` (a new one of zeros by default), mod 2^64."""
+        the (rows, width) ``table`` (a new one of zeros by default), in the layout's group."""
         if table is None:
-            table = np.zeros((self.rows, self.width), dtype=np.uint64)
+            table = np.zeros((self.rows, self.width), dtype=self.group)
         for b, sums in enumerate(bucket_sums, start=first):
             rows = self.members[b]
             table[rows] += sums[: len(rows)]  # a bucket lists a row once
@@ -104,10 +105,10 @@ class Layout:
 def encode(
     layout: Layout, values: Mapping[int, np.ndarray], random_bytes: Callable[[int], bytes] = secrets.token_bytes
 ) -> tuple[list[DPFKey], list[DPFKey]]:
-    """A client's rows (row -> its ``width`` values in Z_2^64) as one key per bucket for each server."""
+    """A client's rows (row -> its ``width`` values in the layout's group) as one key per bucket for each server."""
     placed = layout.place(sorted(values))
     alphas = np.zeros(layout.buckets, dtype=np.int64)
-    betas = np.zeros((layout.buckets, layout.width), dtype=np.uint64)  # an empty bucket's: zero
+    betas = np.zeros((layout.buckets, layout.width), dtype=layout.group)  # an empty bucket's: zero
     for b, members in enumerate(layout.members):
         if b in placed:
             alphas[b], betas[b] = np.searchsorted(members, placed[b]), values[placed[b]]
@@ -145,10 +146,11 @@ def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
         t = np.stack([left_t, right_t], axis=2).reshape(n, 2 * nodes)
     inside = np.arange(1 << depth)[None, :] < np.tile(np.asarray(sizes), n // trees)[:, None]  # (n, 2^depth)
     cw_value = np.stack([k.cw_value for k in keys])  # (n, width)
-    out = np.zeros((n, 1 << depth, width), dtype=np.uint64)
-    out[inside] = convert(seeds[inside], width) + t[inside].astype(np.uint64)[:, None] * np.repeat(
+    group = cw_value.dtype.type
+    out = np.zeros((n, 1 << depth, width), dtype=group)
+    out[inside] = convert(seeds[inside], width, group) + t[inside].astype(group)[:, None] * np.repeat(
         cw_value, inside.sum(axis=1), axis=0
     )
     if party:
-        out = np.uint64(0) - out
-    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=np.uint64)
+        out = group(0) - out
+    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=group)
