@@ -22,6 +22,8 @@ from fedrecgel_secure.federation.uploads import Uploads
 from fedrecgel_secure.privacy.dp import mechanism
 from fedrecgel_secure.privacy.dp.matrix import noise_row
 from fedrecgel_secure.privacy.dp.randomness import GUARANTEE, DPRandomness
+from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.runs.directory import PrivacySpent
 
 
@@ -72,14 +74,13 @@ class DPFedAvg:
 
     def __init__(self, mechanism: DPMechanism, summer: Summer | None = None):
         self.mechanism = mechanism  # the run's one: its attempt counter is the rounds'
-        self.dp, self.grid, self.summer = mechanism.dp, mechanism.grid, summer
-        resolved = mechanism.dp
+        self.summer = summer
         from fedrecgel_secure.privacy.dp.observers import PrivacyLedger
 
-        self.ledger = PrivacyLedger(resolved)
+        self.ledger = PrivacyLedger(self.dp)
         self.accountant = self.ledger.release
-        self.adaptive = resolved.make_adaptive_clipping()
-        self.clip_norm = resolved.clip_norm
+        self.adaptive = self.dp.make_adaptive_clipping()
+        self.clip_norm = self.dp.clip_norm
         self._spent: _Spent | None = None
         self.last_released = -1  # rounds only move forward: one release each
         self._slots: np.ndarray | None = None  # cyclic participation: each client's slot, drawn once (sample)
@@ -92,6 +93,16 @@ class DPFedAvg:
     def extra(self) -> int:
         """Coordinates appended to every upload: the clipped bit under adaptive clipping, then the reports."""
         return self.mechanism.extra
+
+    @property
+    def dp(self) -> ResolvedDP:
+        """The run's DP settings, resolved (the mechanism's)."""
+        return self.mechanism.dp
+
+    @property
+    def grid(self) -> FixedPoint:
+        """The fixed-point grid the uploads are clipped and summed on (the mechanism's)."""
+        return self.mechanism.grid
 
     @property
     def randomness(self) -> DPRandomness:

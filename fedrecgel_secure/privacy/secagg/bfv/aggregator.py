@@ -44,8 +44,6 @@ from .wire import (
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
-HE_UPLOAD = Kind.HE_UPLOAD
-
 
 class EncryptedAggregate:
     """Sum of a round's ciphertexts, with the proofs of who contributed."""
@@ -132,7 +130,7 @@ class HEAggregator:
             check_header(
                 env,
                 directory=self.directory,
-                kind=HE_UPLOAD,
+                kind=Kind.HE_UPLOAD,
                 round_idx=self._round,
                 completed_round=self.last_completed_round,
             )
@@ -199,7 +197,7 @@ class HEAggregator:
         digest = signed.digest()
         context = signing_context(self.session_tag, binding)
         for p in proofs:
-            self.directory.verify(context, HE_UPLOAD, round_idx, p.client_id, p.digest, p.signature)
+            self.directory.verify(context, Kind.HE_UPLOAD, round_idx, p.client_id, p.digest, p.signature)
             if p.digest != digest:
                 raise RejectedPayload(Reason.BAD_SIGNATURE, "signed another ciphertext than the group's", p.client_id)
         vectors = load_vectors(

@@ -36,8 +36,6 @@ from .wire import (
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
-HE_UPLOAD = Kind.HE_UPLOAD
-
 
 class HEClient:
     """Encodes one client's vector on the grid, tags it, encrypts it with the public context and signs it.
@@ -85,7 +83,7 @@ class HEClient:
         """Signed envelope of ``x`` (plus its DP ``noise`` share) on the grid, tagged and encrypted."""
         check_round(round_idx)
         body = self.encrypt(round_idx, self.rows(x, noise), [self._pad_key])
-        return self.identity.seal(HE_UPLOAD, round_idx, body, self.session_tag)
+        return self.identity.seal(Kind.HE_UPLOAD, round_idx, body, self.session_tag)
 
     def rows(self, x: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
         """``x`` (plus its ``noise`` share) on the grid, one zero-padded row per ciphertext; sets ``last_clipped``."""
@@ -150,7 +148,7 @@ class HEGroup:
             ContributionProof(
                 c.identity.client_id,
                 digest,
-                c.identity.sign(HE_UPLOAD, round_idx, digest, signing_context(c.session_tag, binding)),
+                c.identity.sign(Kind.HE_UPLOAD, round_idx, digest, signing_context(c.session_tag, binding)),
             )
             for c in signed
         ]

@@ -45,11 +45,10 @@ from fedrecgel_secure.errors import BadInputError
 
 from ..errors import Reason, RejectedPayload
 from ..fixedpoint import FixedPoint
-from ..identity import IdentityDirectory, check_session_tag
+from ..identity import IdentityDirectory, Kind, check_session_tag
 from ..keys import read_private_file, write_private_file, write_public_file
 from ..vectors import check_dim, check_vector
 from . import tags
-from .client import HE_UPLOAD
 from .params import BFVParams
 from .wire import (
     _params_of,
@@ -193,7 +192,7 @@ class KeyHolder:
         for proof in proofs:
             if proof.client_id in seen:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, "client listed twice in the aggregate", proof.client_id)
-            self.directory.verify(context, HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature)
+            self.directory.verify(context, Kind.HE_UPLOAD, round_idx, proof.client_id, proof.digest, proof.signature)
             seen.add(proof.client_id)
         chunks = read_chunks(data, offset, count, max_chunk_bytes(self.params), None)
         vectors = load_vectors(self._ctx, self.params, chunks, None)
