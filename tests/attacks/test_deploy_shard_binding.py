@@ -22,10 +22,12 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from fedrecgel_secure.deploy.node.engine import parse_node_config
+
 from helpers.deploy import BFV, MASKING, summed_per_node, write_deploy_policy
 from helpers.deploy import run_records as _records
 from helpers.deploy import simulate as _simulate
-from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid, _parse, server_killed_before_checkpoint
+from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid, server_killed_before_checkpoint
 
 ATTACKER = 999  # the attacker's Flower node id
 SHARD_1 = list(range(8, 16))  # 24 users, 3 contiguous shards
@@ -54,7 +56,7 @@ class Federation(InProcessGrid):
         super().__init__(policy_file, [out / "nodes" / str(s) for s in range(3)], None, kh)
         if attacker is not None:  # shard=1 or role="keyholder", its own state directory, listed first
             data = None if attacker == "keyholder" else self.shards / shard_name(int(attacker))
-            attacker_config = _parse(node_config(policy_file, attacker, out / "attacker", data))
+            attacker_config = parse_node_config(node_config(policy_file, attacker, out / "attacker", data))
             self.configs = {ATTACKER: attacker_config, **self.configs}
         self.late = {self.node_id(k): polls for k, polls in (late or {}).items()}
         self.names = names or {}

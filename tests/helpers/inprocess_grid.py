@@ -30,6 +30,7 @@ from flwr.common.serde import message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedrecgel_secure.deploy.node.clientapp import reply_of
+from fedrecgel_secure.deploy.node.engine import parse_node_config
 
 FIRST_NODE_ID = 1000
 
@@ -78,13 +79,13 @@ class InProcessGrid:
         self.shards = shards
         self.catalogue = write_shards(load_policy(policy_file), shards)
         self.configs = {
-            FIRST_NODE_ID + shard: _parse(node_config(policy_file, shard, d, shards / shard_name(shard)))
+            FIRST_NODE_ID + shard: parse_node_config(node_config(policy_file, shard, d, shards / shard_name(shard)))
             for shard, d in enumerate(state_dirs)
         }
         self.in_node = False
         if key_holder_dir is not None:  # BFV: the key holder is a node of its own
             holder = node_config(policy_file, KEY_HOLDER, key_holder_dir, shards / MANIFEST)
-            self.configs[FIRST_NODE_ID + len(state_dirs)] = _parse(holder)
+            self.configs[FIRST_NODE_ID + len(state_dirs)] = parse_node_config(holder)
         self._engine_of = Engine
         self.engines: dict = {}  # node -> its Engine, made at its first message (subclasses add nodes)
         self.down = {FIRST_NODE_ID + shard: prefixes for shard, prefixes in (down or {}).items()}
@@ -120,12 +121,3 @@ class InProcessGrid:
 
     def pull_messages(self, message_ids) -> list[Message]:
         return [self.replies.pop(m) for m in message_ids if m in self.replies]
-
-
-def _parse(config: str) -> dict:
-    """``k=v k="v"`` (the --node-config string) as a dict."""
-    out = {}
-    for part in config.split(" "):
-        key, value = part.split("=", 1)
-        out[key] = int(value) if value.isdigit() else value.strip('"')
-    return out
