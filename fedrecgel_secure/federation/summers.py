@@ -12,6 +12,7 @@ exact sum computed without cryptography.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -96,25 +97,35 @@ def encode_contribution(grid: FixedPoint, contributions: Contributions, pos: int
 
 
 def grid_sum(
-    grid: FixedPoint, contributions: Contributions, positions, central_noise: torch.Tensor | None, part: slice
+    grid: FixedPoint,
+    contributions: Contributions,
+    positions,
+    central_noise: torch.Tensor | None,
+    part: slice,
+    restrict: Callable[[np.ndarray], tuple[np.ndarray, int]] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The exact fixed-point sum of ``part`` of each contribution (plus its noise share) and of ``central_noise``.
 
     This is what any exact secure-aggregation scheme releases, computed without
     cryptography: each client's integers ``encode(vector + share)``, summed, plus
     the central noise on the grid. Returns the decoded sum and how many values
-    the grid's range clipped.
+    the grid's range clipped. ``restrict`` is what a sparse scheme does to each
+    client's integers before they leave it (:meth:`DPFParams.restrict`: the
+    rows past its budget zeroed).
     """
     total, clipped = None, 0
     start, stop, step = part.indices(contributions.dim)
     fast = None
-    if contributions.noise is None and contributions.grid_total is not None and start == 0 and step == 1:
+    plain = restrict is None and contributions.noise is None  # each client's integers are its vector's, as encoded
+    if plain and contributions.grid_total is not None and start == 0 and step == 1:
         fast = contributions.grid_total(grid, np.asarray(positions, dtype=np.int64), stop)
     if fast is not None:
         total, clipped = fast
         positions = ()
     for pos in positions:
         ints, over = encode_contribution(grid, contributions, int(pos), part)
+        if restrict is not None:
+            ints = restrict(ints)[0]
         total = ints if total is None else total + ints
         clipped += over
     if central_noise is not None:
@@ -196,10 +207,19 @@ class SecureSum:
     same bits (``tests/secagg/test_secagg_arithmetic.py``).
     """
 
-    def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int):
+    def __init__(
+        self, settings, n_clients: int, dim: int, covered: int, seed: int, table: tuple[int, int] | None = None
+    ):
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         self.grid = encoding(settings)
-        self.params = scheme_of(settings).params(settings)
+        scheme = scheme_of(settings)
+        self.params = scheme.params(settings)
+        self.restrict = None
+        if scheme.sparse:  # the item table (rows, width) leads every vector
+            rows, width = table if table is not None else (covered, 1)
+            self.params = dataclasses.replace(self.params, rows=rows, width=width)
+            self.params.check(covered, self.grid, n_clients)
+            self.restrict = self.params.restrict
         self.arithmetic = settings.simulation == "arithmetic"
         self.session = None
         if not self.arithmetic:
@@ -308,7 +328,9 @@ class SecureSum:
         )
         position = {int(cid): pos for pos, cid in enumerate(clients)}
         part = slice(0, self.covered)
-        total, clipped = grid_sum(self.grid, contributions, [position[c] for c in ids], central_noise, part)
+        total, clipped = grid_sum(
+            self.grid, contributions, [position[c] for c in ids], central_noise, part, self.restrict
+        )
         # The protocol counts the clipping of every client that encoded its upload, contributor or not.
         counted = set(ids)
         clipped += sum(
@@ -319,11 +341,12 @@ class SecureSum:
         return ids, total, clipped, len(tampered), None
 
 
-def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int) -> Summer:
-    """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate.
+def make_summer(settings, n_clients: int, dim: int, n_item_values: int, seed: int, item_width: int = 1) -> Summer:
+    """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate;
+    the item table, ``n_item_values`` in rows of ``item_width``, leads every vector.
 
     An unsealed scheme sums in the clear (:class:`PlainSum`, on the same grid); a sealed one runs its protocol."""
     if not scheme_of(settings).sealed:
         return PlainSum(encoding(settings))
     covered = dim if settings.cover == "shared" else n_item_values
-    return SecureSum(settings, n_clients, dim, covered, seed)
+    return SecureSum(settings, n_clients, dim, covered, seed, (n_item_values // item_width, item_width))

@@ -104,7 +104,8 @@ class Trainer:
         """The summer of the round's ``dim``-long uploads: the simulator's in-process one (secure aggregation
         simulated among its clients). A deployment's server builds the protocol's server side instead."""
         secagg = self.policy.privacy.secure_aggregation
-        return make_summer(secagg, self.catalogue.n_users, dim, self.model.item_embeddings.numel(), self.policy.seed)
+        table = self.model.item_embeddings
+        return make_summer(secagg, self.catalogue.n_users, dim, table.numel(), self.policy.seed, table.shape[1])
 
     # -- one round --------------------------------------------------------
     def train_round(self) -> tuple[float | None, RoundInfo]:

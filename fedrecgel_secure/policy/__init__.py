@@ -51,7 +51,7 @@ from fedrecgel_secure.policy.files import (
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
 from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.root import Method, Policy
-from fedrecgel_secure.policy.secagg import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
+from fedrecgel_secure.policy.secagg import BfvPolicy, DpfPolicy, MaskingPolicy, SecureAggregationPolicy
 from fedrecgel_secure.policy.section import Section
 from fedrecgel_secure.policy.tracking import TrackingPolicy
 
@@ -66,6 +66,7 @@ __all__ = [
     "DPSettings",
     "DataPolicy",
     "DeploymentPolicy",
+    "DpfPolicy",
     "EvaluationPolicy",
     "FederationPolicy",
     "GroupFractions",

@@ -15,6 +15,7 @@ from fedrecgel_secure.policy.deployment import DeploymentPolicy
 from fedrecgel_secure.policy.federation import CheckpointPolicy, EvaluationPolicy, FederationPolicy
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
 from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
+from fedrecgel_secure.policy.secagg import DpfPolicy
 from fedrecgel_secure.policy.section import Section
 from fedrecgel_secure.policy.tracking import TrackingPolicy
 
@@ -83,6 +84,12 @@ class Policy(Section):
                 "privacy.dp.shares = 'threshold' sizes distributed noise shares for the masking protocol's survivor"
                 " threshold: it needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
             )
+        if dp.enabled and dp.mode == "distributed" and scheme == "dpf":
+            raise BadInputError(
+                "privacy.dp.mode = 'distributed' with privacy.secure_aggregation.scheme = 'dpf': a client's noise"
+                " share is dense and would touch every row the scheme keeps sparse; use mode = 'central' (the key"
+                " holder adds the noise, which the aggregator never learns)"
+            )
         if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
             raise BadInputError(
                 "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
@@ -105,7 +112,9 @@ class Policy(Section):
 
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
         computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
-        ``tampered = 0``, ``bfv.max_refusals = 3``, ``evaluation.scope`` unset, ``dp.evaluation_share = 0.1``),
+        ``tampered = 0``, ``bfv.max_refusals = 3``,
+        ``[privacy.secure_aggregation.dpf]`` at its defaults, ``evaluation.scope`` unset,
+        ``dp.evaluation_share = 0.1``),
         so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
@@ -121,6 +130,8 @@ class Policy(Section):
             del secagg["tampered"]
         if secagg["bfv"]["max_refusals"] == 3:  # likewise (the key holder's limit of refusals)
             del secagg["bfv"]["max_refusals"]
+        if secagg["dpf"] == DpfPolicy().model_dump(mode="json"):  # likewise ([privacy.secure_aggregation.dpf])
+            del secagg["dpf"]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]
         if dump["federation"]["server_optimizer"] == "adam":  # likewise

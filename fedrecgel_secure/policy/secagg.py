@@ -62,6 +62,24 @@ class MaskingPolicy(Section):
     )
 
 
+class DpfPolicy(Section):
+    """Two-server distributed point functions: each client's touched item rows as DPF keys, one of every pair to the
+    aggregator and one to the key holder, which must not collude; the upload follows R, not the catalogue."""
+
+    budget: int = Field(
+        256,
+        ge=1,
+        description="R: the most item-table rows a client's upload carries; every client sends keys for"
+        " ceil(1.5 R) buckets whatever it touched, so the count does not leak. A client that touched more keeps"
+        " the R rows of largest norm and drops the rest of its update (counted in the log).",
+    )
+    value_bits: Literal[32, 64] = Field(
+        64,
+        description="The group the values are summed in: 64 (Z_2^64) or 32 (half the upload; the grid's"
+        " clip_range, frac_bits and the clients per round must let a round's sum fit, checked at the start).",
+    )
+
+
 # A sum hides each member only among the others in it. With one colluder (a client, or a user the server invents in
 # the directory it builds) the server learns the sum of min_clients - 1 honest uploads; at 10 that is 9 of them, so
 # isolating one user takes 9 colluders in the same round rather than 1 (at the old default, 2, it took one).
@@ -69,10 +87,11 @@ SAFE_MIN_CLIENTS = 10
 
 
 class SecureAggregationPolicy(Section):
-    scheme: Literal["none", "bfv", "masking"] = Field(
+    scheme: Literal["none", "bfv", "masking", "dpf"] = Field(
         "none",
         description="How uploads are summed; none: in the clear; bfv: exact homomorphic encryption;"
-        " masking: pairwise masks.",
+        " masking: pairwise masks; dpf: distributed point functions over two non-colluding servers (the"
+        " aggregator and the key holder), an upload that follows the rows a client touched.",
     )
     min_clients: int = Field(
         SAFE_MIN_CLIENTS,
@@ -120,6 +139,7 @@ class SecureAggregationPolicy(Section):
     masking: MaskingPolicy = Field(
         MaskingPolicy(), description='Pairwise-masking parameters, used when scheme = "masking".'
     )
+    dpf: DpfPolicy = Field(DpfPolicy(), description='Two-server DPF parameters, used when scheme = "dpf".')
 
     @model_validator(mode="before")
     @classmethod

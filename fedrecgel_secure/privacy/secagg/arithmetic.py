@@ -1,7 +1,8 @@
 """Who a secure-aggregation round releases the sum of, decided without the cryptography (simulation only).
 
-Both schemes are exact. Masking releases Σ g_i mod 2^64 over the survivors,
-BFV Σ g_i mod t over the valid uploads, where g_i are client i's fixed-point
+Every scheme is exact. Masking releases Σ g_i mod 2^64 over the survivors,
+BFV Σ g_i mod t over the valid uploads, DPF Σ g_i in its group over the checked uploads (g_i with the rows past
+its budget zeroed, :meth:`.dpf.params.DPFParams.restrict`), where g_i are client i's fixed-point
 integers (its upload plus its DP noise share, clipped: :meth:`FixedPoint.encode`),
 and both read that sum as a signed integer inside the range that
 :meth:`FixedPoint.check_capacity` guarantees. So a round's release is the
@@ -23,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .bfv.params import BFVParams
 from .errors import RoundSkipped
 from .masking.masks import MaskingParams, neighbour_graph
 
 
 def contributors(
-    params: BFVParams | MaskingParams,
+    params,
     cohort: Iterable[int],
     lost: set[int],
     *,
@@ -45,8 +45,9 @@ def contributors(
     """
     cohort = sorted(cohort)
     survivors = [c for c in cohort if c not in lost]
-    if isinstance(params, BFVParams):
-        # The aggregator sums every valid ciphertext; the key holder decrypts a sum of >= min_clients.
+    if not isinstance(params, MaskingParams):
+        # BFV: the aggregator sums every valid ciphertext; the key holder decrypts a sum of >= min_clients.
+        # DPF: both servers sum every upload both accepted (an honest client's keys pass the check).
         if len(survivors) < min_clients:
             raise RoundSkipped.too_few_clients(round_idx, len(survivors), "valid uploads", min_clients)
         admit_or_skip(admit, survivors, round_idx)

@@ -48,6 +48,7 @@ class ClientSetup:
     server_key: bytes = b""  # masking: the aggregator's Ed25519 public key
     public_context: bytes = b""  # bfv: the key holder's public context
     tag_keys: dict[int, bytes] = field(default_factory=dict)  # bfv: client id -> its tag key
+    seal_keys: tuple[bytes, ...] = ()  # dpf: the aggregator's and the key holder's X25519 public keys
 
     def only_for(self, clients: Iterable[int]) -> ClientSetup:
         """This setup as sent to a host of ``clients``: the others' tag keys left out."""

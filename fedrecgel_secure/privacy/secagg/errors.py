@@ -40,6 +40,7 @@ class Reason(StrEnum):
     TOO_FEW_SHARES = "too_few_shares"  # a client would hold fewer than t shares, or keep fewer than t masking partners
     INCONSISTENT = "inconsistent"  # the consistency check failed (a split view or too few confirmations)
     ALREADY_ANSWERED = "already_answered"  # a second request after the client confirmed or answered
+    NOT_A_POINT = "not_a_point"  # DPF keys whose two servers' leaf proofs differ: more than one row in a key
     TOO_MANY_REFUSALS = "too_many_refusals"  # the BFV key holder refused the run's limit of requests: it answers none
 
 

@@ -82,6 +82,8 @@ class Kind(IntEnum):
     NODE_HELLO = 12
     # Signed by a masking client: its seal over a group statement (the sum of its host's users' masked inputs)
     MASK_GROUP = 13
+    # Signed by a client of the two-server DPF scheme: its keys for both servers (privacy/secagg/dpf/wire.py)
+    DPF_UPLOAD = 14
 
 
 SERVER_KINDS = frozenset({Kind.MASK_ANNOUNCE, Kind.MASK_COHORT, Kind.MASK_INBOX, Kind.MASK_CHECK, Kind.MASK_REQUEST})

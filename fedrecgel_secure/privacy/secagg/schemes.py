@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .settings import bfv_params, masking_params
+from .settings import bfv_params, dpf_params, masking_params
 
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import SecureAggregationPolicy
 
     from .bfv.params import BFVParams
+    from .dpf.params import DPFParams
     from .masking.masks import MaskingParams
 
 
@@ -33,10 +34,12 @@ class Scheme:
     # a party of its own holds the secret key and decrypts the sum (in a deployment, one more node)
     key_holder: bool
     # the protocol's parameters from the policy section; None when no protocol runs
-    params: Callable[[SecureAggregationPolicy], BFVParams | MaskingParams] | None
+    params: Callable[[SecureAggregationPolicy], BFVParams | DPFParams | MaskingParams] | None
     # the simulator's session of all its roles in one process (:class:`.session.SecAggSession`), as
     # "module:class", imported only when a session is made (:func:`part`); None when no protocol runs
     session: str | None = None
+    # the upload carries the item-table rows a client touched (its params take the table's shape, ``with_table``)
+    sparse: bool = False
 
 
 SCHEMES = {
@@ -56,6 +59,14 @@ SCHEMES = {
             key_holder=True,
             params=lambda settings: bfv_params(settings.bfv),
             session=f"{__package__}.bfv.session:BFVSession",
+        ),
+        Scheme(
+            "dpf",
+            sealed=True,
+            key_holder=True,
+            params=lambda settings: dpf_params(settings.dpf),
+            session=f"{__package__}.dpf.session:DPFSession",
+            sparse=True,
         ),
     )
 }

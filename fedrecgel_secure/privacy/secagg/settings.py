@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 from .fixedpoint import FixedPoint
 
 if TYPE_CHECKING:
-    from fedrecgel_secure.policy import BfvPolicy, MaskingPolicy, SecureAggregationPolicy
+    from fedrecgel_secure.policy import BfvPolicy, DpfPolicy, MaskingPolicy, SecureAggregationPolicy
 
     from .bfv.params import BFVParams
+    from .dpf.params import DPFParams
     from .masking.masks import MaskingParams
 
 
@@ -38,3 +39,10 @@ def masking_params(settings: MaskingPolicy) -> MaskingParams:
     from .masking.masks import MaskingParams
 
     return MaskingParams(degree=settings.degree, threshold=settings.threshold, consistency=settings.consistency)
+
+
+def dpf_params(settings: DpfPolicy) -> DPFParams:
+    """The budget and the values' group; the table's shape is the model's, filled in by the trainer."""
+    from .dpf.params import DPFParams
+
+    return DPFParams(budget=settings.budget, value_bits=settings.value_bits)

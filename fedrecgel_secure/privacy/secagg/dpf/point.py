@@ -3,7 +3,16 @@
 :func:`gen` splits the point function ``f(x) = beta if x == alpha else 0`` over ``2^bits`` rows into two keys;
 ``eval_full(k0) + eval_full(k1)`` is ``beta`` in row ``alpha`` and zero in every other row (in the group), and
 each key alone is pseudorandom: a seed of its own and correction words that, without the other key, are uniform.
-A key is ``11 + 16 + 17·bits + 8·width`` bytes (``4·width`` in Z_2^32). :func:`eval_full` expands a key over
+A key is ``11 + 16 + 17·bits + 32 + 8·width`` bytes (``4·width`` in Z_2^32); all but the 16-byte seed is the same
+in both keys.
+
+Verifiable (de Castro and Polychroniadou, Eurocrypt 2022, the hash check): each key carries ``cw_check``, the XOR
+of the two parties' 256-bit check values (:func:`.prg.check_blocks`) at ``alpha``. A server's *proof* of a leaf
+is its check value, XORed with ``cw_check`` where its control bit is set (:func:`proofs`). Off ``alpha`` the two
+parties' seeds and bits are equal, so are their proofs; at ``alpha`` the correction makes them equal too. So the
+two servers' proofs agree at every leaf for an honest key pair, and comparing a hash of them tells neither where
+``alpha`` is. Where the two parties' leaves differ at two or more rows (a key pair of more than one point) the
+proofs cannot all agree short of a 4-way XOR collision of the check hash. :func:`eval_full` expands a key over
 every row a level at a time; :func:`eval_at` walks the tree for one row at a time, the plain path the tests hold
 the fast one to.
 """
@@ -18,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import Reason, RejectedPayload
-from .prg import SEED_BYTES, convert, expand
+from .prg import CHECK_BYTES, SEED_BYTES, check_blocks, convert, expand
 
 MAGIC = b"DPF1"
 _HEAD = struct.Struct(">4sBBBI")  # magic, party, bits, bytes a value (4 or 8: the group), width
@@ -36,6 +45,7 @@ class DPFKey:
     cw_seeds: np.ndarray  # (bits, 16) uint8
     cw_bits: np.ndarray  # (bits, 2) uint8: the left and right control bits' corrections
     cw_value: np.ndarray  # (width,) of the group: uint64 (Z_2^64) or uint32 (Z_2^32)
+    cw_check: np.ndarray  # (32,) uint8: the two parties' check values at alpha, XORed
 
     @property
     def bits(self) -> int:
@@ -53,6 +63,7 @@ class DPFKey:
                 self.seed.tobytes(),
                 self.cw_seeds.tobytes(),
                 packed.tobytes(),
+                self.cw_check.tobytes(),
                 self.cw_value.astype(f"<u{self.cw_value.itemsize}").tobytes(),
             ]
         )
@@ -67,7 +78,7 @@ class DPFKey:
             raise RejectedPayload(Reason.GARBAGE, "not a DPF key (magic, party, depth or width)", client_id)
         if size not in GROUPS:
             raise RejectedPayload(Reason.GARBAGE, f"a DPF key's values of {size} bytes (4 or 8)", client_id)
-        if len(data) != _HEAD.size + SEED_BYTES * (1 + bits) + bits + size * width:
+        if len(data) != _HEAD.size + SEED_BYTES * (1 + bits) + bits + CHECK_BYTES + size * width:
             raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF key of {len(data)} bytes for its header", client_id)
         buf = np.frombuffer(data, dtype=np.uint8, offset=_HEAD.size)
         seed, rest = buf[:SEED_BYTES], buf[SEED_BYTES:]
@@ -76,8 +87,9 @@ class DPFKey:
         if np.any(packed > 3):
             raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits")
         cw_bits = np.stack([packed & 1, packed >> 1], axis=1)
+        cw_check, rest = rest[:CHECK_BYTES], rest[CHECK_BYTES:]
         cw_value = rest.view(f"<u{size}").astype(GROUPS[size])
-        return cls(party, seed.copy(), cw_seeds.copy(), cw_bits.astype(np.uint8), cw_value)
+        return cls(party, seed.copy(), cw_seeds.copy(), cw_bits.astype(np.uint8), cw_value, cw_check.copy())
 
 
 def _seed(random_bytes: Callable[[int], bytes]) -> np.ndarray:
@@ -132,13 +144,22 @@ def gen_many(
     leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1], group).reshape(n, 2, -1)
     cw_value = betas - leaves[:, 0] + leaves[:, 1]  # in the group: unsigned arithmetic wraps
     cw_value = np.where(t[:, 1:2].astype(bool), group(0) - cw_value, cw_value)
+    checks = check_blocks(seeds.reshape(-1, SEED_BYTES), t.reshape(-1)).reshape(n, 2, CHECK_BYTES)
+    cw_check = checks[:, 0] ^ checks[:, 1]
     return [
         (
-            DPFKey(0, roots[i, 0], cw_seeds[i], cw_bits[i], cw_value[i]),
-            DPFKey(1, roots[i, 1], cw_seeds[i], cw_bits[i], cw_value[i]),
+            DPFKey(0, roots[i, 0], cw_seeds[i], cw_bits[i], cw_value[i], cw_check[i]),
+            DPFKey(1, roots[i, 1], cw_seeds[i], cw_bits[i], cw_value[i], cw_check[i]),
         )
         for i in range(n)
     ]
+
+
+def proofs(seeds: np.ndarray, t: np.ndarray, cw_check: np.ndarray) -> np.ndarray:
+    """A server's proof of each leaf: its check value, XORed with the key's ``cw_check`` where its control bit is
+    set; ``cw_check`` is one (32,) word or one a leaf. Both servers' proofs are equal at every leaf of an honest
+    key pair."""
+    return check_blocks(seeds, t) ^ (t.astype(np.uint8)[:, None] * np.broadcast_to(cw_check, (t.size, CHECK_BYTES)))
 
 
 def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 ``H_k(x) = AES_k(σ(x)) ⊕ σ(x)`` with ``σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L``, the construction of Guo, Katz, Wang and
 Yu (S&P 2020), which is circular correlation robust when AES_k is an ideal permutation; three public keys make the
-left child, the right child and a leaf's value, as Google's distributed_point_functions does. A node's control bit
+left child, the right child and a leaf's value, as Google's distributed_point_functions does; two more make a
+leaf's 256-bit check value (:func:`check_blocks`, the verifiable DPF's leaf hash). A node's control bit
 is the lowest bit of its child block, cleared in the seed the tree carries on. One AES call (ECB over a batch)
 serves a whole tree level, so a full-domain evaluation costs about three blocks per row and level.
 """
@@ -16,7 +17,11 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 SEED_BYTES = 16
 # public, fixed: anyone may recompute them (the keys of the hash, not secrets)
-KEYS = {name: hashlib.sha256(b"fedrecgel-dpf/v1/" + name.encode()).digest()[:16] for name in ("left", "right", "value")}
+KEYS = {
+    name: hashlib.sha256(b"fedrecgel-dpf/v1/" + name.encode()).digest()[:16]
+    for name in ("left", "right", "value", "check0", "check1")
+}
+CHECK_BYTES = 32
 
 
 def sigma(blocks: np.ndarray) -> np.ndarray:
@@ -54,3 +59,13 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     x = (seeds[:, None, :] ^ counters[None, :, :]).reshape(-1, SEED_BYTES)
     out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES)
     return out.view(f"<u{size}")[:, :width].astype(group)
+
+
+def check_blocks(seeds: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """Each leaf's 256-bit check value ``H_check0(s | t) ‖ H_check1(s | t)``, an (n, 32) uint8 array: the seed with
+    its control bit in the place the tree keeps clear, so two leaves share a check value only if they share both.
+    256 bits, not 128: a client that passes the servers' check with two rows in one key has found four of these
+    whose XOR is zero, about 2^85 work by Wagner's generalized birthday algorithm (2^43 at 128 bits)."""
+    blocks = seeds.copy()
+    blocks[:, 0] |= bits.astype(np.uint8)
+    return np.concatenate([hash_blocks("check0", blocks), hash_blocks("check1", blocks)], axis=1)

@@ -24,7 +24,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .point import DPFKey, gen_many
+from .point import DPFKey, gen_many, proofs
 from .prg import SEED_BYTES, convert, expand
 
 HASHES = 3
@@ -118,39 +118,75 @@ def encode(
     return [k0 for k0, _ in pairs], [k1 for _, k1 in pairs]
 
 
-def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
+@dataclass(frozen=True, eq=False)
+class KeyArrays:
+    """Many keys of one party stacked: the form a server expands them in (and the wire carries them in)."""
+
+    party: int
+    seeds: np.ndarray  # (n, 16) uint8
+    cw_seeds: np.ndarray  # (n, depth, 16) uint8
+    cw_bits: np.ndarray  # (n, depth, 2) uint8
+    cw_value: np.ndarray  # (n, width) of the group
+    cw_check: np.ndarray  # (n, 32) uint8
+
+    @classmethod
+    def of(cls, keys: Sequence[DPFKey]) -> KeyArrays:
+        depth, width, party = keys[0].bits, keys[0].width, keys[0].party
+        if any(k.bits != depth or k.width != width or k.party != party for k in keys):
+            raise ValueError("a batch's keys share one depth, width and party")
+        return cls(
+            party,
+            np.stack([k.seed for k in keys]),
+            np.stack([k.cw_seeds for k in keys]),
+            np.stack([k.cw_bits for k in keys]),
+            np.stack([k.cw_value for k in keys]),
+            np.stack([k.cw_check for k in keys]),
+        )
+
+    def __len__(self) -> int:
+        return self.seeds.shape[0]
+
+
+def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
     """The sum, position by position, of ``keys`` expanded over their trees, where key ``i`` belongs to tree
     ``i % len(sizes)`` (a batch of clients' keys, each client's in bucket order) and tree ``j`` has ``sizes[j]``
-    leaves: a (trees, 2^depth, width) array, mod 2^64, zero past each tree's size. Every tree of the batch
-    advances a level per AES call, and only the leaves inside a tree are stretched to values."""
-    depth, width, party = keys[0].bits, keys[0].width, keys[0].party
-    trees = len(sizes)
-    if any(k.bits != depth or k.width != width or k.party != party for k in keys) or len(keys) % trees:
-        raise ValueError("a forest's keys share one depth, width and party, and fill whole sets of trees")
-    n = len(keys)
-    seeds = np.stack([k.seed for k in keys])[:, None, :]  # (n, nodes, 16)
-    t = np.full((n, 1), party, dtype=np.uint8)
-    cw_seeds = np.stack([k.cw_seeds for k in keys])  # (n, depth, 16)
-    cw_bits = np.stack([k.cw_bits for k in keys])  # (n, depth, 2)
+    leaves: a (trees, 2^depth, width) array of the keys' group, zero past each tree's size; and each client's
+    digest, SHA-256 of its keys' leaf proofs (:func:`.point.proofs`) inside the trees, in order, which the other
+    server's equals for an honest client. Every tree of the batch advances a level per AES call, and only the
+    leaves inside a tree are stretched to values."""
+    n, trees = len(keys), len(sizes)
+    depth, width = keys.cw_seeds.shape[1], keys.cw_value.shape[1]
+    if n % trees:
+        raise ValueError("a forest's keys fill whole sets of trees")
+    seeds = keys.seeds[:, None, :]  # (n, nodes, 16)
+    t = np.full((n, 1), keys.party, dtype=np.uint8)
     for level in range(depth):
         nodes = seeds.shape[1]
         left, left_t, right, right_t = expand(seeds.reshape(-1, SEED_BYTES))
         left, right = left.reshape(n, nodes, SEED_BYTES), right.reshape(n, nodes, SEED_BYTES)
         left_t, right_t = left_t.reshape(n, nodes), right_t.reshape(n, nodes)
-        correction = t[:, :, None] * cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
+        correction = t[:, :, None] * keys.cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
         left ^= correction
         right ^= correction
-        left_t ^= t & cw_bits[:, None, level, 0]
-        right_t ^= t & cw_bits[:, None, level, 1]
+        left_t ^= t & keys.cw_bits[:, None, level, 0]
+        right_t ^= t & keys.cw_bits[:, None, level, 1]
         seeds = np.stack([left, right], axis=2).reshape(n, 2 * nodes, SEED_BYTES)
         t = np.stack([left_t, right_t], axis=2).reshape(n, 2 * nodes)
     inside = np.arange(1 << depth)[None, :] < np.tile(np.asarray(sizes), n // trees)[:, None]  # (n, 2^depth)
-    cw_value = np.stack([k.cw_value for k in keys])  # (n, width)
-    group = cw_value.dtype.type
+    per_key = inside.sum(axis=1)
+    group = keys.cw_value.dtype.type
+    leaf_seeds, leaf_t = seeds[inside], t[inside]
     out = np.zeros((n, 1 << depth, width), dtype=group)
-    out[inside] = convert(seeds[inside], width, group) + t[inside].astype(group)[:, None] * np.repeat(
-        cw_value, inside.sum(axis=1), axis=0
+    out[inside] = convert(leaf_seeds, width, group) + leaf_t.astype(group)[:, None] * np.repeat(
+        keys.cw_value, per_key, axis=0
     )
-    if party:
+    if keys.party:
         out = group(0) - out
-    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=group)
+    proved = proofs(leaf_seeds, leaf_t, np.repeat(keys.cw_check, per_key, axis=0))
+    digests = [hashlib.sha256(client.tobytes()).digest() for client in proved.reshape(n // trees, -1)]
+    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=group), digests
+
+
+def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
+    """:func:`forest`'s sum of a list of keys."""
+    return forest(KeyArrays.of(keys), sizes)[0]

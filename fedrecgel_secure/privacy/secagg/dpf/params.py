@@ -1,0 +1,95 @@
+"""The two-server DPF scheme's parameters, and the rule for a client that touched more rows than the budget.
+
+Concern: the public facts both servers and every client share (the table's shape, the budget R, the values'
+group) and the one deterministic function of a client's integers that the scheme sums (:meth:`DPFParams.sparse`),
+which the protocol's client and the arithmetic simulation both apply, so the two release the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from fedrecgel_secure.errors import BadInputError
+
+from ..fixedpoint import FixedPoint
+from .sparse import Layout
+
+GROUP_OF_BITS = {32: np.uint32, 64: np.uint64}
+
+
+@dataclass(frozen=True)
+class DPFParams:
+    """``budget`` (R): the most item-table rows a client's upload carries (keys for ⌈1.5·R⌉ buckets, whatever it
+    touched); ``value_bits``: 64 (Z_2^64, masking's ring) or 32 (half the upload, where a round's sum fits: checked
+    at the start); ``rows`` × ``width``: the item table, the leading ``rows · width`` values of every upload (the
+    trainer fills them in from the model; the rest of the vector is dense and is additively shared)."""
+
+    budget: int = 256
+    value_bits: int = 64
+    rows: int = 1
+    width: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "rows", "width"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadInputError(f"privacy.secure_aggregation.dpf.{name} must be an integer >= 1, got {value!r}")
+        if self.value_bits not in GROUP_OF_BITS:
+            raise BadInputError(f"privacy.secure_aggregation.dpf.value_bits must be 32 or 64, got {self.value_bits!r}")
+
+    @property
+    def group(self) -> type:
+        return GROUP_OF_BITS[self.value_bits]
+
+    @property
+    def table_values(self) -> int:
+        return self.rows * self.width
+
+    @cached_property
+    def layout(self) -> Layout:
+        return Layout(self.rows, self.width, min(self.budget, self.rows), group=self.group)
+
+    def check(self, dim: int, encoding: FixedPoint, max_summands: int) -> None:
+        """Fail early if the table does not fit the vector, or a sum of ``max_summands`` clipped uploads could wrap
+        the values' group (the capacity rule: at 32 bits it bounds the grid's range and precision)."""
+        if self.table_values > dim:
+            raise BadInputError(f"a {self.rows} x {self.width} item table does not fit vectors of {dim} values")
+        encoding.check_capacity(max_summands, self.value_bits, "privacy.secure_aggregation.dpf.value_bits")
+
+    def sparse(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
+        """The rows of a client's grid integers the scheme carries, ascending, and how many nonzero rows it leaves
+        out: every nonzero row of the table if there are at most R, else the R of largest norm (ties: the lower
+        row). Dropping rows only shortens the vector, so a clip norm still holds; the release is the sum of the
+        vectors with the other rows zeroed (:meth:`restrict`)."""
+        table = ints[: self.table_values].reshape(self.rows, self.width)
+        touched = np.flatnonzero(table.any(axis=1))
+        budget = self.layout.budget
+        if touched.size <= budget:
+            return touched, 0
+        norms = np.square(table[touched].astype(np.float64)).sum(axis=1)
+        order = np.lexsort((touched, -norms))  # largest norm first, then the lower row
+        return np.sort(touched[order[:budget]]), int(touched.size - budget)
+
+    def restrict(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
+        """``ints`` with the table rows :meth:`sparse` leaves out set to zero (a copy), and how many it left out."""
+        kept, dropped = self.sparse(ints)
+        if not dropped:
+            return ints, 0
+        out = ints.copy()
+        table = out[: self.table_values].reshape(self.rows, self.width)
+        keep = np.zeros(self.rows, dtype=bool)
+        keep[kept] = True
+        table[~keep] = 0
+        return out, dropped
+
+    def to_group(self, ints: np.ndarray) -> np.ndarray:
+        """Signed grid integers as elements of the group (two's complement: the sum wraps as the integers add)."""
+        return np.asarray(ints, dtype=np.int64).astype(self.group)
+
+    def from_group(self, values: np.ndarray) -> np.ndarray:
+        """A sum in the group read back as signed integers (int64): exact while the capacity rule holds."""
+        signed = np.int32 if self.value_bits == 32 else np.int64
+        return np.asarray(values, dtype=self.group).view(signed).astype(np.int64)

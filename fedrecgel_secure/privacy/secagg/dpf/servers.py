@@ -1,0 +1,290 @@
+"""The two servers of the DPF scheme: the aggregator (party 0) and the key holder (party 1), which do not collude.
+
+Each opens its box of every upload, expands the client's keys over the whole table (:func:`.sparse.forest`) and
+adds them into its share of the sum, and keeps the client's digest of leaf proofs. A round::
+
+    aggregator                                   key holder
+    receive(upload) for each client
+    finish() -> request: the envelopes and
+                its digests                 ->   check(request): opens its boxes, evaluates, compares
+                                                 digests -> answer: its digests (or refusals)
+    settle(answer) -> contributors: both
+                servers accepted the client
+                and their digests agree
+    (the caller's admit check)
+                                                 release(noise) -> its share of the contributors' sum,
+                                                 plus the central noise on the grid, once per round
+    combine(share) -> the round's grid sum
+
+A client whose two digests differ sent keys that are not point functions (:mod:`.point`, the verifiable DPF's
+check) and is left out by both servers, as is one either server refused (signature, round, layout, box). Neither
+server sees a row index or a value: each holds one key of every pair and a pad or a padded value of every dense
+coordinate; the digests they compare are equal for every honest client. Threat model: both servers follow the
+protocol and do not collude (honest-but-curious, like the BFV key holder and aggregator); any number of clients
+may be malicious, and what one can do is in :mod:`.` (the package's docstring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from fedrecgel_secure.errors import BadInputError, ProtocolStateError
+
+from ..errors import Reason, RejectedPayload, RoundSkipped
+from ..fixedpoint import FixedPoint
+from ..identity import Envelope, IdentityDirectory, Kind, authenticate, check_round, check_session_tag
+from ..vectors import check_dim
+from . import wire
+from .params import DPFParams
+from .prg import SEED_BYTES
+from .sparse import forest
+
+log = logging.getLogger("fedrecgel_secure.secagg")
+_REQUEST = struct.Struct(">4sQI")
+_ITEM = struct.Struct(">II")
+_ANSWER = struct.Struct(">4sQI")
+DIGEST_BYTES = 32
+
+
+class _Server:
+    party: int
+
+    def __init__(
+        self,
+        directory: IdentityDirectory,
+        *,
+        params: DPFParams,
+        dim: int,
+        min_clients: int,
+        session_tag: bytes,
+        encoding: FixedPoint = FixedPoint(),
+    ) -> None:
+        if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
+            raise BadInputError(f"min_clients must be an integer >= 1, got {min_clients!r}")
+        self.directory, self.params, self.dim, self.min_clients = directory, params, check_dim(dim), min_clients
+        self.session_tag, self.encoding = check_session_tag(session_tag), encoding
+        params.check(dim, encoding, max(len(directory), 1))
+        self._key = X25519PrivateKey.generate()  # the sealing key: made here, never sent
+        self.last_completed_round = -1
+        self._round: int | None = None
+
+    @property
+    def seal_key(self) -> bytes:
+        """The public half of this server's sealing key, which clients seal its box to."""
+        return self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def _begin(self, round_idx: int) -> None:
+        check_round(round_idx)
+        if round_idx <= self.last_completed_round:
+            raise RejectedPayload(
+                Reason.REPLAY, f"round {round_idx} is at or before completed round {self.last_completed_round}"
+            )
+        layout = self.params.layout
+        self._round = round_idx
+        self._sums = np.zeros((layout.buckets, 1 << layout.depth, layout.width), dtype=self.params.group)
+        self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
+        self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
+        self.digests: dict[int, bytes] = {}
+
+    def _accept(self, envelope: bytes, aggregator_box: bytes | None) -> int:
+        """Authenticate one client's envelope, open this server's box and add its keys' expansion."""
+        if self._round is None:
+            raise ProtocolStateError("a round must begin before uploads arrive")
+        env = authenticate(
+            Envelope.parse(envelope),
+            directory=self.directory,
+            kind=Kind.DPF_UPLOAD,
+            round_idx=self._round,
+            completed_round=self.last_completed_round,
+            context=self.session_tag,
+        )
+        cid = env.client_id
+        if cid in self._held:
+            raise RejectedPayload(Reason.DUPLICATE_CLIENT, "already contributed this round", cid)
+        p, layout = self.params, self.params.layout
+        dense = self.dim - p.table_values
+        body = wire.parse_body(env.body, cid, (layout.buckets, layout.depth, layout.width, dense, p.group))
+        if self.party == 0:
+            if aggregator_box is None or hashlib.sha256(aggregator_box).digest() != body.aggregator_box_digest:
+                raise RejectedPayload(Reason.BAD_SIGNATURE, "the aggregator's box is not the one signed for", cid)
+            box, rest = aggregator_box, dense * np.dtype(p.group).itemsize
+        else:
+            box, rest = body.key_holder_box, wire.PAD_SEED_BYTES
+        roots_len = layout.buckets * SEED_BYTES
+        plain = wire.open_box(
+            self._key, box, wire.box_info(self.session_tag, self._round, cid, self.party), roots_len + rest, cid
+        )
+        roots = np.frombuffer(plain[:roots_len], dtype=np.uint8).reshape(layout.buckets, SEED_BYTES)
+        if self.party == 0:
+            share = np.frombuffer(plain[roots_len:], dtype=f"<u{np.dtype(p.group).itemsize}").astype(p.group)
+        else:
+            share = wire.pad(plain[roots_len:], dense, p.group)
+        keys = body.corrections.keys(self.party, roots)
+        sums, (digest,) = forest(keys, layout.sizes)
+        self._sums += sums
+        self._dense += share
+        self._held[cid] = (keys, share)
+        self.digests[cid] = digest
+        return cid
+
+    def _drop(self, clients) -> None:
+        """Take ``clients``' contributions out of this server's share again."""
+        for cid in clients:
+            keys, share = self._held.pop(cid)
+            self._sums -= forest(keys, self.params.layout.sizes)[0]
+            self._dense -= share
+            self.digests.pop(cid, None)
+
+    def _share(self) -> np.ndarray:
+        table = self.params.layout.scatter(self._sums)
+        return np.concatenate([table.reshape(-1), self._dense])
+
+
+class DPFAggregator(_Server):
+    """Party 0: receives the uploads, forwards the envelopes to the key holder and adds the two shares."""
+
+    party = 0
+
+    def begin_round(self, round_idx: int) -> None:
+        self._begin(round_idx)
+        self._envelopes: dict[int, bytes] = {}
+        self.refused: dict[int, str] = {}  # the key holder's refusals and the clients whose digests differed
+
+    def receive(self, payload: bytes) -> int:
+        """Check one upload and add this server's share of it; returns the client id."""
+        envelope, box = wire.split_upload(payload)
+        try:
+            cid = self._accept(envelope, box)
+        except RejectedPayload as exc:
+            log.warning("round %s: rejected DPF upload from %s: %s", self._round, exc.client_id, exc)
+            raise
+        self._envelopes[cid] = envelope
+        return cid
+
+    def finish(self) -> bytes:
+        """The key holder's request: every accepted envelope with this server's digest of it."""
+        if len(self._envelopes) < self.min_clients:
+            raise RoundSkipped.too_few_clients(self._round, len(self._envelopes), "valid uploads", self.min_clients)
+        parts = [_REQUEST.pack(b"DPFQ", self._round, len(self._envelopes))]
+        for cid, env in sorted(self._envelopes.items()):
+            parts += [_ITEM.pack(cid, len(env)), env, self.digests[cid]]
+        return b"".join(parts)
+
+    def settle(self, answer: bytes) -> list[int]:
+        """The contributors, from the key holder's answer: the clients both servers accepted whose digests agree;
+        the others are taken out of this server's share and named in ``refused``."""
+        theirs = parse_answer(answer, self._round)
+        for cid in sorted(self._held):
+            if cid not in theirs:
+                self.refused[cid] = "key_holder_missing"
+            elif isinstance(theirs[cid], str):
+                self.refused[cid] = theirs[cid]
+            elif theirs[cid] != self.digests[cid]:
+                self.refused[cid] = Reason.NOT_A_POINT.value
+        self._drop(self.refused)
+        contributors = sorted(self._held)
+        if len(contributors) < self.min_clients:
+            raise RoundSkipped.too_few_clients(self._round, len(contributors), "checked uploads", self.min_clients)
+        return contributors
+
+    def combine(self, share: bytes) -> np.ndarray:
+        """The round's sum on the grid (signed int64): this server's share plus the key holder's."""
+        size = np.dtype(self.params.group).itemsize
+        if len(share) != self.dim * size:
+            raise RejectedPayload(Reason.WRONG_SHAPE, "the key holder's share is not of this vector's length")
+        theirs = np.frombuffer(share, dtype=f"<u{size}").astype(self.params.group)
+        total = self.params.from_group(self._share() + theirs)
+        self.last_completed_round, self._round = self._round, None
+        return total
+
+
+class DPFKeyHolder(_Server):
+    """Party 1: checks the aggregator's request, compares digests, and releases its noised share once a round."""
+
+    party = 1
+
+    def check(self, request: bytes) -> bytes:
+        """Evaluate every envelope of the request; answer with this server's digest of each (or its refusal)."""
+        if len(request) < _REQUEST.size:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
+        magic, round_idx, count = _REQUEST.unpack_from(request)
+        if magic != b"DPFQ":
+            raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
+        self._begin(round_idx)
+        theirs: dict[int, bytes] = {}
+        answers: dict[int, bytes | str] = {}
+        at = _REQUEST.size
+        for _ in range(count):
+            if len(request) < at + _ITEM.size:
+                raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
+            cid, n = _ITEM.unpack_from(request, at)
+            at += _ITEM.size
+            envelope, digest = request[at : at + n], request[at + n : at + n + DIGEST_BYTES]
+            at += n + DIGEST_BYTES
+            if len(digest) != DIGEST_BYTES:
+                raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
+            try:
+                got = self._accept(envelope, None)
+            except RejectedPayload as exc:
+                answers[cid] = exc.reason.value
+                continue
+            if got != cid:  # an envelope listed under another client: neither counts
+                self._drop([got])
+                answers[cid] = Reason.GARBAGE.value
+                continue
+            theirs[cid], answers[cid] = digest, self.digests[cid]
+        self._drop([c for c in self._held if theirs.get(c) != self.digests[c]])
+        self._pending = sorted(self._held)
+        return pack_answer(round_idx, answers)
+
+    def release(self, noise: np.ndarray | None = None) -> bytes:
+        """This server's share of the checked clients' sum, plus ``noise`` on the grid; once per round."""
+        if self._round is None or getattr(self, "_pending", None) is None:
+            raise ProtocolStateError("release() comes after check() of the same round")
+        if len(self._pending) < self.min_clients:
+            raise RoundSkipped.too_few_clients(self._round, len(self._pending), "checked uploads", self.min_clients)
+        share = self._share()
+        if noise is not None:
+            share += self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
+        self.last_completed_round, self._round, self._pending = self._round, None, None
+        return share.astype(f"<u{share.dtype.itemsize}").tobytes()
+
+
+def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:
+    parts = [_ANSWER.pack(b"DPFA", round_idx, len(answers))]
+    for cid, value in sorted(answers.items()):
+        if isinstance(value, str):
+            reason = value.encode()
+            parts.append(struct.pack(">IBH", cid, 1, len(reason)) + reason)
+        else:
+            parts.append(struct.pack(">IB", cid, 0) + value)
+    return b"".join(parts)
+
+
+def parse_answer(data: bytes, round_idx: int) -> dict[int, bytes | str]:
+    """client -> the key holder's digest of its keys, or the reason it refused them."""
+    if len(data) < _ANSWER.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF answer shorter than its header")
+    magic, answered, count = _ANSWER.unpack_from(data)
+    if magic != b"DPFA" or answered != round_idx:
+        raise RejectedPayload(Reason.WRONG_ROUND, "a DPF answer of another round")
+    out: dict[int, bytes | str] = {}
+    at = _ANSWER.size
+    try:
+        for _ in range(count):
+            cid, status = struct.unpack_from(">IB", data, at)
+            at += 5
+            if status == 0:
+                out[cid], at = bytes(data[at : at + DIGEST_BYTES]), at + DIGEST_BYTES
+            else:
+                (n,) = struct.unpack_from(">H", data, at)
+                out[cid], at = bytes(data[at + 2 : at + 2 + n]).decode(), at + 2 + n
+    except struct.error:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF answer cut short") from None
+    return out

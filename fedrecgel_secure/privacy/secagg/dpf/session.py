@@ -1,0 +1,82 @@
+"""The DPF scheme's session in one process: the aggregator, the key holder and the clients' roles, passing bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+from fedrecgel_secure.errors import BadInputError
+
+from ..arithmetic import admit_or_skip
+from ..clients import ClientSetup
+from ..errors import RoundSkipped
+from ..identity import ClientIdentity
+from ..session import RoundResult, SecAggSession, _Clock, _cost, _deliver
+from .client import DPFClient
+from .params import DPFParams
+from .servers import DPFAggregator, DPFKeyHolder
+
+log = logging.getLogger("fedrecgel_secure.secagg")
+
+
+class DPFSession(SecAggSession):
+    """Two servers that do not collude, each with one key of every pair; the key holder adds the central noise."""
+
+    scheme = "dpf"
+    Params = DPFParams
+
+    def _start(self, setup: ClientSetup) -> ClientSetup:
+        kwargs = dict(
+            params=self.params,
+            dim=self.dim,
+            min_clients=self.min_clients,
+            session_tag=self.session_tag,
+            encoding=self.encoding,
+        )
+        self.aggregator = DPFAggregator(self.directory, **kwargs)
+        self.key_holder = DPFKeyHolder(self.directory, **kwargs)
+        return dataclasses.replace(setup, seal_keys=(self.aggregator.seal_key, self.key_holder.seal_key))
+
+    @staticmethod
+    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, DPFClient]:
+        return {
+            c: DPFClient(
+                ident,
+                setup.dim,
+                params=setup.params,
+                encoding=setup.encoding,
+                session_tag=setup.session_tag,
+                seal_keys=setup.seal_keys,
+            )
+            for c, ident in identities.items()
+        }
+
+    def _run(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
+        if shares:
+            raise BadInputError("scheme 'dpf' takes no noise shares (a dense share touches every row): use central DP")
+        agg, holder = self.aggregator, self.key_holder
+        clock, rejected, clipped = _Clock(), {}, 0
+        agg.begin_round(round_idx)
+        cohort = sorted(uploads)
+        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], None)):
+            clock.client_reply(reply)
+            clipped += reply.clipped
+            if reply.client not in dropped:
+                _deliver(clock, agg.receive, reply, intercept, rejected)
+        try:
+            request = clock.server_call(agg.finish)
+            t0 = time.perf_counter()
+            answer = holder.check(request)
+            holder_seconds = time.perf_counter() - t0
+            contributors = clock.server_call(agg.settle, answer)
+        except RoundSkipped as exc:
+            raise RoundSkipped(exc.reason, exc.detail, {**rejected, **agg.refused}) from None
+        rejected.update(agg.refused)
+        admit_or_skip(admit, contributors, round_idx, rejected)
+        t0 = time.perf_counter()
+        share = holder.release(central)  # the key holder adds the central noise
+        holder_seconds += time.perf_counter() - t0
+        total = self.encoding.decode(clock.server_call(agg.combine, share))
+        return RoundResult(round_idx, total, contributors, rejected, _cost(clock, len(cohort), holder_seconds), clipped)

@@ -1,0 +1,185 @@
+"""What a client of the two-server DPF scheme sends, byte for byte, and how each server opens its part.
+
+An upload is the client's signed envelope (:mod:`..identity`, kind ``DPF_UPLOAD``) followed by the aggregator's
+box::
+
+    u32 envelope length ‖ envelope ‖ aggregator's box
+
+The envelope's body::
+
+    offset  size        field
+    0       4           magic b"DPFU"
+    4       1           version (1)
+    5       1           bytes a value (4: Z_2^32, 8: Z_2^64)
+    6       2           reserved, 0
+    8       4           buckets B
+    12      4           depth d
+    16      4           width w
+    20      4           dense values m
+    24      32          SHA-256 of the aggregator's box
+    56      4           key holder's box length L
+    60      L           key holder's box
+    ...     B·d·16      correction seeds     } both servers' keys share these: sent once,
+            B·d         control-bit words    } in bucket order (each key's :class:`.point.DPFKey`
+            B·32        check words          } less its root seed)
+            B·w·size    value words          }
+
+A box is HPKE (RFC 9180: X25519, HKDF-SHA256, AES-128-GCM) to that server's sealing key, its ``info`` naming the
+session, the round, the client and the party, so a box opens only where and when it was made for. The
+aggregator's holds its B root seeds and the dense part less a pad (m values); the key holder's its B root seeds
+and the 16-byte seed of that pad (AES-CTR, :func:`pad`). Neither box alone says anything of the vector. The
+signature covers the whole body, the aggregator's box by its hash, so the aggregator forwards the envelope
+alone and the key holder checks the same signature over the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from ..errors import Reason, RejectedPayload
+from .prg import CHECK_BYTES, SEED_BYTES
+from .sparse import KeyArrays
+
+MAGIC = b"DPFU"
+VERSION = 1
+_HEAD = struct.Struct(">4sBBHIIII32sI")
+_LEN = struct.Struct(">I")
+PAD_SEED_BYTES = 16
+_INFO = b"fedrecgel/dpf-box/v1\x00"
+
+
+def suite():
+    from cryptography.hazmat.primitives import hpke
+
+    return hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
+
+
+def box_info(session_tag: bytes, round_idx: int, client_id: int, party: int) -> bytes:
+    return _INFO + struct.pack(">H", len(session_tag)) + session_tag + struct.pack(">QIB", round_idx, client_id, party)
+
+
+def pad(seed: bytes, count: int, group: type) -> np.ndarray:
+    """``count`` pseudorandom elements of the group from a 16-byte seed (AES-128-CTR from a zero counter)."""
+    size = np.dtype(group).itemsize
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+    stream = encryptor.update(bytes(count * size)) + encryptor.finalize()
+    return np.frombuffer(stream, dtype=f"<u{size}").astype(group)
+
+
+@dataclass(frozen=True, eq=False)
+class Corrections:
+    """What both servers' keys of one client share, bucket by bucket."""
+
+    cw_seeds: np.ndarray  # (B, d, 16) uint8
+    cw_bits: np.ndarray  # (B, d, 2) uint8
+    cw_check: np.ndarray  # (B, 32) uint8
+    cw_value: np.ndarray  # (B, w) of the group
+
+    @classmethod
+    def of(cls, keys: KeyArrays) -> Corrections:
+        return cls(keys.cw_seeds, keys.cw_bits, keys.cw_check, keys.cw_value)
+
+    def keys(self, party: int, roots: np.ndarray) -> KeyArrays:
+        return KeyArrays(party, roots, self.cw_seeds, self.cw_bits, self.cw_value, self.cw_check)
+
+    def to_bytes(self) -> bytes:
+        packed = (self.cw_bits[..., 0] | (self.cw_bits[..., 1] << 1)).astype(np.uint8)
+        size = self.cw_value.dtype.itemsize
+        parts = (self.cw_seeds, packed, self.cw_check, self.cw_value.astype(f"<u{size}"))
+        return b"".join(p.tobytes() for p in parts)
+
+
+@dataclass(frozen=True)
+class Body:
+    """A parsed envelope body: the shape, the two boxes' handles and the shared corrections."""
+
+    buckets: int
+    depth: int
+    width: int
+    dense: int
+    group: type
+    aggregator_box_digest: bytes
+    key_holder_box: bytes
+    corrections: Corrections
+
+
+def pack_body(corrections: Corrections, dense: int, aggregator_box: bytes, key_holder_box: bytes) -> bytes:
+    buckets, depth = corrections.cw_seeds.shape[:2]
+    width, size = corrections.cw_value.shape[1], corrections.cw_value.dtype.itemsize
+    head = _HEAD.pack(
+        MAGIC,
+        VERSION,
+        size,
+        0,
+        buckets,
+        depth,
+        width,
+        dense,
+        hashlib.sha256(aggregator_box).digest(),
+        len(key_holder_box),
+    )
+    return head + key_holder_box + corrections.to_bytes()
+
+
+def parse_body(data: bytes | memoryview, client_id: int, expect: tuple[int, int, int, int, type]) -> Body:
+    """The body of ``client_id``'s envelope, checked against the session's (buckets, depth, width, dense, group);
+    anything else is :class:`RejectedPayload`."""
+    if len(data) < _HEAD.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF upload shorter than its header", client_id)
+    magic, version, size, reserved, buckets, depth, width, dense, box_digest, box_len = _HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION or reserved:
+        raise RejectedPayload(Reason.GARBAGE, "not a DPF upload (magic, version)", client_id)
+    group = {4: np.uint32, 8: np.uint64}.get(size)
+    if (buckets, depth, width, dense, group) != expect:
+        raise RejectedPayload(Reason.WRONG_PARAMS, "a DPF upload of another layout, width or group", client_id)
+    corrections_len = buckets * (depth * (SEED_BYTES + 1) + CHECK_BYTES + width * size)
+    if len(data) != _HEAD.size + box_len + corrections_len:
+        raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF upload of {len(data)} bytes for its header", client_id)
+    buf = np.frombuffer(data, dtype=np.uint8, offset=_HEAD.size + box_len)
+    box = bytes(data[_HEAD.size : _HEAD.size + box_len])
+    sizes = (buckets * depth * SEED_BYTES, buckets * depth, buckets * CHECK_BYTES)
+    cw_seeds = buf[: sizes[0]].reshape(buckets, depth, SEED_BYTES)
+    packed = buf[sizes[0] : sizes[0] + sizes[1]].reshape(buckets, depth)
+    cw_check = buf[sizes[0] + sizes[1] : sum(sizes)].reshape(buckets, CHECK_BYTES)
+    if np.any(packed > 3):
+        raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits", client_id)
+    cw_bits = np.stack([packed & 1, packed >> 1], axis=-1).astype(np.uint8)
+    cw_value = buf[sum(sizes) :].view(f"<u{size}").astype(group).reshape(buckets, width)
+    corrections = Corrections(cw_seeds, cw_bits, cw_check, cw_value)
+    return Body(buckets, depth, width, dense, group, box_digest, box, corrections)
+
+
+def join_upload(envelope: bytes, aggregator_box: bytes) -> bytes:
+    return _LEN.pack(len(envelope)) + envelope + aggregator_box
+
+
+def split_upload(payload: bytes, client_id: int | None = None) -> tuple[bytes, bytes]:
+    """(envelope, aggregator's box) of an upload."""
+    if len(payload) < _LEN.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF upload shorter than its length field", client_id)
+    (n,) = _LEN.unpack_from(payload)
+    if len(payload) < _LEN.size + n:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF upload shorter than its envelope", client_id)
+    return bytes(payload[_LEN.size : _LEN.size + n]), bytes(payload[_LEN.size + n :])
+
+
+def seal(public_key: bytes, plaintext: bytes, info: bytes) -> bytes:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+    return suite().encrypt(plaintext, X25519PublicKey.from_public_bytes(public_key), info=info)
+
+
+def open_box(private_key, box: bytes, info: bytes, length: int, client_id: int) -> bytes:
+    """The plaintext of a box sealed to ``private_key`` under ``info``, of ``length`` bytes, or a refusal."""
+    try:
+        plain = suite().decrypt(box, private_key, info=info)
+    except Exception:  # cryptography raises InvalidTag, or ValueError on a malformed encapsulation
+        raise RejectedPayload(Reason.BAD_CIPHERTEXT, "a box that does not open for this server", client_id) from None
+    if len(plain) != length:
+        raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF box of {len(plain)} bytes, expected {length}", client_id)
+    return plain
