@@ -80,3 +80,52 @@ def test_every_client_sends_as_many_keys_of_one_size_whatever_it_touched():
         assert len(k0) == len(k1) == LAYOUT.buckets
         sizes |= {len(k.to_bytes()) for k in (*k0, *k1)}
     assert len(sizes) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), count=st.integers(1, 12))
+def test_placement_succeeds_exactly_when_a_matching_of_the_rows_to_their_buckets_exists(seed, count):
+    # the oracle: scipy's maximum bipartite matching on the rows' candidate buckets
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+
+    layout = Layout(rows=40, width=1, budget=12)  # small and crowded: sets without a placement do occur
+    rows = np.random.default_rng(seed).choice(layout.rows, count, replace=False)
+    graph = csr_matrix((np.ones(3 * count), (np.repeat(np.arange(count), 3), layout.candidates[rows].ravel())))
+    graph.sum_duplicates()
+    graph.data[:] = 1
+    exists = (maximum_bipartite_matching(graph, perm_type="column") >= 0).sum() == count
+    try:
+        placed = layout.place(rows.tolist())
+    except CuckooFailure:
+        assert not exists
+    else:
+        assert exists and sorted(placed.values()) == sorted(rows.tolist())
+        assert all(b in layout.candidates[r] for b, r in placed.items())
+        assert placed == layout.place(rows.tolist())  # deterministic
+
+
+def test_select_keeps_rows_in_priority_order_skipping_only_those_that_no_longer_fit():
+    layout = Layout(rows=40, width=1, budget=12)
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        order = rng.permutation(layout.rows)[:20].tolist()
+        held, left = layout.select(order)
+        kept = [r for r in order if r not in left]
+        assert sorted(held.values()) == sorted(kept) and len(kept) <= layout.budget
+        for r in left:  # greedy: r did not fit beside the rows kept before it, or the budget was full
+            before = [k for k in kept if order.index(k) < order.index(r)]
+            if len(before) < layout.budget:
+                with pytest.raises(CuckooFailure):
+                    layout.place([*before, r])
+
+
+def test_the_two_servers_digests_agree_for_honest_keys_and_differ_for_a_key_of_two_rows():
+    from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, forest
+
+    rows = sparse_rows(np.random.default_rng(12), LAYOUT.budget)
+    k0, k1 = (KeyArrays.of(k) for k in encode(LAYOUT, rows))
+    assert forest(k0, LAYOUT.sizes)[1] == forest(k1, LAYOUT.sizes)[1]
+    for keys in (k0, k1):  # the correction both keys share, changed in either party's copy
+        keys.cw_seeds[int(np.argmax(LAYOUT.sizes >= 4)), -1, 0] ^= 1
+    assert forest(k0, LAYOUT.sizes)[1] != forest(k1, LAYOUT.sizes)[1]

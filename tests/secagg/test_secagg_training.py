@@ -117,3 +117,32 @@ def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
     assert result.dropped == int(0.3 * clients.size) and contributors.size == clients.size - result.dropped
     survivors = sum(uploads.vector(int(c)) for c in contributors)
     assert (total - survivors).abs().max() <= contributors.size * 2.0**-37  # n / 2^(f+1) at frac_bits 36
+
+
+@pytest.mark.slow  # three FilmTrust rounds with both servers' real cryptography; CI runs it
+def test_dpf_gives_exactly_the_masking_model_after_three_filmtrust_rounds_and_arithmetic_mode_the_same_bits(
+    filmtrust_split,
+):
+    # a budget above every FilmTrust client's touched rows (at most about 530 in a round), so no row is dropped
+    small = ["model.dtype=float64", "federation.fraction=0.02", "privacy.secure_aggregation.min_clients=10"]
+    dpf = [*small, "privacy.secure_aggregation.scheme=dpf", "privacy.secure_aggregation.dpf.budget=700"]
+    masked, _ = trained(filmtrust_split, [*small, "privacy.secure_aggregation.scheme=masking"])
+    sparse, infos = trained(filmtrust_split, dpf)
+    arithmetic, _ = trained(filmtrust_split, [*dpf, "privacy.secure_aggregation.simulation=arithmetic"])
+    assert torch.equal(shared(sparse), shared(masked)) and torch.equal(sparse.states.theta, masked.states.theta)
+    assert torch.equal(shared(arithmetic), shared(sparse))
+    assert all(i.rejected == 0 and i.clipped_values == 0 and i.cost.upload_bytes > 0 for i in infos)
+
+
+def test_a_dpf_budget_below_what_clients_touch_releases_the_same_bits_in_both_simulation_modes(filmtrust_split):
+    # R = 32 drops rows of most clients: the rule is deterministic, so arithmetic mode drops the same ones
+    dpf = [
+        "federation.fraction=0.02",
+        "privacy.secure_aggregation.scheme=dpf",
+        "privacy.secure_aggregation.dpf.budget=32",
+    ]
+    protocol, _ = trained(filmtrust_split, dpf, rounds=1)
+    arithmetic, _ = trained(filmtrust_split, [*dpf, "privacy.secure_aggregation.simulation=arithmetic"], rounds=1)
+    plain, _ = trained(filmtrust_split, ["federation.fraction=0.02"], rounds=1)
+    assert torch.equal(shared(protocol), shared(arithmetic))
+    assert (shared(protocol) - shared(plain)).abs().max() > 1e-4  # rows were dropped: not the plaintext model

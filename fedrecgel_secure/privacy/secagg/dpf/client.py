@@ -22,9 +22,7 @@ from ..identity import ClientIdentity, Kind, check_round, check_session_tag
 from ..vectors import check_dim, check_upload
 from . import wire
 from .params import DPFParams
-from .sparse import CuckooFailure, KeyArrays, encode
-
-PLACEMENT_TRIES = 8  # cuckoo hashing's evictions are random: another try places an unlucky set
+from .sparse import KeyArrays, encode
 
 
 class DPFClient:
@@ -61,23 +59,17 @@ class DPFClient:
         p, layout = self.params, self.params.layout
         rows, self.last_dropped_rows = p.sparse(ints)
         table = p.to_group(ints[: p.table_values]).reshape(p.rows, p.width)
-        for attempt in range(PLACEMENT_TRIES):
-            try:
-                keys0, keys1 = encode(layout, {int(r): table[r] for r in rows})
-                break
-            except CuckooFailure:
-                if attempt == PLACEMENT_TRIES - 1:
-                    raise
-        k0, k1 = KeyArrays.of(keys0), KeyArrays.of(keys1)
-        dense = p.to_group(ints[p.table_values :])
+        keys0, keys1 = encode(layout, {int(r): table[r] for r in rows})
+        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(ints[p.table_values :]))
+
+    def pack(self, round_idx: int, k0: KeyArrays, k1: KeyArrays, dense: np.ndarray) -> bytes:
+        """The signed upload of key batches ``k0`` (the aggregator's) and ``k1`` (the key holder's) and the dense
+        values (in the group), which it splits between the two servers."""
+        cid, group = self.identity.client_id, self.params.group
         pad_seed = secrets.token_bytes(wire.PAD_SEED_BYTES)
-        masked = dense - wire.pad(pad_seed, dense.size, p.group)
+        masked = (dense - wire.pad(pad_seed, dense.size, group)).astype(f"<u{np.dtype(group).itemsize}")
         boxes = [
-            wire.seal(
-                self.seal_keys[party],
-                plain,
-                wire.box_info(self.session_tag, round_idx, cid, party),
-            )
+            wire.seal(self.seal_keys[party], plain, wire.box_info(self.session_tag, round_idx, cid, party))
             for party, plain in ((0, k0.seeds.tobytes() + masked.tobytes()), (1, k1.seeds.tobytes() + pad_seed))
         ]
         body = wire.pack_body(wire.Corrections.of(k0), dense.size, boxes[0], boxes[1])

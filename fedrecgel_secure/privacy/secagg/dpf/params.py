@@ -60,18 +60,19 @@ class DPFParams:
         encoding.check_capacity(max_summands, self.value_bits, "privacy.secure_aggregation.dpf.value_bits")
 
     def sparse(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
-        """The rows of a client's grid integers the scheme carries, ascending, and how many nonzero rows it leaves
-        out: every nonzero row of the table if there are at most R, else the R of largest norm (ties: the lower
-        row). Dropping rows only shortens the vector, so a clip norm still holds; the release is the sum of the
-        vectors with the other rows zeroed (:meth:`restrict`)."""
+        """The table rows of a client's grid integers the scheme carries, ascending, and how many nonzero rows it
+        leaves out. Its nonzero rows go in by decreasing norm (ties: the lower row) while they fit: R of them, each
+        in a bucket of its own (:meth:`.sparse.Layout.select`); so a client that touched at most R rows keeps them
+        all unless no placement holds them (rare: :data:`.sparse.EXPANSION`), and one that touched more keeps the
+        R of largest norm that fit. Dropping rows only shortens the vector, so a clip norm still holds; the release
+        is the sum of the vectors with the other rows zeroed (:meth:`restrict`), the same in both simulation
+        modes because the rule is deterministic."""
         table = ints[: self.table_values].reshape(self.rows, self.width)
         touched = np.flatnonzero(table.any(axis=1))
-        budget = self.layout.budget
-        if touched.size <= budget:
-            return touched, 0
         norms = np.square(table[touched].astype(np.float64)).sum(axis=1)
-        order = np.lexsort((touched, -norms))  # largest norm first, then the lower row
-        return np.sort(touched[order[:budget]]), int(touched.size - budget)
+        order = touched[np.lexsort((touched, -norms))]  # largest norm first, then the lower row
+        held, left = self.layout.select(order)
+        return np.sort(np.fromiter(held.values(), dtype=np.int64, count=len(held))), len(left)
 
     def restrict(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
         """``ints`` with the table rows :meth:`sparse` leaves out set to zero (a copy), and how many it left out."""

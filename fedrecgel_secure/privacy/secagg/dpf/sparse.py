@@ -3,7 +3,8 @@ client follows the table's size, not the rows times the table.
 
 The layout is public: ``buckets`` = ⌈1.5·R⌉ for a budget of R rows, and three hash functions put every row of the
 table in each of its (up to three) candidate buckets ("simple hashing"). A client places each row it touched in one
-of its candidates by cuckoo hashing (one row a bucket) and gives each server one key per bucket: the point function
+of its candidates by cuckoo hashing (one row a bucket, by augmenting paths: deterministic, and failing only where
+no placement exists) and gives each server one key per bucket: the point function
 of its row's position in the bucket's list and the row's values, or of a random position and zero for a bucket it
 left empty, so every client sends the same number of keys of the same size whatever it touched. A server expands
 every key over its bucket (:func:`forest_sum`: all of a batch's trees a level at a time, one AES call a level) and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -29,7 +31,6 @@ from .prg import SEED_BYTES, convert, expand
 
 HASHES = 3
 EXPANSION = 1.5  # buckets per row of the budget: three-way cuckoo hashing fails about 2^-40 of the time at this load
-MAX_KICKS = 500
 
 
 class CuckooFailure(ValueError):
@@ -82,24 +83,50 @@ class Layout:
             table[rows] += sums[: len(rows)]  # a bucket lists a row once
         return table
 
-    def place(self, rows: Sequence[int], choice: Callable[[int], int] = secrets.randbelow) -> dict[int, int]:
-        """Cuckoo hashing: bucket -> row, each of ``rows`` in one of its candidates; :class:`CuckooFailure` if
-        they do not fit (more than the budget, or after ``MAX_KICKS`` evictions)."""
+    def place(self, rows: Sequence[int]) -> dict[int, int]:
+        """bucket -> row, each of ``rows`` in one of its candidate buckets, one row a bucket; :class:`CuckooFailure`
+        if they do not fit (more than the budget, or a set no placement holds). Deterministic: a row goes in by an
+        augmenting path (:meth:`_augment`), which finds a placement whenever one exists."""
         if len(rows) > self.budget:
             raise CuckooFailure(f"{len(rows)} rows for a budget of {self.budget}")
         held: dict[int, int] = {}
         for row in rows:
-            row = int(row)
-            for _ in range(MAX_KICKS):
-                free = [int(b) for b in self.candidates[row] if int(b) not in held]
-                if free:
-                    held[free[0]] = row
-                    break
-                bucket = int(self.candidates[row, choice(HASHES)])
-                held[bucket], row = row, held[bucket]
-            else:
-                raise CuckooFailure(f"no placement after {MAX_KICKS} evictions")
+            if not self._augment(int(row), held):
+                raise CuckooFailure(f"no placement of row {int(row)} beside the rows before it")
         return held
+
+    def select(self, rows: Sequence[int]) -> tuple[dict[int, int], list[int]]:
+        """Rows in priority order, placed greedily up to the budget: (bucket -> row, the rows left out). A row that
+        no longer fits is skipped and the next tried, which gives the placeable set of greatest priority (sets
+        of rows with a placement are the independent sets of a transversal matroid, where greedy is optimal)."""
+        held: dict[int, int] = {}
+        left = []
+        for row in rows:
+            if len(held) == self.budget or not self._augment(int(row), held):
+                left.append(int(row))
+        return held, left
+
+    def _augment(self, row: int, held: dict[int, int]) -> bool:
+        """Put ``row`` in, moving placed rows along a shortest chain of candidates to a free bucket (breadth
+        first, in candidate order); False, and ``held`` unchanged, if no chain reaches a free bucket."""
+        parent: dict[int, int | None] = {}
+        queue = deque()
+        for b in dict.fromkeys(int(x) for x in self.candidates[row]):
+            parent[b] = None
+            queue.append(b)
+        while queue:
+            bucket = queue.popleft()
+            if bucket not in held:
+                while parent[bucket] is not None:  # each row on the chain moves one step on
+                    held[bucket] = held[parent[bucket]]
+                    bucket = parent[bucket]
+                held[bucket] = row
+                return True
+            for nxt in self.candidates[held[bucket]]:
+                if int(nxt) not in parent:
+                    parent[int(nxt)] = bucket
+                    queue.append(int(nxt))
+        return False
 
 
 def encode(

@@ -1,0 +1,211 @@
+"""The two-server DPF scheme end to end (privacy/secagg/dpf): what a round releases, which uploads either server
+refuses, and what a malicious client can still do, as docs/privacy/secure-aggregation.md states it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg import FixedPoint, RejectedPayload, RoundSkipped, make_session
+from fedrecgel_secure.privacy.secagg.dpf import wire
+from fedrecgel_secure.privacy.secagg.dpf.point import gen_many
+from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, encode
+
+ROWS, WIDTH, DENSE, BUDGET = 80, 4, 6, 8
+DIM = ROWS * WIDTH + DENSE
+CLIENTS = list(range(10, 22))
+
+
+def vector(rng, touched: int) -> np.ndarray:
+    x = np.zeros(DIM)
+    for r in rng.choice(ROWS, touched, replace=False):
+        x[r * WIDTH : (r + 1) * WIDTH] = rng.normal(0, 0.1, WIDTH)
+    x[ROWS * WIDTH :] = rng.normal(0, 0.1, DENSE)
+    return x
+
+
+def uploads(seed: int, touched=BUDGET) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {c: vector(rng, touched) for c in CLIENTS}
+
+
+def grid_sum(session, xs, noise=None) -> np.ndarray:
+    """What the scheme releases, without cryptography: each client's integers, its rows past R zeroed, summed."""
+    total = np.zeros(DIM, dtype=np.int64)
+    for x in xs:
+        total += session.params.restrict(session.encoding.encode(x)[0])[0]
+    if noise is not None:
+        total += session.encoding.encode_noise(noise).astype(np.int64)
+    return session.encoding.decode(total)
+
+
+@pytest.fixture(params=[64, 32])
+def session(request):
+    # at 32 bits the grid must let 12 sums of values up to 1 at 2^-16 fit in 31 bits: the capacity rule
+    encoding = FixedPoint() if request.param == 64 else FixedPoint(clip_range=1.0, frac_bits=16)
+    return make_session(
+        "dpf",
+        DIM,
+        CLIENTS,
+        min_clients=8,
+        encoding=encoding,
+        rows=ROWS,
+        width=WIDTH,
+        budget=BUDGET,
+        value_bits=request.param,
+    )
+
+
+def test_a_round_releases_the_exact_grid_sum_of_the_clients_rows_and_the_key_holders_noise(session):
+    xs = uploads(0)
+    noise = np.random.default_rng(1).normal(0, 3.0, DIM)
+    result = session.run_round(0, xs, central_noise=noise)
+    assert result.contributors == CLIENTS and result.rejected == {}
+    assert np.array_equal(result.total, grid_sum(session, xs.values(), noise))
+    # every client sends the same bytes whatever it touched
+    assert result.cost["upload_bytes"] == len(
+        session.clients[CLIENTS[0]].upload(1, vector(np.random.default_rng(2), 0))
+    )
+
+
+def test_a_client_over_the_budget_keeps_its_R_rows_of_largest_norm():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(3, touched=BUDGET + 5)
+    ints = session.encoding.encode(xs[CLIENTS[0]])[0]
+    kept, dropped = session.params.sparse(ints)
+    norms = np.linalg.norm(ints[: ROWS * WIDTH].reshape(ROWS, WIDTH).astype(float), axis=1)
+    assert dropped == 5 and kept.size == BUDGET
+    assert norms[kept].min() >= np.sort(norms[norms > 0])[5 - 1]  # the 5 smallest nonzero rows are the ones left out
+    result = session.run_round(0, xs)
+    assert np.array_equal(result.total, grid_sum(session, xs.values()))
+
+
+def test_the_capacity_rule_refuses_32_bit_values_a_round_could_wrap():
+    with pytest.raises(BadInputError, match="value_bits"):
+        make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, value_bits=32)  # default grid: 2^41
+
+
+def test_noise_shares_are_refused_they_would_touch_every_row():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(4)
+    with pytest.raises(BadInputError, match="noise shares"):
+        session.run_round(0, xs, noise_shares={c: np.zeros(DIM) for c in xs})
+
+
+# -- malicious clients ---------------------------------------------------------------------------------------
+
+
+def honest_keys(session, x):
+    p = session.params
+    ints = session.encoding.encode(x)[0]
+    table = p.to_group(ints[: p.table_values]).reshape(ROWS, WIDTH)
+    k0, k1 = encode(p.layout, {int(r): table[r] for r in p.sparse(ints)[0]})
+    return KeyArrays.of(k0), KeyArrays.of(k1), p.to_group(ints[p.table_values :])
+
+
+def run_with(session, round_idx, xs, cid, forge):
+    """A round in which client ``cid`` sends ``forge(its upload)`` instead of its own."""
+    payloads = {}
+
+    def intercept(client, payload):
+        return forge(payload) if client == cid else payload
+
+    return session.run_round(round_idx, xs, intercept=intercept), payloads
+
+
+def test_keys_with_two_rows_in_one_key_are_refused_by_the_servers_check_and_the_rest_sum_exactly():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(5)
+    cheat = CLIENTS[3]
+    layout = session.params.layout
+    k0, k1, dense = honest_keys(session, xs[cheat])
+    # one bucket's last correction word changed: the row beside the point no longer cancels (two rows, one key)
+    b = int(np.argmax(layout.sizes >= 4))
+    k0.cw_seeds[b, -1] ^= np.frombuffer(bytes(range(1, 17)), dtype=np.uint8)
+    forged = session.clients[cheat].pack(0, k0, k1, dense)
+    result = session.run_round(0, xs, intercept=lambda c, payload: forged if c == cheat else payload)
+    assert result.rejected == {cheat: "not_a_point"}
+    assert result.contributors == [c for c in CLIENTS if c != cheat]
+    assert np.array_equal(result.total, grid_sum(session, [xs[c] for c in result.contributors]))
+
+
+def test_a_client_that_fills_every_bucket_adds_at_most_one_row_a_bucket_with_any_values():
+    # what the docs say a malicious client can do: any values, in at most ceil(1.5 R) rows (and the dense part),
+    # as under masking or BFV a client can add any vector; DP for the honest users holds (the key holder's noise)
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    layout = session.params.layout
+    xs = uploads(6)
+    cheat = CLIENTS[0]
+    rows, used = [], set()
+    for members in layout.members:
+        row = next(int(r) for r in members if int(r) not in used)
+        rows.append(row)
+        used.add(row)
+    alphas = [int(np.searchsorted(m, r)) for m, r in zip(layout.members, rows)]
+    huge = np.full((layout.buckets, WIDTH), 1 << 50, dtype=np.uint64)  # far past any clip norm
+    pairs = gen_many(alphas, huge, layout.depth)
+    k0, k1 = KeyArrays.of([a for a, _ in pairs]), KeyArrays.of([b for _, b in pairs])
+    forged = session.clients[cheat].pack(0, k0, k1, np.zeros(DENSE, dtype=np.uint64))
+    result = session.run_round(0, xs, intercept=lambda c, payload: forged if c == cheat else payload)
+    assert cheat in result.contributors and result.rejected == {}
+    honest = grid_sum(session, [xs[c] for c in CLIENTS if c != cheat])
+    changed = np.flatnonzero((result.total != honest)[: ROWS * WIDTH].reshape(ROWS, WIDTH).any(axis=1))
+    assert sorted(changed) == sorted(rows) and len(rows) == layout.buckets > BUDGET
+
+
+# -- what either server refuses ------------------------------------------------------------------------------
+
+
+def test_an_upload_replayed_into_a_later_round_is_refused_and_a_box_does_not_open_outside_its_round():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(7)
+    old = session.clients[CLIENTS[1]].upload(0, xs[CLIENTS[1]])
+    session.run_round(0, xs)
+    result = session.run_round(1, xs, intercept=lambda c, payload: old if c == CLIENTS[1] else payload)
+    assert result.rejected == {CLIENTS[1]: "replay"}
+    # a fresh envelope for round 2 around round 0's boxes: the boxes name their round, so they do not open
+    envelope, box = wire.split_upload(old)
+    client = session.clients[CLIENTS[1]]
+    from fedrecgel_secure.privacy.secagg.identity import Envelope, Kind
+
+    body = Envelope.parse(envelope).body
+    moved = wire.join_upload(client.identity.seal(Kind.DPF_UPLOAD, 2, bytes(body), session.session_tag), box)
+    result = session.run_round(2, xs, intercept=lambda c, payload: moved if c == CLIENTS[1] else payload)
+    assert result.rejected == {CLIENTS[1]: "bad_ciphertext"}
+
+
+def test_an_aggregators_box_swapped_for_another_is_refused_as_unsigned():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(8)
+    other = wire.split_upload(session.clients[CLIENTS[2]].upload(0, xs[CLIENTS[2]]))[1]
+
+    def swap(c, payload):
+        return wire.join_upload(wire.split_upload(payload)[0], other) if c == CLIENTS[5] else payload
+
+    result = session.run_round(0, xs, intercept=swap)
+    assert result.rejected == {CLIENTS[5]: "bad_signature"}
+
+
+def test_the_key_holder_releases_one_share_a_round_and_checks_nothing_of_a_released_round():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(9)
+    agg, holder = session.aggregator, session.key_holder
+    agg.begin_round(0)
+    for c, x in xs.items():
+        agg.receive(session.clients[c].upload(0, x))
+    request = agg.finish()
+    agg.settle(holder.check(request))
+    holder.release()
+    with pytest.raises(RejectedPayload) as again:
+        holder.check(request)  # the same request once more: a second share of round 0 would be a second release
+    assert again.value.reason == "replay"
+
+
+def test_too_few_checked_uploads_skip_the_round_and_a_retry_of_it_goes_through():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=12, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(10)
+    with pytest.raises(RoundSkipped, match="too_few"):
+        session.run_round(0, xs, drop_after_masking={CLIENTS[0]})
+    result = session.run_round(0, xs)  # nothing was released: the same round runs again
+    assert np.array_equal(result.total, grid_sum(session, xs.values()))
