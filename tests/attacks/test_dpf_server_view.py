@@ -18,7 +18,7 @@ import torch
 from fedrecgel_secure.audit.attacks import Context, norm_attack, touched
 from fedrecgel_secure.audit.metrics import auc
 from fedrecgel_secure.privacy.secagg import make_session
-from fedrecgel_secure.privacy.secagg.dpf.sparse import forest
+from fedrecgel_secure.privacy.secagg.dpf.sparse import add_client
 
 ROWS, WIDTH, TOUCHED, CLIENTS = 200, 4, 16, list(range(40))
 
@@ -27,7 +27,8 @@ def view_tables(server, params) -> dict[int, np.ndarray]:
     """The server's own expansion of each client's keys, as a signed (rows, width) table."""
     out = {}
     for cid, (keys, _dense) in server._held.items():  # the server's state: exactly what it holds of the client
-        table = params.layout.scatter(forest(keys, params.layout.sizes)[0])
+        table = np.zeros((ROWS, WIDTH), dtype=params.group)
+        add_client(params.layout, keys, table)
         out[cid] = params.from_group(table.reshape(-1)).reshape(ROWS, WIDTH).astype(np.float64)
     return out
 

@@ -129,3 +129,15 @@ def test_the_two_servers_digests_agree_for_honest_keys_and_differ_for_a_key_of_t
     for keys in (k0, k1):  # the correction both keys share, changed in either party's copy
         keys.cw_seeds[int(np.argmax(LAYOUT.sizes >= 4)), -1, 0] ^= 1
     assert forest(k0, LAYOUT.sizes)[1] != forest(k1, LAYOUT.sizes)[1]
+
+
+def test_a_server_adding_one_clients_keys_a_chunk_at_a_time_gets_the_forests_sum_and_digest(monkeypatch):
+    from fedrecgel_secure.privacy.secagg.dpf import sparse
+    from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, add_client, forest
+
+    keys = KeyArrays.of(encode(LAYOUT, sparse_rows(np.random.default_rng(13), 15))[1])
+    sums, (digest,) = forest(keys, LAYOUT.sizes)
+    monkeypatch.setattr(sparse, "CHUNK_VALUES", 7 * (1 << LAYOUT.depth) * LAYOUT.width)  # 7 buckets a chunk
+    table = np.zeros((LAYOUT.rows, LAYOUT.width), dtype=LAYOUT.group)
+    assert add_client(LAYOUT, keys, table) == digest
+    assert np.array_equal(table, LAYOUT.scatter(sums))

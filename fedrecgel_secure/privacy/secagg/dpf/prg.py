@@ -31,11 +31,16 @@ def sigma(blocks: np.ndarray) -> np.ndarray:
 
 
 def hash_blocks(key: str, blocks: np.ndarray) -> np.ndarray:
-    """``H_key`` of each 16-byte row of ``blocks`` (an (n, 16) uint8 array)."""
-    x = sigma(blocks)
+    """``H_key`` of each 16-byte row of ``blocks`` (an (n, 16) uint8 array). The halves are handled as 64-bit
+    words (σ and the XOR are bytewise, so the result is :func:`sigma`'s, which the tests hold it to)."""
+    words = np.ascontiguousarray(blocks).view(np.uint64)  # (n, 2): x_L, x_R
+    x = np.empty_like(words)
+    np.bitwise_xor(words[:, 0], words[:, 1], out=x[:, 0])
+    x[:, 1] = words[:, 0]
     encryptor = Cipher(algorithms.AES(KEYS[key]), modes.ECB()).encryptor()  # ECB: each block on its own, by design
-    out = np.frombuffer(encryptor.update(x.tobytes()) + encryptor.finalize(), dtype=np.uint8).reshape(x.shape)
-    return out ^ x
+    out = np.frombuffer(encryptor.update(memoryview(x).cast("B")) + encryptor.finalize(), dtype=np.uint64)
+    out = out.reshape(x.shape)
+    return (out ^ x).view(np.uint8)
 
 
 def expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -53,10 +58,12 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     (n, width) array of that type."""
     size = np.dtype(group).itemsize
     blocks = -(-width * size // SEED_BYTES)
-    counters = np.zeros((blocks, SEED_BYTES), dtype=np.uint8)
-    counters[:, 14] = np.arange(blocks) >> 8
-    counters[:, 15] = np.arange(blocks) & 0xFF
-    x = (seeds[:, None, :] ^ counters[None, :, :]).reshape(-1, SEED_BYTES)
+    # the counter in bytes 14 (high) and 15 (low), i.e. the top 16 bits of the block's second little-endian word
+    counters = np.zeros((blocks, 2), dtype=np.uint64)
+    i = np.arange(blocks, dtype=np.uint64)
+    counters[:, 1] = ((i >> np.uint64(8)) << np.uint64(48)) | ((i & np.uint64(0xFF)) << np.uint64(56))
+    words = np.ascontiguousarray(seeds).view(np.uint64)  # (n, 2)
+    x = (words[:, None, :] ^ counters[None, :, :]).reshape(-1, 2).view(np.uint8)
     out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES)
     return out.view(f"<u{size}")[:, :width].astype(group)
 

@@ -1,6 +1,6 @@
 """The two servers of the DPF scheme: the aggregator (party 0) and the key holder (party 1), which do not collude.
 
-Each opens its box of every upload, expands the client's keys over the whole table (:func:`.sparse.forest`) and
+Each opens its box of every upload, expands the client's keys over the whole table (:func:`.sparse.add_client`) and
 adds them into its share of the sum, and keeps the client's digest of leaf proofs. A round::
 
     aggregator                                   key holder
@@ -43,7 +43,7 @@ from ..vectors import check_dim
 from . import wire
 from .params import DPFParams
 from .prg import SEED_BYTES
-from .sparse import forest
+from .sparse import add_client
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 _REQUEST = struct.Struct(">4sQI")
@@ -85,9 +85,9 @@ class _Server:
             raise RejectedPayload(
                 Reason.REPLAY, f"round {round_idx} is at or before completed round {self.last_completed_round}"
             )
-        layout = self.params.layout
+        p = self.params
         self._round = round_idx
-        self._sums = np.zeros((layout.buckets, 1 << layout.depth, layout.width), dtype=self.params.group)
+        self._table = np.zeros((p.rows, p.width), dtype=p.group)
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
         self.digests: dict[int, bytes] = {}
@@ -126,8 +126,7 @@ class _Server:
         else:
             share = wire.pad(plain[roots_len:], dense, p.group)
         keys = body.corrections.keys(self.party, roots)
-        sums, (digest,) = forest(keys, layout.sizes)
-        self._sums += sums
+        digest = add_client(layout, keys, self._table)
         self._dense += share
         self._held[cid] = (keys, share)
         self.digests[cid] = digest
@@ -137,13 +136,14 @@ class _Server:
         """Take ``clients``' contributions out of this server's share again."""
         for cid in clients:
             keys, share = self._held.pop(cid)
-            self._sums -= forest(keys, self.params.layout.sizes)[0]
+            alone = np.zeros_like(self._table)
+            add_client(self.params.layout, keys, alone)
+            self._table -= alone
             self._dense -= share
             self.digests.pop(cid, None)
 
     def _share(self) -> np.ndarray:
-        table = self.params.layout.scatter(self._sums)
-        return np.concatenate([table.reshape(-1), self._dense])
+        return np.concatenate([self._table.reshape(-1), self._dense])
 
 
 class DPFAggregator(_Server):

@@ -30,6 +30,7 @@ from .point import DPFKey, gen_many, proofs
 from .prg import SEED_BYTES, convert, expand
 
 HASHES = 3
+CHUNK_VALUES = 1 << 24  # values a server expands at once (128 MB at 64 bits)
 EXPANSION = 1.5  # buckets per row of the budget: three-way cuckoo hashing fails about 2^-40 of the time at this load
 
 
@@ -82,6 +83,28 @@ class Layout:
             rows = self.members[b]
             table[rows] += sums[: len(rows)]  # a bucket lists a row once
         return table
+
+    def destinations(self, first: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Where the leaves of buckets ``first .. stop-1`` (their members, in order) go: (leaf positions, rows)
+        pairs in which no row repeats, so that ``table[rows] += values[positions]`` adds every leaf (a row sits in
+        up to three of the buckets, and a fancy-indexed add counts a repeated row once)."""
+        key = (first, stop)
+        if key not in self._destinations:
+            flat = np.concatenate(self.members[first:stop])
+            order = np.argsort(flat, kind="stable")
+            runs = np.r_[0, np.flatnonzero(np.diff(flat[order])) + 1]
+            occurrence = np.empty(flat.size, dtype=np.int64)
+            occurrence[order] = np.arange(flat.size) - np.repeat(runs, np.diff(np.r_[runs, flat.size]))
+            pairs = []
+            for k in range(int(occurrence.max()) + 1 if flat.size else 0):
+                positions = np.flatnonzero(occurrence == k)
+                pairs.append((positions, flat[positions]))
+            self._destinations[key] = pairs
+        return self._destinations[key]
+
+    @cached_property
+    def _destinations(self) -> dict:
+        return {}
 
     def place(self, rows: Sequence[int]) -> dict[int, int]:
         """bucket -> row, each of ``rows`` in one of its candidate buckets, one row a bucket; :class:`CuckooFailure`
@@ -173,18 +196,22 @@ class KeyArrays:
     def __len__(self) -> int:
         return self.seeds.shape[0]
 
+    def __getitem__(self, keep: slice) -> KeyArrays:
+        return KeyArrays(
+            self.party,
+            self.seeds[keep],
+            self.cw_seeds[keep],
+            self.cw_bits[keep],
+            self.cw_value[keep],
+            self.cw_check[keep],
+        )
 
-def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
-    """The sum, position by position, of ``keys`` expanded over their trees, where key ``i`` belongs to tree
-    ``i % len(sizes)`` (a batch of clients' keys, each client's in bucket order) and tree ``j`` has ``sizes[j]``
-    leaves: a (trees, 2^depth, width) array of the keys' group, zero past each tree's size; and each client's
-    digest, SHA-256 of its keys' leaf proofs (:func:`.point.proofs`) inside the trees, in order, which the other
-    server's equals for an honest client. Every tree of the batch advances a level per AES call, and only the
-    leaves inside a tree are stretched to values."""
-    n, trees = len(keys), len(sizes)
-    depth, width = keys.cw_seeds.shape[1], keys.cw_value.shape[1]
-    if n % trees:
-        raise ValueError("a forest's keys fill whole sets of trees")
+
+def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every key's tree expanded a level at a time (one AES call a level for the batch), key ``i`` over its first
+    ``sizes[i]`` leaves: this party's shares there, (leaves inside, width) of the group, and the leaves' proofs,
+    (leaves inside, 32), both in key and leaf order."""
+    n, depth = len(keys), keys.cw_seeds.shape[1]
     seeds = keys.seeds[:, None, :]  # (n, nodes, 16)
     t = np.full((n, 1), keys.party, dtype=np.uint8)
     for level in range(depth):
@@ -199,19 +226,48 @@ def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[byte
         right_t ^= t & keys.cw_bits[:, None, level, 1]
         seeds = np.stack([left, right], axis=2).reshape(n, 2 * nodes, SEED_BYTES)
         t = np.stack([left_t, right_t], axis=2).reshape(n, 2 * nodes)
-    inside = np.arange(1 << depth)[None, :] < np.tile(np.asarray(sizes), n // trees)[:, None]  # (n, 2^depth)
+    inside = np.arange(1 << depth)[None, :] < np.asarray(sizes)[:, None]  # (n, 2^depth)
     per_key = inside.sum(axis=1)
     group = keys.cw_value.dtype.type
     leaf_seeds, leaf_t = seeds[inside], t[inside]
-    out = np.zeros((n, 1 << depth, width), dtype=group)
-    out[inside] = convert(leaf_seeds, width, group) + leaf_t.astype(group)[:, None] * np.repeat(
-        keys.cw_value, per_key, axis=0
-    )
+    values = convert(leaf_seeds, keys.cw_value.shape[1], group)
+    values += leaf_t.astype(group)[:, None] * np.repeat(keys.cw_value, per_key, axis=0)
     if keys.party:
-        out = group(0) - out
-    proved = proofs(leaf_seeds, leaf_t, np.repeat(keys.cw_check, per_key, axis=0))
+        np.negative(values, out=values)  # in the group: 2^k - v
+    return values, proofs(leaf_seeds, leaf_t, np.repeat(keys.cw_check, per_key, axis=0))
+
+
+def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
+    """The sum, position by position, of ``keys`` expanded over their trees, where key ``i`` belongs to tree
+    ``i % len(sizes)`` (a batch of clients' keys, each client's in bucket order) and tree ``j`` has ``sizes[j]``
+    leaves: a (trees, 2^depth, width) array of the keys' group, zero past each tree's size; and each client's
+    digest, SHA-256 of its keys' leaf proofs (:func:`.point.proofs`) inside the trees, in order, which the other
+    server's equals for an honest client. The plain path that :func:`add_client` is held to."""
+    n, trees = len(keys), len(sizes)
+    if n % trees:
+        raise ValueError("a forest's keys fill whole sets of trees")
+    depth, width = keys.cw_seeds.shape[1], keys.cw_value.shape[1]
+    every = np.tile(np.asarray(sizes), n // trees)
+    values, proved = _leaves(keys, every)
+    out = np.zeros((n, 1 << depth, width), dtype=values.dtype)
+    out[np.arange(1 << depth)[None, :] < every[:, None]] = values
     digests = [hashlib.sha256(client.tobytes()).digest() for client in proved.reshape(n // trees, -1)]
-    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=group), digests
+    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=out.dtype), digests
+
+
+def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
+    """Expand one client's keys (one a bucket, in bucket order) and add them into ``table`` (rows, width), a chunk
+    of buckets at a time so that a server's memory is bounded whatever the table; the client's digest. Each
+    leaf's share goes straight to its row (:meth:`Layout.destinations`), never through a padded bucket array."""
+    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)
+    digest = hashlib.sha256()
+    for first in range(0, layout.buckets, chunk):
+        stop = min(first + chunk, layout.buckets)
+        values, proved = _leaves(keys[first:stop], layout.sizes[first:stop])
+        for positions, rows in layout.destinations(first, stop):
+            table[rows] += values[positions]
+        digest.update(proved.tobytes())
+    return digest.digest()
 
 
 def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
