@@ -15,6 +15,7 @@ value (docs/results/secagg-cost.md); masking's server round on FilmTrust is 0.43
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -32,9 +33,12 @@ SHAPES = {  # key: name, rows (items), R (a client's rows: positives and their 4
     "1m": ("synthetic, 1M items", 1_000_000, 500, 100_000),
 }
 MASKING_BYTES, BFV_BYTES = 8.0, 32.4  # per value, measured (docs/results/secagg-cost.md)
-# the grid a 32-bit group needs: values clipped to ±0.5 at 2^-21 (a DP run clips updates far below that), so that
-# a sum of the clients a round fits in 31 bits
-GRID32 = FixedPoint(clip_range=0.5, frac_bits=21)
+CLIP32 = 0.5  # a 32-bit group's grid: values clipped to ±0.5 (DP's clip norm, 0.5 in the packaged policies)
+
+
+def grid32(clients: int) -> FixedPoint:
+    """The finest grid at ±0.5 whose sum of ``clients`` values fits 31 bits with a bit to spare (the capacity rule)."""
+    return FixedPoint(clip_range=CLIP32, frac_bits=math.floor(math.log2(2**30 / (clients * CLIP32))))
 
 
 def dense_values() -> int:
@@ -53,34 +57,58 @@ def client_vector(rows: int, budget: int, dim: int, rng) -> np.ndarray:
 
 def one_client(rows: int, budget: int, bits: int, clients: int) -> dict[str, float]:
     dim = rows * WIDTH + dense_values()
-    grid = FixedPoint() if bits == 64 else GRID32
+    grid = FixedPoint() if bits == 64 else grid32(clients)
     session = make_session(
         "dpf", dim, range(1), min_clients=1, encoding=grid, rows=rows, width=WIDTH, budget=budget, value_bits=bits
     )
     session.params.check(dim, grid, clients)  # the capacity rule holds for the shape's clients a round
     x = client_vector(rows, budget, dim, np.random.default_rng(0))
-    start = time.perf_counter()
-    payload = session.clients[0].upload(0, x)
-    client = time.perf_counter() - start
     agg, holder = session.aggregator, session.key_holder
-    agg.begin_round(0)
-    start = time.perf_counter()
-    agg.receive(payload)
-    aggregator = time.perf_counter() - start
-    request = agg.finish()
-    start = time.perf_counter()
-    holder.check(request)
-    key_holder = time.perf_counter() - start
+    for round_idx in (0, 1):  # round 0 builds what a session builds once (the layout, where leaves go)
+        start = time.perf_counter()
+        payload = session.clients[0].upload(round_idx, x)
+        client = time.perf_counter() - start
+        agg.begin_round(round_idx)
+        start = time.perf_counter()
+        agg.receive(payload)
+        aggregator = time.perf_counter() - start
+        request = agg.finish()
+        start = time.perf_counter()
+        agg.settle(holder.check(request))
+        key_holder = time.perf_counter() - start
+        agg.combine(holder.release())
     return {"upload": len(payload), "client": client, "aggregator": aggregator, "key_holder": key_holder, "dim": dim}
 
 
-def filmtrust_round(rows: int, budget: int, clients: int) -> tuple[float, float]:
-    """(aggregator, key holder) seconds of one whole FilmTrust-sized round."""
+def whole_round(rows: int, budget: int, clients: int) -> dict[str, tuple[float, ...]]:
+    """Server seconds of one whole round of ``clients``, in one process: the DPF scheme's (aggregator, key holder)
+    at 64 and 32 bits, and masking's (SecAgg+ graph) for the ratio the issue asks for, measured in the same run."""
     dim = rows * WIDTH + dense_values()
-    session = make_session("dpf", dim, range(clients), min_clients=10, rows=rows, width=WIDTH, budget=budget)
     rng = np.random.default_rng(1)
-    result = session.run_round(0, {c: client_vector(rows, budget, dim, rng) for c in range(clients)})
-    return result.cost["aggregate_seconds"], result.cost["finalize_seconds"]
+    xs = {c: client_vector(rows, budget, dim, rng) for c in range(clients)}
+    out = {}
+    for name, kwargs in (
+        ("dpf64", dict(rows=rows, width=WIDTH, budget=budget)),
+        ("dpf32", dict(rows=rows, width=WIDTH, budget=budget, value_bits=32, encoding=grid32(clients))),
+        ("masking", dict(degree="secagg+")),
+    ):
+        session = make_session(name.rstrip("0123456789"), dim, range(clients), min_clients=10, **kwargs)
+        cost = session.run_round(0, xs).cost
+        out[name] = (cost["aggregate_seconds"], cost["finalize_seconds"])
+    return out
+
+
+def aes_blocks(layout, bits: int) -> int:
+    """AES blocks one server computes for one client: two a node at every level of every bucket's tree, then for
+    each leaf inside a bucket its value's blocks and two for its check value (:mod:`.dpf.sparse`)."""
+    nodes = layout.buckets * 2 * ((1 << layout.depth) - 1)
+    return nodes + int(layout.sizes.sum()) * (-(-layout.width * bits // 128) + 2)
+
+
+# GPU-DPF (facebookresearch, the paper's V100 figure): 923 full-domain evaluations a second of a 2^20-row table,
+# about 2^21 PRF blocks each; the rate a GPU expansion of these keys would be priced at (not measured here)
+GPU_BLOCKS_PER_S = 923 * 2**21
+USERS, CLIENTS_1M = 10_000_000, 100_000
 
 
 def row(key: str) -> list[str]:
@@ -88,16 +116,25 @@ def row(key: str) -> list[str]:
     m64, m32 = one_client(rows, budget, 64, clients), one_client(rows, budget, 32, clients)
     dim = m64["dim"]
     if key == "filmtrust":
-        agg, holder = filmtrust_round(rows, budget, clients)
-        per_round = f"{agg:.1f} / {holder:.1f} (measured)"
+        measured = whole_round(rows, budget, clients)
+        (a64, k64), (a32, k32), masking = measured["dpf64"], measured["dpf32"], sum(measured["masking"])
+        per_round = (
+            f"{a64:.1f} / {k64:.1f} ; {a32:.1f} / {k32:.1f} (measured; masking's server {masking:.2f}:"
+            f" {max(a64, k64) / masking:.1f}× and {max(a32, k32) / masking:.1f}×)"
+        )
     else:
-        per_round = f"{m64['aggregator'] * clients:,.0f} / {m64['key_holder'] * clients:,.0f} (× {clients:,})"
+        per_round = (
+            f"{m64['aggregator'] * clients:,.0f} / {m64['key_holder'] * clients:,.0f} ;"
+            f" {m32['aggregator'] * clients:,.0f} / {m32['key_holder'] * clients:,.0f} (× {clients:,})"
+        )
+    MEASURED[key] = (m64, m32)
     print(name, m64, m32, per_round, flush=True)
     return [
         name,
         f"{rows:,}",
         str(budget),
         f"{clients:,}",
+        f"2^-{grid32(clients).frac_bits}",
         f"{m64['upload'] / 1e6:.2f} / {m32['upload'] / 1e6:.2f} MB",
         f"{dim * MASKING_BYTES / 1e6:,.1f} MB",
         f"{dim * BFV_BYTES / 1e6:,.1f} MB",
@@ -105,6 +142,45 @@ def row(key: str) -> list[str]:
         f"{m64['aggregator']:.2f} / {m64['key_holder']:.2f} ; {m32['aggregator']:.2f} / {m32['key_holder']:.2f}",
         per_round,
     ]
+
+
+MEASURED: dict[str, tuple[dict, dict]] = {}
+
+
+def cost_model() -> str:
+    """A million items, ten million users, 100,000 clients a round: the 1M row scaled, per round."""
+    _name, rows, budget, clients = SHAPES["1m"]
+    m64, m32 = MEASURED["1m"]
+    layout = make_session("dpf", m64["dim"], range(1), min_clients=1, rows=rows, width=WIDTH, budget=budget).params
+    cells = []
+    for bits, m in ((64, m64), (32, m32)):
+        blocks = aes_blocks(layout.layout, bits)
+        cpu = max(m["aggregator"], m["key_holder"])
+        cells.append(
+            [
+                f"{bits}-bit",
+                f"{m['upload'] / 1e6:.2f} MB; {m['upload'] * clients / 1e9:,.0f} GB a round",
+                f"{m['dim'] * 4 / 1e6:,.0f} MB (the float32 model, as under every scheme)",
+                f"{blocks / 1e6:,.0f} M ({blocks / cpu / 1e6:,.0f} M/s measured)",
+                f"{cpu * clients / 3600:,.0f} core-hours",
+                f"{blocks * clients / GPU_BLOCKS_PER_S / 3600:,.1f} GPU-hours",
+            ]
+        )
+    header = [
+        "values",
+        "upload a client",
+        "download a client",
+        "AES blocks a client, each server (this CPU's rate)",
+        "a round, each server, CPU (measured a client × 100,000)",
+        "a round, each server, one GPU (extrapolated)",
+    ]
+    return (
+        f"Cost model: {rows:,} items, {USERS:,} users, {CLIENTS_1M:,} clients a round (R = {budget}). The CPU"
+        " column scales this machine's one-client seconds; the GPU column prices the same AES blocks at"
+        f" GPU-DPF's published V100 rate ({GPU_BLOCKS_PER_S / 1e9:.1f}·10^9 blocks a second: 923 full-domain"
+        " evaluations of 2^20 rows), extrapolated, not measured. Both servers do this work, in parallel.\n\n"
+        + table(header, cells)
+    )
 
 
 def main() -> None:
@@ -117,12 +193,13 @@ def main() -> None:
         "rows",
         "R",
         "clients a round",
+        "32-bit grid step",
         "DPF upload a client, 64 / 32-bit",
         "masking upload",
         "BFV upload",
         "client s, 64 / 32-bit",
         "server s a client (aggregator / key holder), 64-bit ; 32-bit",
-        "server s a round (aggregator / key holder), 64-bit",
+        "server s a round (aggregator / key holder), 64-bit ; 32-bit",
     ]
     rows = [row(key) for key in args.shapes.split(",")]
     text = (
@@ -130,9 +207,11 @@ def main() -> None:
         f" {dense_values():,} dense values additively shared), numpy and cryptography's AES on this project's"
         " 2-core CPU, one process (`python benchmarks/dpf_cost.py`). A client's protocol download is nothing a"
         " round (the servers' sealing keys come once a session). Masking and BFV upload the whole vector. 32-bit"
-        f" values need a grid whose sums fit 31 bits (here ±{GRID32.clip_range} at 2^-{GRID32.frac_bits}, checked"
-        " for each shape's clients a round).\n\n" + table(header, rows)
+        f" values need a grid whose sums fit 31 bits: here ±{CLIP32} at the step in the table, the finest that the"
+        " capacity rule lets each shape's clients a round sum.\n\n" + table(header, rows)
     )
+    if "1m" in MEASURED:
+        text += "\n" + cost_model()
     print(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -441,6 +441,7 @@ def test_an_audited_study_over_schemes_reports_the_attack_per_setting(tmp_path, 
         ("correlated_study.toml", 9, 100),
         ("correlated_sgd_study.toml", 12, 100),
         ("correlated_sgd_epsilon_study.toml", 12, 100),
+        ("dpf_budget_study.toml", 15, 100),
     ],
 )
 def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):

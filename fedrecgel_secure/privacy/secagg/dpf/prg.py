@@ -38,9 +38,11 @@ def hash_blocks(key: str, blocks: np.ndarray) -> np.ndarray:
     np.bitwise_xor(words[:, 0], words[:, 1], out=x[:, 0])
     x[:, 1] = words[:, 0]
     encryptor = Cipher(algorithms.AES(KEYS[key]), modes.ECB()).encryptor()  # ECB: each block on its own, by design
-    out = np.frombuffer(encryptor.update(memoryview(x).cast("B")) + encryptor.finalize(), dtype=np.uint64)
-    out = out.reshape(x.shape)
-    return (out ^ x).view(np.uint8)
+    out = np.empty(x.size * 8 + 16, dtype=np.uint8)  # update_into's room: the data and a block less one byte
+    done = encryptor.update_into(memoryview(x).cast("B"), out)
+    words = out[:done].view(np.uint64).reshape(x.shape)
+    words ^= x
+    return words.view(np.uint8)
 
 
 def expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -64,8 +66,8 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     counters[:, 1] = ((i >> np.uint64(8)) << np.uint64(48)) | ((i & np.uint64(0xFF)) << np.uint64(56))
     words = np.ascontiguousarray(seeds).view(np.uint64)  # (n, 2)
     x = (words[:, None, :] ^ counters[None, :, :]).reshape(-1, 2).view(np.uint8)
-    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES)
-    return out.view(f"<u{size}")[:, :width].astype(group)
+    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES).view(f"<u{size}")
+    return out if blocks * SEED_BYTES == width * size else out[:, :width].astype(group)  # whole blocks: no copy
 
 
 def check_blocks(seeds: np.ndarray, bits: np.ndarray) -> np.ndarray:

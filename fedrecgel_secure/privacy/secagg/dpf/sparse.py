@@ -231,7 +231,8 @@ def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     group = keys.cw_value.dtype.type
     leaf_seeds, leaf_t = seeds[inside], t[inside]
     values = convert(leaf_seeds, keys.cw_value.shape[1], group)
-    values += leaf_t.astype(group)[:, None] * np.repeat(keys.cw_value, per_key, axis=0)
+    corrected = leaf_t.astype(bool)  # the leaves whose control bit adds the key's value correction
+    values[corrected] += keys.cw_value[np.repeat(np.arange(n), per_key)[corrected]]
     if keys.party:
         np.negative(values, out=values)  # in the group: 2^k - v
     return values, proofs(leaf_seeds, leaf_t, np.repeat(keys.cw_check, per_key, axis=0))
