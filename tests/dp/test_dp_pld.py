@@ -281,3 +281,22 @@ def test_the_cli_reports_each_observer_s_epsilon(tmp_path):
     assert f"against the server: ε {summary['epsilon_server']:.3g}" in text
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["epsilon_server"] == summary["epsilon_server"]
+
+
+@pytest.mark.parametrize(("scheme", "bounded"), [("none", False), ("masking", False), ("bfv", True), ("dpf", True)])
+def test_central_noise_bounds_what_the_server_sees_only_where_a_key_holder_adds_it(scheme, bounded):
+    # the masking aggregator (or a server with no protocol) adds central noise itself and so knows it; a key
+    # holder (BFV's, DPF's) adds it where the aggregator never sees it
+    policy = load_policy(
+        None,
+        [
+            "privacy.dp.enabled=true",
+            "privacy.dp.mode=central",
+            "privacy.dp.target_epsilon=8",
+            "privacy.dp.delta=1e-4",
+            f"privacy.secure_aggregation.scheme={scheme}",
+        ],
+    )
+    resolved = validate_against_population(policy.privacy.dp, 1227, 10, 0.1, policy.privacy.secure_aggregation)
+    seen = resolved.server_noise_multiplier(122, 122)
+    assert (seen == resolved.noise_multiplier) if bounded else seen is None

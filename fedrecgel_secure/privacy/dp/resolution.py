@@ -55,7 +55,7 @@ class ResolvedDP:
     max_epsilon_against: str = "release"
     """Whose epsilon max_epsilon bounds: "release" (the accountant's) or "server" (:mod:`.observers`)."""
     secure_sum: str = "none"
-    """privacy.secure_aggregation.scheme: whether the server sees only the sum (masking, bfv) or each upload."""
+    """privacy.secure_aggregation.scheme: whether the server sees only the sum (masking, bfv, dpf) or each upload."""
     shares: str = "sampled"
     """What sizes a distributed noise share: everyone sampled, or the masking protocol's survivor threshold."""
     min_clients: int = 1
@@ -154,10 +154,12 @@ class ResolvedDP:
     def server_noise_multiplier(self, participants: int, contributors: int) -> float | None:
         """The noise multiplier of what the server sees of one contributor this round, or None when it sees
         the clipped upload itself: the released sum's under secure aggregation (distributed noise, or central
-        noise added by the BFV key holder); one client's own share when distributed uploads arrive in the clear;
-        None for central noise the server adds itself."""
+        noise added by a key holder: BFV's, DPF's); one client's own share when distributed uploads arrive in the
+        clear; None for central noise the server adds itself."""
         if self.mode == "central":
-            return self.noise_multiplier if self.secure_sum == "bfv" else None
+            from fedrecgel_secure.privacy.secagg.schemes import SCHEMES  # a table of facts: loads no protocol
+
+            return self.noise_multiplier if SCHEMES[self.secure_sum].key_holder else None
         if self.secure_sum == "none":
             return self.noise_multiplier / math.sqrt(self.noise_shares(participants))
         return self.reached_noise_multiplier(participants, contributors)

@@ -1,8 +1,8 @@
 """Secure aggregation: the server learns the sum of at least ``min_clients`` uploads, never one upload.
 
-Two schemes share one seam: a client turns its vector into signed bytes, the
+Three schemes share one seam: a client turns its vector into signed bytes, the
 aggregator combines bytes without reading any single upload, and a round
-releases the aggregate alone. Both sum the same fixed-point integers
+releases the aggregate alone. All sum the same fixed-point integers
 (:mod:`.fixedpoint`), so they release bit-identical aggregates.
 
 * ``"bfv"``: exact TenSEAL BFV encryption of the fixed-point grid integers under
@@ -12,6 +12,10 @@ releases the aggregate alone. Both sum the same fixed-point integers
   collude with the key holder; against a malicious or colluding server use
   masking. (CKKS was removed: its approximate decryptions leak the secret key,
   Li and Micciancio, Eurocrypt 2021.)
+* ``"dpf"``: two servers that do not collude (the aggregator and a key holder)
+  each get one key of every pair of distributed point functions that carry a
+  client's touched item rows, so the upload follows the rows touched, not the
+  catalogue (:mod:`.dpf`); the key holder adds central noise.
 * ``"masking"``: pairwise and self masks with Shamir-shared seeds for dropout
   recovery (Bonawitz et al., CCS 2017) on a SecAgg+ neighbour graph (Bell et al.,
   CCS 2020) (:mod:`.masking`), with every aggregator message signed by a

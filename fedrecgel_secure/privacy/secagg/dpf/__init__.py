@@ -5,4 +5,14 @@ A client that touched row ``alpha`` of a table with value ``beta`` (a row of int
 Z_2^64 or Z_2^32) gives one key to each of two servers that do not collude; each server expands its key over every row
 (:func:`.point.eval_full`) and adds what it gets over the clients, and the two sums add up to the sum of the
 clients' rows, exactly. The tree's pseudorandom generator is fixed-key AES-128 (:mod:`.prg`).
+
+The scheme ``"dpf"``: :mod:`.params` (the budget R and the rule for a client with more rows), :mod:`.sparse` (the
+public buckets, cuckoo placement, a server's expansion), :mod:`.wire` (the upload's bytes), :mod:`.client`,
+:mod:`.servers` (the aggregator and the key holder, and their check of each client's keys) and :mod:`.session`
+(all roles in one process). Threat model: the two servers follow the protocol and do not collude; colluding,
+they read every client's rows. A malicious client can add any values, unchecked, to at most ⌈1.5·R⌉ rows (one a
+bucket) and to the dense part, as under masking or BFV it can add any vector: that biases the model, not another
+client's privacy, since the key holder's noise does not depend on the clients. It cannot put two rows in one key
+(the servers' digests of leaf proofs differ and both drop it), nor have a replayed, moved or swapped upload or
+box accepted.
 """
