@@ -4,12 +4,13 @@
 
 The scheme's real roles (privacy/secagg/dpf: DPFClient, DPFAggregator, DPFKeyHolder) on the default model: an item
 table of 160 values a row (gmf_dim 32 + mlp_dim 128) and the dense rest of the shared vector (the MLP tower and
-biases, additively shared). A client touches R rows. Per client and round: its upload (envelope, both boxes),
-its protocol download (none: the two servers' sealing keys come once a session; every scheme's clients download
-the model), its seconds, and each server's seconds to open, expand and add one client's keys. Per round: FilmTrust's
-is a whole round of its 122 clients, measured; a larger shape's is its one-client seconds times its clients a round
-(one client, one run, extrapolated). Masking and BFV upload the whole vector at their measured 8.0 and 32.4 bytes a
-value (docs/results/secagg-cost.md); masking's server round on FilmTrust is 0.43 s there.
+biases, additively shared). A client touches R rows, which it holds with the dense rest (DPFClient.upload_rows),
+never the whole table. Per client and round: its upload (envelope, both boxes), its protocol download (none: the
+two servers' sealing keys come once a session; every scheme's clients download the model), its seconds, and each
+server's seconds to open, expand and add one client's keys. Per round: FilmTrust's is a whole round of its 122
+clients, measured beside masking's server in the same run; a larger shape's is its one-client seconds times its
+clients a round (one client, one run, extrapolated). Masking and BFV upload the whole vector at their measured 8.0
+and 32.4 bytes a value (docs/results/secagg-cost.md).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ def one_client(rows: int, budget: int, bits: int, clients: int) -> dict[str, flo
     )
     session.params.check(dim, grid, clients)  # the capacity rule holds for the shape's clients a round
     x = client_vector(rows, budget, dim, np.random.default_rng(0))
+    table = x[: rows * WIDTH].reshape(rows, WIDTH)
+    touched = np.flatnonzero(table.any(axis=1))
     agg, holder = session.aggregator, session.key_holder
     for round_idx in (0, 1):  # round 0 builds what a session builds once (the layout, where leaves go)
-        start = time.perf_counter()
-        payload = session.clients[0].upload(round_idx, x)
+        start = time.perf_counter()  # the client holds its touched rows and the dense rest, never the whole table
+        payload = session.clients[0].upload_rows(round_idx, touched, table[touched], x[rows * WIDTH :])
         client = time.perf_counter() - start
         agg.begin_round(round_idx)
         start = time.perf_counter()

@@ -69,6 +69,21 @@ def test_a_round_releases_the_exact_grid_sum_of_the_clients_rows_and_the_key_hol
     )
 
 
+def test_a_client_that_holds_only_its_rows_uploads_what_the_whole_vector_would():
+    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    xs = uploads(11, touched=BUDGET + 3)
+
+    def by_rows(c, payload):  # the same vector, handed over as its nonzero rows and its dense rest
+        table = xs[c][: ROWS * WIDTH].reshape(ROWS, WIDTH)
+        rows = np.flatnonzero(table.any(axis=1))[::-1]  # in any order
+        return session.clients[c].upload_rows(0, rows, table[rows], xs[c][ROWS * WIDTH :])
+
+    result = session.run_round(0, xs, intercept=by_rows)
+    assert result.rejected == {} and np.array_equal(result.total, grid_sum(session, xs.values()))
+    with pytest.raises(BadInputError, match="distinct"):
+        session.clients[CLIENTS[0]].upload_rows(1, [3, 3], np.zeros((2, WIDTH)), np.zeros(DENSE))
+
+
 def test_a_client_over_the_budget_keeps_its_R_rows_of_largest_norm():
     session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
     xs = uploads(3, touched=BUDGET + 5)

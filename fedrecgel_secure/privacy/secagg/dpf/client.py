@@ -19,7 +19,7 @@ from fedrecgel_secure.errors import BadInputError
 
 from ..fixedpoint import FixedPoint
 from ..identity import ClientIdentity, Kind, check_round, check_session_tag
-from ..vectors import check_dim, check_upload
+from ..vectors import check_dim, check_upload, check_vector
 from . import wire
 from .params import DPFParams
 from .sparse import KeyArrays, encode
@@ -48,19 +48,37 @@ class DPFClient:
         self.last_dropped_rows = 0
 
     def upload(self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
-        """The upload of ``x`` (:mod:`.wire`); sets ``last_clipped`` and ``last_dropped_rows``."""
-        check_round(round_idx)
+        """The upload of the vector ``x`` (:mod:`.wire`): its nonzero table rows and its dense rest
+        (:meth:`upload_rows`); sets ``last_clipped`` and ``last_dropped_rows``."""
         if noise is not None:
             raise BadInputError(
                 "scheme 'dpf' takes no noise shares: a dense share touches every row; the key holder adds central noise"
             )
-        cid = self.identity.client_id
-        ints, self.last_clipped = self.encoding.encode(check_upload(x, self.dim, cid))
-        p, layout = self.params, self.params.layout
-        rows, self.last_dropped_rows = p.sparse(ints)
-        table = p.to_group(ints[: p.table_values]).reshape(p.rows, p.width)
-        keys0, keys1 = encode(layout, {int(r): table[r] for r in rows})
-        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(ints[p.table_values :]))
+        p = self.params
+        x = check_upload(x, self.dim, self.identity.client_id)
+        table = x[: p.table_values].reshape(p.rows, p.width)
+        touched = np.flatnonzero(table.any(axis=1))
+        return self.upload_rows(round_idx, touched, table[touched], x[p.table_values :])
+
+    def upload_rows(self, round_idx: int, rows: np.ndarray, values: np.ndarray, dense: np.ndarray) -> bytes:
+        """The upload of a vector given by its table ``rows`` (distinct ids; the rest of the table is zero), their
+        ``values`` (len(rows), width) and its ``dense`` rest: what a client of a large catalogue holds, never the
+        whole table. The same bytes' worth as :meth:`upload` of the dense vector (the grid encodes a zero as 0)."""
+        check_round(round_idx)
+        p, cid = self.params, self.identity.client_id
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        values = check_vector(np.asarray(values).reshape(-1), rows.size * p.width, f"row values of client {cid}")
+        dense = check_vector(dense, self.dim - p.table_values, f"dense values of client {cid}")
+        if np.unique(rows).size != rows.size or np.any(rows < 0) or np.any(rows >= p.rows):
+            raise BadInputError(f"the rows of client {cid} must be distinct ids of the table's {p.rows} rows")
+        row_ints, clipped = self.encoding.encode(values)
+        dense_ints, dense_clipped = self.encoding.encode(dense)
+        self.last_clipped = clipped + dense_clipped
+        row_ints = row_ints.reshape(rows.size, p.width)
+        kept, self.last_dropped_rows = p.choose(rows, row_ints)
+        table = dict(zip(rows.tolist(), p.to_group(row_ints), strict=True))
+        keys0, keys1 = encode(p.layout, {int(r): table[int(r)] for r in kept})
+        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(dense_ints))
 
     def pack(self, round_idx: int, k0: KeyArrays, k1: KeyArrays, dense: np.ndarray) -> bytes:
         """The signed upload of key batches ``k0`` (the aggregator's) and ``k1`` (the key holder's) and the dense

@@ -69,8 +69,14 @@ class DPFParams:
         modes because the rule is deterministic."""
         table = ints[: self.table_values].reshape(self.rows, self.width)
         touched = np.flatnonzero(table.any(axis=1))
-        norms = np.square(table[touched].astype(np.float64)).sum(axis=1)
-        order = touched[np.lexsort((touched, -norms))]  # largest norm first, then the lower row
+        return self.choose(touched, table[touched])
+
+    def choose(self, rows: np.ndarray, row_ints: np.ndarray) -> tuple[np.ndarray, int]:
+        """:meth:`sparse` of a table given by its candidate ``rows`` (distinct) and their grid integers."""
+        nonzero = row_ints.any(axis=1)
+        rows, row_ints = np.asarray(rows)[nonzero], row_ints[nonzero]
+        norms = np.square(row_ints.astype(np.float64)).sum(axis=1)
+        order = rows[np.lexsort((rows, -norms))]  # largest norm first, then the lower row
         held, left = self.layout.select(order)
         return np.sort(np.fromiter(held.values(), dtype=np.int64, count=len(held))), len(left)
 
