@@ -91,6 +91,7 @@ class _Server:
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
         self.digests: dict[int, bytes] = {}
+        self._pending: list[int] | None = None  # the key holder's checked clients, until it releases
 
     def _accept(self, envelope: bytes, aggregator_box: bytes | None) -> int:
         """Authenticate one client's envelope, open this server's box and add its keys' expansion."""
@@ -245,7 +246,7 @@ class DPFKeyHolder(_Server):
 
     def release(self, noise: np.ndarray | None = None) -> bytes:
         """This server's share of the checked clients' sum, plus ``noise`` on the grid; once per round."""
-        if self._round is None or getattr(self, "_pending", None) is None:
+        if self._round is None or self._pending is None:
             raise ProtocolStateError("release() comes after check() of the same round")
         if len(self._pending) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._pending), "checked uploads", self.min_clients)
