@@ -42,6 +42,8 @@ class DPFClient:
         self.session_tag = check_session_tag(session_tag)
         if len(seal_keys) != 2 or any(not isinstance(k, bytes) or len(k) != 32 for k in seal_keys):
             raise BadInputError("seal_keys must be the two servers' raw X25519 public keys (32 bytes each)")
+        if seal_keys[0] == seal_keys[1]:  # one server could open both boxes: it would hold both keys of every pair
+            raise BadInputError("seal_keys: the aggregator and the key holder must have different sealing keys")
         params.check(dim, encoding, 1)
         self.seal_keys = seal_keys
         self.last_clipped = 0

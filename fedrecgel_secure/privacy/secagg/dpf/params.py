@@ -15,6 +15,7 @@ import numpy as np
 from fedrecgel_secure.errors import BadInputError
 
 from ..fixedpoint import FixedPoint
+from .point import MAX_WIDTH
 from .sparse import Layout
 
 GROUP_OF_BITS = {32: np.uint32, 64: np.uint64}
@@ -37,6 +38,8 @@ class DPFParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadInputError(f"privacy.secure_aggregation.dpf.{name} must be an integer >= 1, got {value!r}")
+        if self.width > MAX_WIDTH:  # the value pad's block counter has 16 bits (:func:`.prg.convert`)
+            raise BadInputError(f"the DPF scheme takes rows of at most {MAX_WIDTH} values, got {self.width}")
         if self.value_bits not in GROUP_OF_BITS:
             raise BadInputError(f"privacy.secure_aggregation.dpf.value_bits must be 32 or 64, got {self.value_bits!r}")
 

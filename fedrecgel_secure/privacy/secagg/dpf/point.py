@@ -7,8 +7,9 @@ A key is ``11 + 16 + 17·bits + 32 + 8·width`` bytes (``4·width`` in Z_2^32); 
 in both keys.
 
 Verifiable (de Castro and Polychroniadou, Eurocrypt 2022, the hash check): each key carries ``cw_check``, the XOR
-of the two parties' 256-bit check values (:func:`.prg.check_blocks`) at ``alpha``. A server's *proof* of a leaf
-is its check value, XORed with ``cw_check`` where its control bit is set (:func:`proofs`). Off ``alpha`` the two
+of the two parties' 256-bit check values (:func:`.prg.check_blocks`, a hash of the leaf's seed, control bit and
+place) at ``alpha``. A server's *proof* of a leaf is its check value, XORed with ``cw_check`` where its control
+bit is set (:func:`proofs`). Off ``alpha`` the two
 parties' seeds and bits are equal, so are their proofs; at ``alpha`` the correction makes them equal too. So the
 two servers' proofs agree at every leaf for an honest key pair, and comparing a hash of them tells neither where
 ``alpha`` is. Where the two parties' leaves differ at two or more rows (a key pair of more than one point) the
@@ -144,7 +145,8 @@ def gen_many(
     leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1], group).reshape(n, 2, -1)
     cw_value = betas - leaves[:, 0] + leaves[:, 1]  # in the group: unsigned arithmetic wraps
     cw_value = np.where(t[:, 1:2].astype(bool), group(0) - cw_value, cw_value)
-    checks = check_blocks(seeds.reshape(-1, SEED_BYTES), t.reshape(-1)).reshape(n, 2, CHECK_BYTES)
+    at = np.repeat(alphas, 2)  # both parties' leaf alpha
+    checks = check_blocks(seeds.reshape(-1, SEED_BYTES), t.reshape(-1), at).reshape(n, 2, CHECK_BYTES)
     cw_check = checks[:, 0] ^ checks[:, 1]
     return [
         (
@@ -155,11 +157,13 @@ def gen_many(
     ]
 
 
-def proofs(seeds: np.ndarray, t: np.ndarray, cw_check: np.ndarray) -> np.ndarray:
-    """A server's proof of each leaf: its check value, XORed with the key's ``cw_check`` where its control bit is
-    set; ``cw_check`` is one (32,) word or one a leaf. Both servers' proofs are equal at every leaf of an honest
-    key pair."""
-    return check_blocks(seeds, t) ^ (t.astype(np.uint8)[:, None] * np.broadcast_to(cw_check, (t.size, CHECK_BYTES)))
+def proofs(seeds: np.ndarray, t: np.ndarray, positions: np.ndarray, cw_check: np.ndarray) -> np.ndarray:
+    """A server's proof of each leaf (its seed, control bit and place in the tree): its check value, XORed with
+    the key's ``cw_check`` where its control bit is set; ``cw_check`` is one (32,) word or one a leaf. Both
+    servers' proofs are equal at every leaf of an honest key pair."""
+    return check_blocks(seeds, t, positions) ^ (
+        t.astype(np.uint8)[:, None] * np.broadcast_to(cw_check, (t.size, CHECK_BYTES))
+    )
 
 
 def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:

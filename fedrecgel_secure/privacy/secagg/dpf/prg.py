@@ -2,10 +2,10 @@
 
 ``H_k(x) = AES_k(σ(x)) ⊕ σ(x)`` with ``σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L``, the construction of Guo, Katz, Wang and
 Yu (S&P 2020), which is circular correlation robust when AES_k is an ideal permutation; three public keys make the
-left child, the right child and a leaf's value, as Google's distributed_point_functions does; two more make a
-leaf's 256-bit check value (:func:`check_blocks`, the verifiable DPF's leaf hash). A node's control bit
-is the lowest bit of its child block, cleared in the seed the tree carries on. One AES call (ECB over a batch)
-serves a whole tree level, so a full-domain evaluation costs about three blocks per row and level.
+left child, the right child and a leaf's value, as Google's distributed_point_functions does; three more make a
+leaf's 256-bit check value (:func:`check_blocks`, the verifiable DPF's leaf hash, tweaked by the leaf's place). A
+node's control bit is the lowest bit of its child block, cleared in the seed the tree carries on. One AES call (ECB
+over a batch) serves a whole tree level, so a full-domain evaluation costs about three blocks per row and level.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ SEED_BYTES = 16
 # public, fixed: anyone may recompute them (the keys of the hash, not secrets)
 KEYS = {
     name: hashlib.sha256(b"fedrecgel-dpf/v1/" + name.encode()).digest()[:16]
-    for name in ("left", "right", "value", "check0", "check1")
+    for name in ("left", "right", "value", "check0", "check1", "tweak")
 }
 CHECK_BYTES = 32
 
@@ -60,6 +60,8 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     (n, width) array of that type."""
     size = np.dtype(group).itemsize
     blocks = -(-width * size // SEED_BYTES)
+    if blocks > 1 << 16:  # the counter has 16 bits: past them the pad would repeat
+        raise ValueError(f"a leaf of {width} values needs {blocks} blocks, more than the 2^16 the counter numbers")
     # the counter in bytes 14 (high) and 15 (low), i.e. the top 16 bits of the block's second little-endian word
     counters = np.zeros((blocks, 2), dtype=np.uint64)
     i = np.arange(blocks, dtype=np.uint64)
@@ -70,11 +72,16 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     return out if blocks * SEED_BYTES == width * size else out[:, :width].astype(group)  # whole blocks: no copy
 
 
-def check_blocks(seeds: np.ndarray, bits: np.ndarray) -> np.ndarray:
-    """Each leaf's 256-bit check value ``H_check0(s | t) ‖ H_check1(s | t)``, an (n, 32) uint8 array: the seed with
-    its control bit in the place the tree keeps clear, so two leaves share a check value only if they share both.
-    256 bits, not 128: a client that passes the servers' check with two rows in one key has found four of these
-    whose XOR is zero, about 2^85 work by Wagner's generalized birthday algorithm (2^43 at 128 bits)."""
-    blocks = seeds.copy()
-    blocks[:, 0] |= bits.astype(np.uint8)
+def check_blocks(seeds: np.ndarray, bits: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Each leaf's 256-bit check value, an (n, 32) uint8 array: ``H_check0(s ⊕ T) ‖ H_check1(s ⊕ T)`` with the
+    tweak ``T = H_tweak(position ‖ bit)`` (the leaf's place in its tree, little-endian, and its control bit), as
+    in Guo, Katz, Wang and Yu's tweakable hash. The position is what the verifiable DPF's H(x ‖ s) binds: without
+    it a client could swap the two parties' (seed, bit) pairs between two leaves and pass the check with two
+    rows. Two leaves share a check value only with the same seed, bit and place; 256 bits, not 128, because a
+    client that passes the servers' check with two rows in one key has found four of these whose XOR is zero,
+    about 2^85 work by Wagner's generalized birthday algorithm (2^43 at 128 bits)."""
+    tweaks = np.zeros((seeds.shape[0], 2), dtype=np.uint64)
+    tweaks[:, 0] = np.asarray(positions, dtype=np.uint64)
+    tweaks[:, 1] = np.asarray(bits, dtype=np.uint64)
+    blocks = seeds ^ hash_blocks("tweak", tweaks.view(np.uint8))
     return np.concatenate([hash_blocks("check0", blocks), hash_blocks("check1", blocks)], axis=1)

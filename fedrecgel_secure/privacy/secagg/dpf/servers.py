@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -46,10 +45,6 @@ from .prg import SEED_BYTES
 from .sparse import add_client
 
 log = logging.getLogger("fedrecgel_secure.secagg")
-_REQUEST = struct.Struct(">4sQI")
-_ITEM = struct.Struct(">II")
-_ANSWER = struct.Struct(">4sQI")
-DIGEST_BYTES = 32
 
 
 class _Server:
@@ -151,14 +146,27 @@ class DPFAggregator(_Server):
     """Party 0: receives the uploads, forwards the envelopes to the key holder and adds the two shares."""
 
     party = 0
+    _phase: str | None = None  # receiving, finished, settled; None between rounds
 
     def begin_round(self, round_idx: int) -> None:
         self._begin(round_idx)
         self._envelopes: dict[int, bytes] = {}
         self.refused: dict[int, str] = {}  # the key holder's refusals and the clients whose digests differed
+        self._phase = "receiving"
+
+    def _in(self, phase: str, then: str | None = None) -> None:
+        """Refuse a step out of the round's order (receiving, finished, settled): an upload that arrives after
+        the request went to the key holder is in no share of the key holder's, so it must not enter this one."""
+        if getattr(self, "_phase", None) != phase:
+            raise RejectedPayload(
+                Reason.OUT_OF_PHASE, f"the round is not {phase} (it is {getattr(self, '_phase', None)})"
+            )
+        if then is not None:
+            self._phase = then
 
     def receive(self, payload: bytes) -> int:
         """Check one upload and add this server's share of it; returns the client id."""
+        self._in("receiving")
         envelope, box = wire.split_upload(payload)
         try:
             cid = self._accept(envelope, box)
@@ -170,17 +178,17 @@ class DPFAggregator(_Server):
 
     def finish(self) -> bytes:
         """The key holder's request: every accepted envelope with this server's digest of it."""
+        self._in("receiving")
         if len(self._envelopes) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._envelopes), "valid uploads", self.min_clients)
-        parts = [_REQUEST.pack(b"DPFQ", self._round, len(self._envelopes))]
-        for cid, env in sorted(self._envelopes.items()):
-            parts += [_ITEM.pack(cid, len(env)), env, self.digests[cid]]
-        return b"".join(parts)
+        self._phase = "finished"
+        return wire.pack_request(self._round, [(c, e, self.digests[c]) for c, e in sorted(self._envelopes.items())])
 
     def settle(self, answer: bytes) -> list[int]:
         """The contributors, from the key holder's answer: the clients both servers accepted whose digests agree;
         the others are taken out of this server's share and named in ``refused``."""
-        theirs = parse_answer(answer, self._round)
+        self._in("finished", then="settled")
+        theirs = wire.parse_answer(answer, self._round)
         for cid in sorted(self._held):
             if cid not in theirs:
                 self.refused[cid] = "key_holder_missing"
@@ -196,12 +204,13 @@ class DPFAggregator(_Server):
 
     def combine(self, share: bytes) -> np.ndarray:
         """The round's sum on the grid (signed int64): this server's share plus the key holder's."""
+        self._in("settled")
         size = np.dtype(self.params.group).itemsize
         if len(share) != self.dim * size:
             raise RejectedPayload(Reason.WRONG_SHAPE, "the key holder's share is not of this vector's length")
         theirs = np.frombuffer(share, dtype=f"<u{size}").astype(self.params.group)
         total = self.params.from_group(self._share() + theirs)
-        self.last_completed_round, self._round = self._round, None
+        self.last_completed_round, self._round, self._phase = self._round, None, None
         return total
 
 
@@ -212,24 +221,11 @@ class DPFKeyHolder(_Server):
 
     def check(self, request: bytes) -> bytes:
         """Evaluate every envelope of the request; answer with this server's digest of each (or its refusal)."""
-        if len(request) < _REQUEST.size:
-            raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
-        magic, round_idx, count = _REQUEST.unpack_from(request)
-        if magic != b"DPFQ":
-            raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
+        round_idx, items = wire.parse_request(request)  # the whole request, checked before anything is added
         self._begin(round_idx)
         theirs: dict[int, bytes] = {}
         answers: dict[int, bytes | str] = {}
-        at = _REQUEST.size
-        for _ in range(count):
-            if len(request) < at + _ITEM.size:
-                raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
-            cid, n = _ITEM.unpack_from(request, at)
-            at += _ITEM.size
-            envelope, digest = request[at : at + n], request[at + n : at + n + DIGEST_BYTES]
-            at += n + DIGEST_BYTES
-            if len(digest) != DIGEST_BYTES:
-                raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
+        for cid, envelope, digest in items:
             try:
                 got = self._accept(envelope, None)
             except RejectedPayload as exc:
@@ -242,12 +238,12 @@ class DPFKeyHolder(_Server):
             theirs[cid], answers[cid] = digest, self.digests[cid]
         self._drop([c for c in self._held if theirs.get(c) != self.digests[c]])
         self._pending = sorted(self._held)
-        return pack_answer(round_idx, answers)
+        return wire.pack_answer(round_idx, answers)
 
     def release(self, noise: np.ndarray | None = None) -> bytes:
         """This server's share of the checked clients' sum, plus ``noise`` on the grid; once per round."""
-        if self._round is None or self._pending is None:
-            raise ProtocolStateError("release() comes after check() of the same round")
+        if self._round is None or self._pending is None or self._pending != sorted(self._held):
+            raise ProtocolStateError("release() comes after a whole check() of the same round")
         if len(self._pending) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._pending), "checked uploads", self.min_clients)
         share = self._share()
@@ -255,37 +251,3 @@ class DPFKeyHolder(_Server):
             share += self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
         self.last_completed_round, self._round, self._pending = self._round, None, None
         return share.astype(f"<u{share.dtype.itemsize}").tobytes()
-
-
-def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:
-    parts = [_ANSWER.pack(b"DPFA", round_idx, len(answers))]
-    for cid, value in sorted(answers.items()):
-        if isinstance(value, str):
-            reason = value.encode()
-            parts.append(struct.pack(">IBH", cid, 1, len(reason)) + reason)
-        else:
-            parts.append(struct.pack(">IB", cid, 0) + value)
-    return b"".join(parts)
-
-
-def parse_answer(data: bytes, round_idx: int) -> dict[int, bytes | str]:
-    """client -> the key holder's digest of its keys, or the reason it refused them."""
-    if len(data) < _ANSWER.size:
-        raise RejectedPayload(Reason.TRUNCATED, "a DPF answer shorter than its header")
-    magic, answered, count = _ANSWER.unpack_from(data)
-    if magic != b"DPFA" or answered != round_idx:
-        raise RejectedPayload(Reason.WRONG_ROUND, "a DPF answer of another round")
-    out: dict[int, bytes | str] = {}
-    at = _ANSWER.size
-    try:
-        for _ in range(count):
-            cid, status = struct.unpack_from(">IB", data, at)
-            at += 5
-            if status == 0:
-                out[cid], at = bytes(data[at : at + DIGEST_BYTES]), at + DIGEST_BYTES
-            else:
-                (n,) = struct.unpack_from(">H", data, at)
-                out[cid], at = bytes(data[at + 2 : at + 2 + n]).decode(), at + 2 + n
-    except struct.error:
-        raise RejectedPayload(Reason.TRUNCATED, "a DPF answer cut short") from None
-    return out

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .point import DPFKey, gen_many, proofs
 from .prg import SEED_BYTES, convert, expand
@@ -54,9 +55,13 @@ class Layout:
 
     @cached_property
     def candidates(self) -> np.ndarray:
-        """(rows, 3): each row's candidate buckets under the three hash functions."""
-        rng = np.random.default_rng(np.frombuffer(hashlib.sha256(self.seed).digest(), dtype=np.uint64))
-        return rng.integers(0, self.buckets, size=(self.rows, HASHES))
+        """(rows, 3): each row's candidate buckets under the three hash functions: 64-bit words of AES-128-CTR
+        under a key hashed from the public ``seed``, reduced mod the buckets (a bias below 2^-40), so every party
+        derives the same layout whatever its numpy (whose generators promise no stream across versions)."""
+        key = hashlib.sha256(self.seed + f"/{self.rows}/{self.budget}".encode()).digest()[:16]
+        encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        words = np.frombuffer(encryptor.update(bytes(8 * HASHES * self.rows)), dtype="<u8")
+        return (words % np.uint64(self.buckets)).astype(np.int64).reshape(self.rows, HASHES)
 
     @cached_property
     def members(self) -> list[np.ndarray]:
@@ -235,7 +240,8 @@ def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     values[corrected] += keys.cw_value[np.repeat(np.arange(n), per_key)[corrected]]
     if keys.party:
         np.negative(values, out=values)  # in the group: 2^k - v
-    return values, proofs(leaf_seeds, leaf_t, np.repeat(keys.cw_check, per_key, axis=0))
+    places = np.nonzero(inside)[1]  # each leaf's place in its tree, which its proof binds
+    return values, proofs(leaf_seeds, leaf_t, places, np.repeat(keys.cw_check, per_key, axis=0))
 
 
 def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:

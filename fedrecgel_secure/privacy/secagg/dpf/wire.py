@@ -49,6 +49,11 @@ MAGIC = b"DPFU"
 VERSION = 1
 _HEAD = struct.Struct(">4sBBHIIII32sI")
 _LEN = struct.Struct(">I")
+_REQUEST = struct.Struct(">4sQI")  # magic, round, clients
+_ITEM = struct.Struct(">II")  # client, envelope length
+_ANSWER = struct.Struct(">4sQI")
+_ANSWER_ITEM = struct.Struct(">IB")  # client, 0: a digest follows, 1: a refusal (u16 length, reason)
+DIGEST_BYTES = 32
 PAD_SEED_BYTES = 16
 _INFO = b"fedrecgel/dpf-box/v1\x00"
 
@@ -183,3 +188,79 @@ def open_box(private_key, box: bytes, info: bytes, length: int, client_id: int) 
     if len(plain) != length:
         raise RejectedPayload(Reason.WRONG_SHAPE, f"a DPF box of {len(plain)} bytes, expected {length}", client_id)
     return plain
+
+
+def pack_request(round_idx: int, items: list[tuple[int, bytes, bytes]]) -> bytes:
+    """The aggregator's request to the key holder: (client, its envelope, the aggregator's digest) in id order."""
+    parts = [_REQUEST.pack(b"DPFQ", round_idx, len(items))]
+    for cid, envelope, digest in items:
+        parts += [_ITEM.pack(cid, len(envelope)), envelope, digest]
+    return b"".join(parts)
+
+
+def parse_request(data: bytes) -> tuple[int, list[tuple[int, bytes, bytes]]]:
+    """(round, items) of a request, refused whole unless its ids strictly increase and no byte is left over."""
+    if len(data) < _REQUEST.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
+    magic, round_idx, count = _REQUEST.unpack_from(data)
+    if magic != b"DPFQ":
+        raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
+    items, at = [], _REQUEST.size
+    for _ in range(count):
+        if len(data) < at + _ITEM.size:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
+        cid, n = _ITEM.unpack_from(data, at)
+        at += _ITEM.size
+        if len(data) < at + n + DIGEST_BYTES:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
+        if items and cid <= items[-1][0]:
+            raise RejectedPayload(Reason.GARBAGE, "a DPF request's clients out of order or listed twice")
+        items.append((cid, bytes(data[at : at + n]), bytes(data[at + n : at + n + DIGEST_BYTES])))
+        at += n + DIGEST_BYTES
+    if at != len(data):
+        raise RejectedPayload(Reason.WRONG_SHAPE, "bytes after a DPF request's last client")
+    return round_idx, items
+
+
+def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:
+    """The key holder's answer: each client's digest, or the reason it refused the client's upload."""
+    parts = [_ANSWER.pack(b"DPFA", round_idx, len(answers))]
+    for cid, value in sorted(answers.items()):
+        if isinstance(value, str):
+            reason = value.encode()
+            parts.append(_ANSWER_ITEM.pack(cid, 1) + struct.pack(">H", len(reason)) + reason)
+        else:
+            parts.append(_ANSWER_ITEM.pack(cid, 0) + value)
+    return b"".join(parts)
+
+
+def parse_answer(data: bytes, round_idx: int) -> dict[int, bytes | str]:
+    """client -> the key holder's digest of its keys, or the reason it refused them; a malformed answer, or one
+    of another round, is refused whole."""
+    if len(data) < _ANSWER.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF answer shorter than its header")
+    magic, answered, count = _ANSWER.unpack_from(data)
+    if magic != b"DPFA":
+        raise RejectedPayload(Reason.GARBAGE, "not a DPF answer")
+    if answered != round_idx:
+        raise RejectedPayload(Reason.WRONG_ROUND, f"a DPF answer of round {answered}, expected {round_idx}")
+    out: dict[int, bytes | str] = {}
+    at = _ANSWER.size
+    try:
+        for _ in range(count):
+            cid, status = _ANSWER_ITEM.unpack_from(data, at)
+            at += _ANSWER_ITEM.size
+            if out and cid <= max(out):
+                raise RejectedPayload(Reason.GARBAGE, "a DPF answer's clients out of order or listed twice")
+            if status == 0 and len(data) >= at + DIGEST_BYTES:
+                out[cid], at = bytes(data[at : at + DIGEST_BYTES]), at + DIGEST_BYTES
+            elif status == 1:
+                (n,) = struct.unpack_from(">H", data, at)
+                out[cid], at = bytes(data[at + 2 : at + 2 + n]).decode("ascii"), at + 2 + n
+            else:
+                raise RejectedPayload(Reason.GARBAGE, "a DPF answer's entry is neither a digest nor a refusal")
+    except (struct.error, UnicodeDecodeError):
+        raise RejectedPayload(Reason.GARBAGE, "a DPF answer cut short or not ASCII") from None
+    if at != len(data):
+        raise RejectedPayload(Reason.WRONG_SHAPE, "bytes after a DPF answer's last client")
+    return out
