@@ -32,7 +32,10 @@ from .prg import SEED_BYTES, convert, expand
 
 HASHES = 3
 CHUNK_VALUES = 1 << 24  # values a server expands at once (128 MB at 64 bits)
-EXPANSION = 1.5  # buckets per row of the budget: three-way cuckoo hashing fails about 2^-40 of the time at this load
+# buckets per row of the budget: at this load three-way cuckoo hashing places R rows but for about 2^-40 of sets at
+# large R (Chen, Huang, Laine, Rindal 2018); at R = 8 about 1% of sets have no placement (measured), and
+# DPFParams.sparse leaves out the row that does not fit
+EXPANSION = 1.5
 
 
 class CuckooFailure(ValueError):
