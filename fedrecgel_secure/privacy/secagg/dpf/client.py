@@ -49,8 +49,11 @@ class DPFClient:
         self.last_clipped = 0
         self.last_dropped_rows = 0
 
-    def upload(self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
-        """The upload of ``x`` (:mod:`.wire`); sets ``last_clipped`` and ``last_dropped_rows``."""
+    def upload(
+        self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None, binding: wire.Binding | None = None
+    ) -> bytes:
+        """The upload of ``x`` (:mod:`.wire`), its envelope signed under ``binding`` (a deployment's: what ``x``
+        was computed from) or the session tag alone; sets ``last_clipped`` and ``last_dropped_rows``."""
         check_round(round_idx)
         if noise is not None:
             raise BadInputError(
@@ -81,5 +84,5 @@ class DPFClient:
             for party, plain in ((0, k0.seeds.tobytes() + masked.tobytes()), (1, k1.seeds.tobytes() + pad_seed))
         ]
         body = wire.pack_body(wire.Corrections.of(k0), dense.size, boxes[0], boxes[1])
-        envelope = self.identity.seal(Kind.DPF_UPLOAD, round_idx, body, self.session_tag)
+        envelope = self.identity.seal(Kind.DPF_UPLOAD, round_idx, body, wire.signing_context(self.session_tag, binding))
         return wire.join_upload(envelope, boxes[0])

@@ -16,6 +16,13 @@ adds them into its share of the sum, and keeps the client's digest of leaf proof
                                                  plus the central noise on the grid, once per round
     combine(share) -> the round's grid sum
 
+A deployment binds the round (``begin_round(round_idx, binding)``): its request states the :class:`.wire.Binding`
+every envelope must verify under, so users sent different models are never summed together. There the key holder
+is a node of its own, each message a fresh process: it keeps its sealing key and its record on disk, hands the
+checked share from :meth:`DPFKeyHolder.check` to :meth:`DPFKeyHolder.release_share` through its own disk
+(:meth:`DPFKeyHolder.pending`), and constructs each server with ``seal_key`` and ``last_completed_round``
+(:mod:`fedrecgel_secure.deploy.node.dpf_node`).
+
 A client whose two digests differ sent keys that are not point functions (:mod:`.point`, the verifiable DPF's
 check) and is left out by both servers, as is one either server refused (signature, round, layout, box). Neither
 server sees a row index or a value: each holds one key of every pair and a pad or a padded value of every dense
@@ -64,14 +71,19 @@ class _Server:
         min_clients: int,
         session_tag: bytes,
         encoding: FixedPoint = FixedPoint(),
+        seal_key: bytes | None = None,
+        last_completed_round: int = -1,
     ) -> None:
+        """``seal_key``: the raw private sealing key of a server that keeps it (a fresh one by default);
+        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward)."""
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise BadInputError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         self.directory, self.params, self.dim, self.min_clients = directory, params, check_dim(dim), min_clients
         self.session_tag, self.encoding = check_session_tag(session_tag), encoding
         params.check(dim, encoding, max(len(directory), 1))
-        self._key = X25519PrivateKey.generate()  # the sealing key: made here, never sent
-        self.last_completed_round = -1
+        # the sealing key: made here (or kept on the server's own disk), never sent
+        self._key = X25519PrivateKey.generate() if seal_key is None else X25519PrivateKey.from_private_bytes(seal_key)
+        self.last_completed_round = last_completed_round
         self._round: int | None = None
 
     @property
@@ -79,14 +91,15 @@ class _Server:
         """The public half of this server's sealing key, which clients seal its box to."""
         return self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
-    def _begin(self, round_idx: int) -> None:
+    def _begin(self, round_idx: int, binding: wire.Binding | None = None) -> None:
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
             raise RejectedPayload(
                 Reason.REPLAY, f"round {round_idx} is at or before completed round {self.last_completed_round}"
             )
         layout = self.params.layout
-        self._round = round_idx
+        self._round, self.binding = round_idx, binding
+        self._context = wire.signing_context(self.session_tag, binding)  # what every envelope is signed under
         self._sums = np.zeros((layout.buckets, 1 << layout.depth, layout.width), dtype=self.params.group)
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
@@ -102,7 +115,7 @@ class _Server:
             kind=Kind.DPF_UPLOAD,
             round_idx=self._round,
             completed_round=self.last_completed_round,
-            context=self.session_tag,
+            context=self._context,
         )
         cid = env.client_id
         if cid in self._held:
@@ -151,8 +164,9 @@ class DPFAggregator(_Server):
 
     party = 0
 
-    def begin_round(self, round_idx: int) -> None:
-        self._begin(round_idx)
+    def begin_round(self, round_idx: int, binding: wire.Binding | None = None) -> None:
+        """Round ``round_idx`` begins; with ``binding`` (a deployment's) every upload must be signed under it."""
+        self._begin(round_idx, binding)
         self._envelopes: dict[int, bytes] = {}
         self.refused: dict[int, str] = {}  # the key holder's refusals and the clients whose digests differed
 
@@ -171,7 +185,10 @@ class DPFAggregator(_Server):
         """The key holder's request: every accepted envelope with this server's digest of it."""
         if len(self._envelopes) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._envelopes), "valid uploads", self.min_clients)
-        parts = [_REQUEST.pack(b"DPFQ", self._round, len(self._envelopes))]
+        if self.binding is None:
+            parts = [_REQUEST.pack(b"DPFQ", self._round, len(self._envelopes))]
+        else:  # the binding the key holder verifies every envelope under
+            parts = [_REQUEST.pack(b"DPFB", self._round, len(self._envelopes)), self.binding.to_bytes()]
         for cid, env in sorted(self._envelopes.items()):
             parts += [_ITEM.pack(cid, len(env)), env, self.digests[cid]]
         return b"".join(parts)
@@ -211,15 +228,10 @@ class DPFKeyHolder(_Server):
 
     def check(self, request: bytes) -> bytes:
         """Evaluate every envelope of the request; answer with this server's digest of each (or its refusal)."""
-        if len(request) < _REQUEST.size:
-            raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
-        magic, round_idx, count = _REQUEST.unpack_from(request)
-        if magic != b"DPFQ":
-            raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
-        self._begin(round_idx)
+        round_idx, binding, count, at = parse_request_head(request)
+        self._begin(round_idx, binding)
         theirs: dict[int, bytes] = {}
         answers: dict[int, bytes | str] = {}
-        at = _REQUEST.size
         for _ in range(count):
             if len(request) < at + _ITEM.size:
                 raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
@@ -249,11 +261,37 @@ class DPFKeyHolder(_Server):
             raise ProtocolStateError("release() comes after check() of the same round")
         if len(self._pending) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._pending), "checked uploads", self.min_clients)
-        share = self._share()
-        if noise is not None:
-            share += self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
+        share = self.release_share(self._share(), noise)
         self.last_completed_round, self._round, self._pending = self._round, None, None
+        return share
+
+    def pending(self) -> tuple[int, list[int], np.ndarray]:
+        """The round :meth:`check` examined, the clients it kept and this server's share of their sum (in the
+        group): what a key holder that releases in another process keeps until then (:meth:`release_share`).
+        Secret: with the aggregator's share it is the round's exact sum, without its noise."""
+        if self._round is None or getattr(self, "_pending", None) is None:
+            raise ProtocolStateError("pending() comes after check()")
+        return self._round, list(self._pending), self._share()
+
+    def release_share(self, share: np.ndarray, noise: np.ndarray | None = None) -> bytes:
+        """``share`` (this server's share of a checked sum, in the group) plus ``noise`` on the grid, as the bytes
+        the aggregator combines. The caller releases once per round (:meth:`release` does)."""
+        if noise is not None:
+            share = share + self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
         return share.astype(f"<u{share.dtype.itemsize}").tobytes()
+
+
+def parse_request_head(request: bytes) -> tuple[int, wire.Binding | None, int, int]:
+    """A key holder's request's round, binding (None for an unbound one), number of clients and where they start."""
+    if len(request) < _REQUEST.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
+    magic, round_idx, count = _REQUEST.unpack_from(request)
+    if magic == b"DPFQ":
+        return round_idx, None, count, _REQUEST.size
+    if magic != b"DPFB":
+        raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
+    end = _REQUEST.size + wire.BINDING_BYTES
+    return round_idx, wire.Binding.from_bytes(bytes(request[_REQUEST.size : end])), count, end
 
 
 def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:

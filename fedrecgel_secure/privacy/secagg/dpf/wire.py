@@ -24,6 +24,9 @@ The envelope's body::
             B·32        check words          } less its root seed)
             B·w·size    value words          }
 
+A deployment's client signs its envelope under a :class:`Binding` (what it computed its vector from), the
+simulator's under the session tag alone.
+
 A box is HPKE (RFC 9180: X25519, HKDF-SHA256, AES-128-GCM) to that server's sealing key, its ``info`` naming the
 session, the round, the client and the party, so a box opens only where and when it was made for. The
 aggregator's holds its B root seeds and the dense part less a pad (m values); the key holder's its B root seeds
@@ -51,6 +54,7 @@ _HEAD = struct.Struct(">4sBBHIIII32sI")
 _LEN = struct.Struct(">I")
 PAD_SEED_BYTES = 16
 _INFO = b"fedrecgel/dpf-box/v1\x00"
+_BINDING = struct.Struct(">32sBd")  # digest, whether a clip norm is stated, the clip norm (0.0 when not)
 
 
 def suite():
@@ -61,6 +65,49 @@ def suite():
 
 def box_info(session_tag: bytes, round_idx: int, client_id: int, party: int) -> bytes:
     return _INFO + struct.pack(">H", len(session_tag)) + session_tag + struct.pack(">QIB", round_idx, client_id, party)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a deployment's users computed their uploads from, which each signs its envelope over.
+
+    ``digest``: SHA-256 of the model and DP settings their node was sent
+    (:func:`~fedrecgel_secure.deploy.messages.train_binding`), so that uploads made for different models are
+    never summed together (both servers verify every envelope of a round under the one binding the aggregator's
+    request states); ``clip_norm``: the C they clipped to (None without DP), stated beside the digest because the
+    key holder, which holds no model and cannot recompute the digest, sizes the central noise with a C of its
+    own and must hold the users to it (:class:`~fedrecgel_secure.deploy.node.dpf_node.DPFKeyHolderNode`).
+    """
+
+    digest: bytes
+    clip_norm: float | None = None
+
+    def to_bytes(self) -> bytes:
+        if len(self.digest) != 32:
+            raise ValueError("a binding's digest is SHA-256: 32 bytes")
+        stated = self.clip_norm is not None
+        return _BINDING.pack(self.digest, int(stated), float(self.clip_norm) if stated else 0.0)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Binding:
+        if len(data) != _BINDING.size:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF binding of the wrong length")
+        digest, stated, clip_norm = _BINDING.unpack(data)
+        if stated not in (0, 1) or (stated and not np.isfinite(clip_norm)):
+            raise RejectedPayload(Reason.GARBAGE, "a malformed DPF binding")
+        return cls(digest, clip_norm if stated else None)
+
+    def context(self, session_tag: bytes) -> bytes:
+        """The signature context of an upload under this binding: the session tag, then the binding's hash."""
+        return session_tag + hashlib.sha256(b"fedrecgel/dpf-binding/v1" + self.to_bytes()).digest()
+
+
+BINDING_BYTES = _BINDING.size
+
+
+def signing_context(session_tag: bytes, binding: Binding | None) -> bytes:
+    """What an upload's envelope is signed under: the binding's context, or the session tag when unbound."""
+    return session_tag if binding is None else binding.context(session_tag)
 
 
 def pad(seed: bytes, count: int, group: type) -> np.ndarray:
