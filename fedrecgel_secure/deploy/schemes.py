@@ -45,6 +45,9 @@ class Deployed:
     ``keys_reply()`` (the ``keys`` set-up stage), ``join_session(request, directory)`` (``join``) and
     ``train_reply(round_idx, clients, vectors, noise_shares, sampled, request)`` (what the train reply carries in
     place of the vectors); masking's role also runs its protocol stages (``step``).
+    ``key_holder_role``: where :attr:`Scheme.key_holder` is set, ``(state_dir, policy, dim, catalogue) -> role``,
+    the key holder's node (:func:`.node.handlers.keyholder`): ``answer(request, noise)``, its reply to each of
+    its stages; ``key_holder_state``: the files it keeps, as the plan states them.
     The launcher reads :attr:`Scheme.key_holder` (one more SuperNode, ``role=keyholder``), ``round_stages`` (to
     bound how long a run may take) and ``server_sees`` (for the line it prints on start).
     """
@@ -54,6 +57,8 @@ class Deployed:
     round_stages: int = 0  # the protocol's stages in each round, besides train and evaluate
     server_summer: str | None = None
     node_role: str | None = None
+    key_holder_role: str | None = None
+    key_holder_state: tuple[str, ...] = ()
 
 
 _ROLES = "fedrecgel_secure.deploy"
@@ -72,6 +77,11 @@ DEPLOYED = {
         round_stages=1,  # the key holder's decryption (the ciphertexts ride on the train stage)
         server_summer=f"{_ROLES}.server.bfv_summer:NodeHESum",
         node_role=f"{_ROLES}.node.bfv_node:HENode",
+        key_holder_role=f"{_ROLES}.node.bfv_node:KeyHolderNode.for_node",
+        key_holder_state=(
+            "keyholder.key (the BFV secret key and tag master key, made on first use, 0600),",
+            "session.json (the last round it released)",
+        ),
     ),
 }
 
