@@ -31,7 +31,9 @@ def check_deployable(policy) -> None:
     Masking runs as stages on the nodes (:mod:`.server.masking_driver`), and under DP
     each node clips its users' uploads and draws their noise shares
     (:meth:`.shard.Node.protect`); under BFV the nodes encrypt and the key
-    holder is a node of its own (:mod:`.bfv_node`). Running a protocol on the
+    holder is a node of its own (:mod:`.bfv_node`), and under DPF each user
+    splits its upload between the server and that key holder (:mod:`.dpf_node`).
+    Running a protocol on the
     server over plaintext uploads would look like a secure run while the server
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.
@@ -60,11 +62,12 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
-    if dp.enabled and dp.correlation == "banded" and secagg.scheme == "bfv" and dp.adaptive_clipping is not None:
+    banded = dp.enabled and dp.correlation == "banded"
+    if banded and scheme_of(secagg).key_holder and dp.adaptive_clipping is not None:
         raise BadInputError(
-            "privacy.dp.correlation = 'banded' with adaptive clipping under privacy.secure_aggregation.scheme = 'bfv'"
-            " cannot be deployed: the key holder rebuilds the noise of a round it never answered at the policy's"
-            " constant clip norm; use a fixed clip norm"
+            "privacy.dp.correlation = 'banded' with adaptive clipping under privacy.secure_aggregation.scheme ="
+            f" '{secagg.scheme}' cannot be deployed: the key holder rebuilds the noise of a round it never answered"
+            " at the policy's constant clip norm; use a fixed clip norm"
         )
     from fedrecgel_secure.federation.reports import protects_uploads
 

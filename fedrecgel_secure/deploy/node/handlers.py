@@ -114,7 +114,7 @@ def train(msg: Message, context: Context) -> Message:
         # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
         # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
         vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
-        role = _role(context, node.policy, node.users.tolist(), int(req["dim"]))
+        role = _role(context, node, int(req["dim"]))
         participants = None if dp is None else dp.participants  # the sample the noise shares are sized for
         out.update(role.train_reply(round_idx, out["clients"], vectors, shares, participants, req))
     if evaluation is not None:
@@ -129,24 +129,26 @@ def _reply(msg: Message, policy, out: dict) -> Message:
     return Message(to_record(check(policy, out)), reply_to=msg)
 
 
-def _role(context: Context, policy, users: list[int], dim: int):
-    """This node's users in the policy's protocol (the scheme table's ``node_role``), over the state directory."""
-    name = deployed(policy).node_role
+def _role(context: Context, node, dim: int):
+    """The resident ``node``'s users in its policy's protocol (the scheme table's ``node_role``), over the state
+    directory; the item table's shape is its own model's (a sparse scheme's keys address its rows)."""
+    name = deployed(node.policy).node_role
     if name is None:
         raise RuntimeError("this node's policy runs no secure aggregation")
-    return part(name)(Path(context.node_config[STATE_DIR]), users, setup_of(policy, dim))
+    setup = setup_of(node.policy, dim, tuple(node.model.item_embeddings.shape))
+    return part(name)(Path(context.node_config[STATE_DIR]), node.users.tolist(), setup)
 
 
 @app.query(SECAGG)
 def secagg(msg: Message, context: Context) -> Message:
-    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
+    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; every scheme) and
     masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`,
     :mod:`fedrecgel_secure.deploy.node.bfv_node`)."""
     from fedrecgel_secure.deploy.messages import messages_of, reply
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
-    node = _role(context, resident.policy, resident.users.tolist(), int(req["dim"]))
+    node = _role(context, resident, int(req["dim"]))
     stage = str(req["stage"])
     keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
     if stage == "keys":
@@ -164,7 +166,7 @@ def secagg(msg: Message, context: Context) -> Message:
 @app.query(KEY_HOLDER_STAGE)
 def keyholder(msg: Message, context: Context) -> Message:
     """The key holder's stages (node_config role=keyholder), answered by its scheme's key holder role (the scheme
-    table's ``key_holder_role``): BFV's ``start`` and ``decrypt``."""
+    table's ``key_holder_role``): BFV's ``start`` and ``decrypt``, DPF's ``start``, ``check`` and ``release``."""
     from fedrecgel_secure.deploy.node.files import private_umask
     from fedrecgel_secure.policy import load_policy
 
