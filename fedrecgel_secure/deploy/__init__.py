@@ -8,9 +8,9 @@ per node (:mod:`.node.engine`) that the node's Flower ClientApp relays each mess
 code it loads:
 
 ``server/``   the ServerApp and what it drives: the round loop, the stages over Flower's Grid, the protocols'
-              server sides (masking's and BFV's summers)
+              server sides (masking's, BFV's and DPF's summers)
 ``node/``     a SuperNode's side: the relay, the resident engine, the handlers, the shard's users and their
-              protocol roles (masking, BFV, the key holder)
+              protocol roles (masking, BFV, DPF, the key holder)
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
 top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, and :mod:`.messages`:
               every message type, node-config key and shared format, declared once), the stage timing
