@@ -4,7 +4,8 @@
 
 The default policy (batched engine, 10% of the 1,227 users per round, evaluated
 every round), once per secure-aggregation scheme; BFV and DPF add the key holder's
-node (under DPF the server's ``check`` and ``release`` stages go to it). Per scheme it prints the wall seconds per round as the ServerApp measured
+node (under DPF the server's ``check`` and ``release`` stages go to it). Per scheme
+it prints the wall seconds per round as the ServerApp measured
 them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
 round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
 plus the once-per-server set-up (hello, key exchange). Ends with a Markdown

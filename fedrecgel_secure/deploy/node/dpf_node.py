@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD
 from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
@@ -49,7 +50,6 @@ from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_privat
 log = logging.getLogger("fedrecgel_secure.deploy")
 NODE_SESSION = "dpf.json"
 SEAL_KEY, SESSION, PENDING = "dpf-seal.key", "dpf-session.json", "dpf-pending.npz"
-UPLOAD = "dpf:"  # a train reply's field of one user's upload: ``dpf:U`` (deploy.replies.FIELDS)
 
 
 class DPFNode(UserIdentities):
@@ -93,7 +93,7 @@ class DPFNode(UserIdentities):
         out, clipped, dropped = {}, 0, 0
         users = [int(c) for c in clients]
         for user, client, vector in zip(users, self.clients(users), vectors):
-            out[f"{UPLOAD}{user}"] = client.upload(round_idx, vector, binding=binding)
+            out[f"{DPF_UPLOAD}{user}"] = client.upload(round_idx, vector, binding=binding)
             clipped, dropped = clipped + client.last_clipped, dropped + client.last_dropped_rows
         if clipped:
             log.warning("round %d: the grid clipped %d values of this node's users' vectors", round_idx, clipped)

@@ -34,7 +34,7 @@ def key_holder_catalogue(policy: Policy, catalogue: str | None):
     if catalogue is None:
         raise BadInputError(
             'the key holder\'s --node-config has no catalogue="…/manifest.json" (the public shard manifest):'
-            " its central DP noise needs the number of users"
+            " its central DP noise needs the number of users, and DPF's layout the number of items"
         )
     return load_catalogue(Path(catalogue), policy)
 

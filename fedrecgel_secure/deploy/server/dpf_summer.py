@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import reported_keys
 from fedrecgel_secure.deploy.server.masking_summer import Releases
@@ -41,7 +42,6 @@ from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload, RoundSkipped
 
 log = logging.getLogger("fedrecgel_secure.secagg")
-UPLOAD = "dpf:"  # a train reply's field of one user's upload (deploy.node.dpf_node, deploy.replies.FIELDS)
 
 
 class NodeDPFSum:
@@ -106,7 +106,7 @@ class NodeDPFSum:
     def received(self, replies: dict[int, dict]) -> None:
         """The train replies, each with its node's sampled users' uploads (``dpf:U``)."""
         for node, rep in replies.items():
-            self.uploads[node] = {int(k[len(UPLOAD) :]): v for k, v in rep.items() if k.startswith(UPLOAD)}
+            self.uploads[node] = {int(k[len(DPF_UPLOAD) :]): v for k, v in rep.items() if k.startswith(DPF_UPLOAD)}
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
         if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
