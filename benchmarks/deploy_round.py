@@ -1,10 +1,11 @@
 """Seconds per round of a deployment on FilmTrust (a SuperLink and N SuperNodes on 127.0.0.1), and where they go.
 
-    python benchmarks/deploy_round.py [--nodes 4] [--rounds 3] [--schemes plaintext,masking,bfv]
+    python benchmarks/deploy_round.py [--nodes 4] [--rounds 3] [--schemes plaintext,masking,bfv,dpf]
 
 The default policy (batched engine, 10% of the 1,227 users per round, evaluated
-every round), once per secure-aggregation scheme; BFV adds the key holder's
-node. Per scheme it prints the wall seconds per round as the ServerApp measured
+every round), once per secure-aggregation scheme; BFV and DPF add the key holder's
+node (under DPF the server's ``check`` and ``release`` stages go to it). Per scheme
+it prints the wall seconds per round as the ServerApp measured
 them (``elapsed_s`` in metrics.jsonl) and the mean seconds of each stage of a
 round from the run's ``stages.jsonl`` (train, the protocol's stages, evaluate),
 plus the once-per-server set-up (hello, key exchange). Ends with a Markdown
@@ -40,7 +41,8 @@ SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 
 def stage_kind(stage: str) -> str:
-    """``round-3`` -> train, ``eval-3`` -> evaluate, ``secagg-share`` -> share, ``keyholder-decrypt`` -> decrypt.
+    """``round-3`` -> train, ``eval-3`` -> evaluate, ``secagg-share`` -> share, ``keyholder-decrypt`` -> decrypt
+    (``keyholder-check`` -> check, ``keyholder-release`` -> release: DPF's).
 
     Under ``deployment.evaluate_in_train`` (the default) the train stage of round R also evaluates round R-1
     (its journal line says ``evaluates``), so only the last round has an evaluate stage."""
@@ -127,7 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--schemes", default="plaintext,masking,bfv")
+    ap.add_argument("--schemes", default="plaintext,masking,bfv,dpf")
     ap.add_argument("--stage-timeout", type=float, default=600.0, help="Generous: a benchmark must not drop nodes.")
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
     ap.add_argument("--report-only", action="store_true", help="Summarize the runs already in --out.")

@@ -8,9 +8,9 @@ per node (:mod:`.node.engine`) that the node's Flower ClientApp relays each mess
 code it loads:
 
 ``server/``   the ServerApp and what it drives: the round loop, the stages over Flower's Grid, the protocols'
-              server sides (masking's and BFV's summers)
+              server sides (masking's, BFV's and DPF's summers)
 ``node/``     a SuperNode's side: the relay, the resident engine, the handlers, the shard's users and their
-              protocol roles (masking, BFV, the key holder)
+              protocol roles (masking, BFV, DPF, the key holder)
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
 top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, and :mod:`.messages`:
               every message type, node-config key and shared format, declared once), the stage timing
@@ -31,7 +31,9 @@ def check_deployable(policy) -> None:
     Masking runs as stages on the nodes (:mod:`.server.masking_driver`), and under DP
     each node clips its users' uploads and draws their noise shares
     (:meth:`.shard.Node.protect`); under BFV the nodes encrypt and the key
-    holder is a node of its own (:mod:`.bfv_node`). Running a protocol on the
+    holder is a node of its own (:mod:`.bfv_node`), and under DPF each user
+    splits its upload between the server and that key holder (:mod:`.dpf_node`).
+    Running a protocol on the
     server over plaintext uploads would look like a secure run while the server
     saw every upload, so what cannot run on the nodes is refused rather than
     simulated.
@@ -60,11 +62,12 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
-    if dp.enabled and dp.correlation == "banded" and secagg.scheme == "bfv" and dp.adaptive_clipping is not None:
+    banded = dp.enabled and dp.correlation == "banded"
+    if banded and scheme_of(secagg).key_holder and dp.adaptive_clipping is not None:
         raise BadInputError(
-            "privacy.dp.correlation = 'banded' with adaptive clipping under privacy.secure_aggregation.scheme = 'bfv'"
-            " cannot be deployed: the key holder rebuilds the noise of a round it never answered at the policy's"
-            " constant clip norm; use a fixed clip norm"
+            "privacy.dp.correlation = 'banded' with adaptive clipping under privacy.secure_aggregation.scheme ="
+            f" '{secagg.scheme}' cannot be deployed: the key holder rebuilds the noise of a round it never answered"
+            " at the policy's constant clip norm; use a fixed clip norm"
         )
     from fedrecgel_secure.federation.reports import protects_uploads
 

@@ -35,6 +35,10 @@ SHARD, ROLE, STATE_DIR, POLICY, DATA, CATALOGUE = "shard", "role", "state-dir", 
 
 HELLO_VERSION = 1
 
+# a DPF train reply's field of one user's upload: ``dpf:U`` (deploy/node/dpf_node.py writes it, the server's
+# deploy/server/dpf_summer.py reads it; deploy.replies.FIELDS declares it a share of the secure sum)
+DPF_UPLOAD = "dpf:"
+
 
 def train_binding(shared: np.ndarray, participants: int | None, clip_norm: float | None) -> bytes:
     """SHA-256 of what a round's uploads are computed from, as the train message states it: the model and the DP

@@ -29,18 +29,25 @@ EVALUATION = ("evaluation", "users", "sums")  # a node's HR/NDCG sums over all i
 # runs each scheme and fails on any field it sees that is not declared and allowed for that policy.
 FIELDS: dict[str, tuple[str, ...]] = {
     # a share of the secure sum, or (the key holder) its release: what secure aggregation and DP cover
-    "secure sum": ("group", "partial", "total"),
+    "secure sum": (
+        "group",  # masking: the node's users' masked inputs, summed
+        "partial",  # BFV: the node's users' vectors as one ciphertext
+        "total",  # the BFV key holder's release
+        "dpf:*",  # DPF: a user's upload, its rows as DPF keys and its dense values padded, sealed to each server
+        "share",  # the DPF key holder's share of the checked sum, plus its central noise
+    ),
     # signed protocol messages and public keys: their contents are fixed by the protocol (fresh keys, encrypted
     # shares, signatures over what the server sent) and by the policy, not by the users' data
     "protocol": (
         "r:*",  # a user's signed reply to a masking stage (advert, encrypted shares, confirmation, unmasking shares)
         "x:*",  # a user's refusal: a reason class (``wrong_round``, ``inconsistent``, ...)
         "k:*",  # a user's public identity key (set-up)
-        "seal",  # the node's public sealing key (BFV set-up)
+        "seal",  # a public sealing key: the node's (BFV set-up), the DPF key holder's (its set-up)
         "joined",
         "context",  # the BFV public context (the key holder)
         "sealed:*",  # tag keys sealed to a node (the key holder)
         "refused",  # the key holder's refusal: a reason class
+        "answer",  # the DPF key holder's check: per user, its digest of the keys' leaf proofs, or a reason class
         "shard",  # hello: who the node says it is, signed over the server's nonce
         "role",
         "digest",

@@ -10,6 +10,7 @@ from the policy, so the server and the nodes agree on it without sending it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +24,31 @@ class Setup:
     """What every party derives from the policy: vector length, protocol parameters, value grid, threshold."""
 
     dim: int
-    params: Any  # MaskingParams or BFVParams (the scheme's :attr:`Scheme.params`)
+    params: Any  # MaskingParams, BFVParams or DPFParams (the scheme's :attr:`Scheme.params`)
     encoding: FixedPoint
     min_clients: int
 
 
-def setup_of(policy, dim: int) -> Setup:
-    """The session set-up of the policy's scheme for vectors of ``dim`` values (a sealed scheme only)."""
+def setup_of(policy, dim: int, table: tuple[int, int] | None = None) -> Setup:
+    """The session set-up of the policy's scheme for vectors of ``dim`` values (a sealed scheme only).
+
+    ``table``: the item table's (rows, width), whose values lead every vector; a sparse scheme's parameters carry
+    it (DPF's keys address its rows), and each party takes it from what it holds itself: the server and the
+    nodes from their model, the key holder from the public manifest and its policy (:func:`item_table`)."""
     settings = policy.privacy.secure_aggregation
-    return Setup(dim, scheme_of(settings).params(settings), encoding(settings), settings.min_clients)
+    scheme = scheme_of(settings)
+    params = scheme.params(settings)
+    if scheme.sparse:
+        if table is None:
+            raise ValueError(f"scheme {scheme.name!r} addresses the item table's rows: its setup needs the table")
+        params = dataclasses.replace(params, rows=int(table[0]), width=int(table[1]))
+    return Setup(dim, params, encoding(settings), settings.min_clients)
+
+
+def item_table(policy, n_items: int) -> tuple[int, int]:
+    """The model's item table, (rows, width), for a catalogue of ``n_items``: one row of GMF and MLP values an
+    item (:class:`~fedrecgel_secure.model.NeuMF`), for a party that holds no model (the key holder)."""
+    return int(n_items), policy.model.gmf_dim + policy.model.mlp_dim
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,9 @@ class Deployed:
     ``keys_reply()`` (the ``keys`` set-up stage), ``join_session(request, directory)`` (``join``) and
     ``train_reply(round_idx, clients, vectors, noise_shares, sampled, request)`` (what the train reply carries in
     place of the vectors); masking's role also runs its protocol stages (``step``).
+    ``key_holder_role``: where :attr:`Scheme.key_holder` is set, ``(state_dir, policy, dim, catalogue) -> role``,
+    the key holder's node (:func:`.node.handlers.keyholder`): ``answer(request, noise)``, its reply to each of
+    its stages; ``key_holder_state``: the files it keeps, as the plan states them.
     The launcher reads :attr:`Scheme.key_holder` (one more SuperNode, ``role=keyholder``), ``round_stages`` (to
     bound how long a run may take) and ``server_sees`` (for the line it prints on start).
     """
@@ -54,6 +74,8 @@ class Deployed:
     round_stages: int = 0  # the protocol's stages in each round, besides train and evaluate
     server_summer: str | None = None
     node_role: str | None = None
+    key_holder_role: str | None = None
+    key_holder_state: tuple[str, ...] = ()
 
 
 _ROLES = "fedrecgel_secure.deploy"
@@ -72,6 +94,23 @@ DEPLOYED = {
         round_stages=1,  # the key holder's decryption (the ciphertexts ride on the train stage)
         server_summer=f"{_ROLES}.server.bfv_summer:NodeHESum",
         node_role=f"{_ROLES}.node.bfv_node:HENode",
+        key_holder_role=f"{_ROLES}.node.bfv_node:KeyHolderNode.for_node",
+        key_holder_state=(
+            "keyholder.key (the BFV secret key and tag master key, made on first use, 0600),",
+            "session.json (the last round it released)",
+        ),
+    ),
+    "dpf": Deployed(
+        SCHEMES["dpf"],
+        "dpf: the server sees one DPF key of each pair, the dense values padded, and the sum only",
+        round_stages=2,  # the key holder's check and its release (the uploads ride on the train stage)
+        server_summer=f"{_ROLES}.server.dpf_summer:NodeDPFSum",
+        node_role=f"{_ROLES}.node.dpf_node:DPFNode",
+        key_holder_role=f"{_ROLES}.node.dpf_node:DPFKeyHolderNode.for_node",
+        key_holder_state=(
+            "dpf-seal.key (its X25519 sealing key, made on first use, 0600),",
+            "dpf-session.json (the last round it released), dpf-pending.npz (the share it checked, until released)",
+        ),
     ),
 }
 

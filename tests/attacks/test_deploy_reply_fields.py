@@ -31,17 +31,19 @@ SETTINGS = {
     "plaintext, central DP": seeded_dp("central"),
     "masking, distributed DP": MASKING + seeded_dp("distributed"),
     "bfv, central DP": BFV + seeded_dp("central"),
+    "dpf, central DP": BFV.replace("bfv", "dpf") + seeded_dp("central"),
 }
 
 
 def every_reply(tmp_path, extra: str) -> tuple[object, list[tuple[str, object]]]:
     """Run the deployment of ``extra`` for two rounds; its policy, and (message type, reply) for every reply."""
+    from fedrecgel_secure.deploy.schemes import deployed
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.policy import load_policy
 
     policy_file = write_deploy_policy(tmp_path, extra, 2, nodes=3, timeout=1.0, heartbeat=0.05)
     out = tmp_path / "deployed"
-    key_holder = out / "nodes" / "keyholder" if "bfv" in extra else None
+    key_holder = out / "nodes" / "keyholder" if deployed(load_policy(policy_file)).scheme.key_holder else None
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, key_holder)
     kind: dict[str, str] = {}
     seen: list[tuple[str, object]] = []
@@ -86,7 +88,8 @@ def test_every_reply_field_is_a_share_of_the_secure_sum_or_declared_data_free(tm
     everything = set().union(*by_type.values())
     sealed = deployed(policy).scheme.sealed
     if sealed:  # the uploads go only into the secure sum
-        assert not everything & set(VECTORS) and {"group", "partial"} & everything
+        shares = {"group", "partial"} | {f for f in everything if f.startswith("dpf:")}  # masking, BFV, DPF
+        assert not everything & set(VECTORS) and shares & everything
     if sealed or policy.privacy.dp.enabled:  # the loss oracle's channel is closed
         assert not everything & set(LOSS)
     else:

@@ -34,7 +34,7 @@ TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process
 
 # Plaintext and central DP without secure aggregation are checked in one process (test_deploy_inprocess.py) and
 # by the TLS and resume tests here; these two runs show that the protocols' stages work across real processes.
-@pytest.mark.parametrize("privacy", ["masking-seeded-distributed-dp", "bfv-seeded-central-dp"])
+@pytest.mark.parametrize("privacy", ["masking-seeded-distributed-dp", "bfv-seeded-central-dp", "dpf-seeded-central-dp"])
 def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     import torch
 
@@ -45,6 +45,7 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     extra = {
         "masking-seeded-distributed-dp": MASKING + seeded_dp("distributed"),
         "bfv-seeded-central-dp": BFV + seeded_dp("central"),
+        "dpf-seeded-central-dp": BFV.replace("bfv", "dpf") + seeded_dp("central"),
     }[privacy]
     # One round shows each protocol's stages across processes (masking's five take about 23 s a round here); later
     # rounds run the same node code, checked over several rounds in test_deploy_inprocess.py, and a round's
@@ -74,6 +75,11 @@ def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
     if privacy.startswith("bfv"):  # the secret key was made by the key holder's own node, 0600, and stayed there
         assert (out / "nodes" / "keyholder" / "keyholder.key").stat().st_mode & 0o777 == 0o600
         assert len(list(out.rglob("keyholder.key"))) == 1
+    if privacy.startswith("dpf"):  # the launcher started the key holder's node, which made its sealing key, 0600
+        assert (out / "nodes" / "keyholder" / "dpf-seal.key").stat().st_mode & 0o777 == 0o600
+        assert len(list(out.rglob("dpf-seal.key"))) == 1
+        stages = [json.loads(line)["stage"] for line in (out / "stages.jsonl").read_text().splitlines()]
+        assert stages.count("keyholder-check") == stages.count("keyholder-release") == 1
     assert not dep.procs.procs
     # across real processes each stage is split by the nodes' timestamps; Flower's 3 s node poll is in pull_wait
     from fedrecgel_secure.deploy.timing import PARTS

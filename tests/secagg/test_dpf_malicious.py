@@ -91,7 +91,7 @@ def test_a_request_refused_part_way_changes_nothing_the_key_holder_will_release(
         agg.receive(s.clients[c].upload(0, x))
     request = agg.finish()
     answer = holder.check(request)
-    _round, items = wire.parse_request(request)
+    _round, _binding, items = wire.parse_request(request)
     target = items[4]
     for bad in (wire.pack_request(0, [target, items[5]])[:-3], wire.pack_request(0, [target, target])):
         with pytest.raises(RejectedPayload):  # cut short after the target; the target listed twice

@@ -98,7 +98,7 @@ class Deployment:
         """One line: which processes start, how they talk, what the server sees, the DP noise."""
         p = self.policy
         tls, row, dp = p.deployment.tls, deployed(p), p.privacy.dp
-        holder = " and the BFV key holder's" if row.scheme.key_holder else ""
+        holder = f" and the {row.scheme.name.upper()} key holder's" if row.scheme.key_holder else ""
         nodes = f"{p.deployment.nodes} client SuperNodes{holder}"
         transport = "TLS with node authentication" if tls.node_authentication else "TLS" if tls.enabled else "no TLS"
         sees = row.server_sees

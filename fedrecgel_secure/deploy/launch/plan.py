@@ -69,7 +69,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     shards = [str(k) for k in range(d.nodes)] if d.nodes <= 8 else ["K"]
     state = {k: d.state_dir.format(shard=k) for k in shards}
     each = [f"# for K = 0 .. {d.nodes - 1}"] if shards == ["K"] else []
-    key_holder = deployed(policy).scheme.key_holder  # BFV's: a SuperNode of its own
+    row = deployed(policy)
+    key_holder = row.scheme.key_holder  # BFV's and DPF's: a SuperNode of its own
     keyed = shards + ([KEY_HOLDER] if key_holder else [])  # every SuperNode: the client nodes, and the key holder
     out = [
         f"# {d.nodes} client nodes, users sharded {d.sharding}; "
@@ -206,10 +207,15 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     out += each
     if key_holder:
         kh = d.key_holder_dir
-        section("The BFV key holder, on a machine of its own (never the SuperLink's: the server must not hold the key)")
+        name = row.scheme.name.upper()
+        section(
+            f"The {name} key holder, on a machine of its own (never the SuperLink's: the server must not hold its key)"
+        )
+        first, *rest = row.key_holder_state
         out += [
-            f"# state (0700): {KEY_HOLDER}.key (the BFV secret key and tag master key, made on first use, 0600),",
-            f"# session.json (the last round it released); it reads the policy and {MANIFEST} but no interaction data",
+            f"# state (0700): {first}",
+            *(f"# {line}" for line in rest),
+            f"# it reads the policy and {MANIFEST} but no interaction data",
             f"mkdir -m 700 -p {kh}",
             MAKE_SECRET,
             *_engine(cfg := f'role="{KEY_HOLDER}" state-dir="{kh}" policy="{policy_name}" catalogue="{MANIFEST}"'),

@@ -29,22 +29,23 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.node.keyholder import NoiseFor, key_holder_population
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 
+__all__ = ["HENode", "KeyHolderNode", "NoiseFor", "key_holder_population"]
+
 log = logging.getLogger("fedrecgel_secure.deploy")
 KEY_FILE = "keyholder.key"
 SUMS = "he-sums.json"
 _INFO = b"fedrecgel/he-tag-keys/v1"
-# (the aggregate's round, the last coordinate of each earlier release) -> the central noise, or None
-NoiseFor = Callable[[int, Sequence[float]], "np.ndarray | None"]
 
 
 def _suite():
@@ -202,6 +203,38 @@ class KeyHolderNode:
         self.rounds = rounds
         self.max_refusals = BfvPolicy().max_refusals if max_refusals is None else max_refusals
 
+    @classmethod
+    def for_node(cls, state_dir: Path, policy: Policy, dim: int, catalogue: str | None) -> KeyHolderNode:
+        """The key holder of the scheme table (:mod:`fedrecgel_secure.deploy.schemes`), from its own policy: the
+        rounds of the run and the refusals it allows are its policy's, so an aggregate of a round the policy does
+        not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)."""
+        from fedrecgel_secure.deploy.schemes import setup_of
+        from fedrecgel_secure.federation.reports import report_count
+
+        return cls(
+            state_dir,
+            setup_of(policy, dim),
+            rounds=policy.federation.rounds,
+            max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
+            reports=report_count(policy, deployed=True),
+        )
+
+    def answer(self, request: Mapping, noise: NoiseFor | None) -> dict:
+        """Its reply to a key holder stage: ``start`` a session, ``decrypt`` a round's aggregate (with ``noise``,
+        the central noise its node draws, :class:`~.keyholder.CentralNoise`; nothing the request says sizes it)."""
+        from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+
+        if request["stage"] == "start":
+            directory = {int(k[2:]): v for k, v in request.items() if k.startswith("k:")}
+            seal = {int(k[5:]): v for k, v in request.items() if k.startswith("seal:")}
+            users_of = {int(k[6:]): v.tolist() for k, v in request.items() if k.startswith("users:")}
+            public, sealed = self.start(directory, request["session_tag"], seal, users_of)
+            return {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
+        try:
+            return {"total": np.asarray(self.decrypt(request["aggregate"], noise), dtype=np.float64)}
+        except RejectedPayload as exc:
+            return {"refused": exc.reason.value}
+
     def _key_holder(self, directory: Mapping[int, bytes], session_tag: bytes):
         from fedrecgel_secure.privacy.secagg.bfv.keyholder import KeyHolder
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
@@ -315,55 +348,8 @@ class KeyHolderNode:
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         return total
 
-    def banded_noise(self, round_idx: int, draw, bands) -> np.ndarray:
-        """Round ``round_idx``'s correlated update noise w_t = (z_t - sum_j c_j w_{t-j}) / c_0 (BandMF,
-        :func:`fedrecgel_secure.privacy.dp.matrix.noise_row`), from ``draw(r)``, round r's fresh draw z_r.
-
-        The rows live in the key holder's state directory (``noise-rows/R.npy``, 0600), written before the
-        decryption: a round's row is its draw's whatever the request's outcome (the key holder draws each round
-        once, attempt 0), so a round it never answered (skipped) gets the row it would have had, a restarted key
-        holder reads the rows back, and the release sequence is that of the simulator's
-        :class:`~fedrecgel_secure.federation.dp_aggregation.DPFedAvg`. Only the last ``len(bands) - 1`` rows are
-        kept."""
-        from fedrecgel_secure.privacy.dp.matrix import noise_row
-
-        rows_dir = self.dir / "noise-rows"
-        rows_dir.mkdir(mode=0o700, exist_ok=True)
-        memo: dict[int, np.ndarray] = {}
-
-        def row(r: int) -> np.ndarray:
-            if r not in memo:
-                path = rows_dir / f"{r}.npy"
-                if path.exists():
-                    memo[r] = np.frombuffer(read_private_file(path), dtype=np.float64).copy()
-                else:
-                    earlier = [row(r - j) for j in range(len(bands) - 1, 0, -1) if r - j >= 1]
-                    memo[r] = np.asarray(noise_row(bands, np.asarray(draw(r), dtype=np.float64), earlier))
-                    write_private_file(path, memo[r].tobytes())
-            return memo[r]
-
-        out = row(round_idx)
-        for old in rows_dir.glob("*.npy"):
-            if int(old.stem) <= round_idx - len(bands) + 1:
-                old.unlink()
-        return out
-
     def _refused(self, facts: dict, exc: Exception) -> None:
         """Count a refusal of a request the key holder examined, in its record (with ``facts``' other changes)."""
         facts["refusals"] = facts.get("refusals", 0) + 1
         write_private_file(self.dir / "session.json", json.dumps(facts).encode())
         log.warning("key holder refusal %d of %d in this run: %s", facts["refusals"], self.max_refusals, exc)
-
-
-def key_holder_population(policy: Policy, catalogue: str | None) -> int:
-    """N for the BFV key holder, which holds no shard: the number of users in the public shard manifest its node
-    config names (``catalogue``), checked against its policy. The one place the key holder learns N."""
-    from fedrecgel_secure.data.shards import load_catalogue
-    from fedrecgel_secure.errors import BadInputError
-
-    if catalogue is None:
-        raise BadInputError(
-            'the key holder\'s --node-config has no catalogue="…/manifest.json" (the public shard manifest):'
-            " its central DP noise needs the number of users"
-        )
-    return int(load_catalogue(Path(catalogue), policy).n_users)

@@ -1,4 +1,4 @@
-"""A node's handlers: what one shard of users (or the BFV key holder) answers to each of the server's messages.
+"""A node's handlers: what one shard of users (or the key holder) answers to each of the server's messages.
 
 node_config: ``shard``, ``state-dir``, ``policy``, ``data`` (its shard file); the key holder ``role="keyholder"``
 and ``catalogue``. This module imports torch and the node's engine as it needs them; the node's resident engine
@@ -114,7 +114,7 @@ def train(msg: Message, context: Context) -> Message:
         # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
         # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
         vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
-        role = _role(context, node.policy, node.users.tolist(), int(req["dim"]))
+        role = _role(context, node, int(req["dim"]))
         participants = None if dp is None else dp.participants  # the sample the noise shares are sized for
         out.update(role.train_reply(round_idx, out["clients"], vectors, shares, participants, req))
     if evaluation is not None:
@@ -129,24 +129,26 @@ def _reply(msg: Message, policy, out: dict) -> Message:
     return Message(to_record(check(policy, out)), reply_to=msg)
 
 
-def _role(context: Context, policy, users: list[int], dim: int):
-    """This node's users in the policy's protocol (the scheme table's ``node_role``), over the state directory."""
-    name = deployed(policy).node_role
+def _role(context: Context, node, dim: int):
+    """The resident ``node``'s users in its policy's protocol (the scheme table's ``node_role``), over the state
+    directory; the item table's shape is its own model's (a sparse scheme's keys address its rows)."""
+    name = deployed(node.policy).node_role
     if name is None:
         raise RuntimeError("this node's policy runs no secure aggregation")
-    return part(name)(Path(context.node_config[STATE_DIR]), users, setup_of(policy, dim))
+    setup = setup_of(node.policy, dim, tuple(node.model.item_embeddings.shape))
+    return part(name)(Path(context.node_config[STATE_DIR]), node.users.tolist(), setup)
 
 
 @app.query(SECAGG)
 def secagg(msg: Message, context: Context) -> Message:
-    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; masking or BFV) and
+    """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; every scheme) and
     masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`,
     :mod:`fedrecgel_secure.deploy.node.bfv_node`)."""
     from fedrecgel_secure.deploy.messages import messages_of, reply
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
-    node = _role(context, resident.policy, resident.users.tolist(), int(req["dim"]))
+    node = _role(context, resident, int(req["dim"]))
     stage = str(req["stage"])
     keys = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
     if stage == "keys":
@@ -163,75 +165,32 @@ def secagg(msg: Message, context: Context) -> Message:
 
 @app.query(KEY_HOLDER_STAGE)
 def keyholder(msg: Message, context: Context) -> Message:
-    """The key holder's stages (node_config role=keyholder): ``start`` a session, ``decrypt`` a round's aggregate."""
-    import numpy as np
-
-    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
+    """The key holder's stages (node_config role=keyholder), answered by its scheme's key holder role (the scheme
+    table's ``key_holder_role``): BFV's ``start`` and ``decrypt``, DPF's ``start``, ``check`` and ``release``."""
     from fedrecgel_secure.deploy.node.files import private_umask
-    from fedrecgel_secure.federation.reports import report_count
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
     private_umask()
-    if context.node_config.get(ROLE) != KEY_HOLDER:
+    cfg = context.node_config
+    if cfg.get(ROLE) != KEY_HOLDER:
         raise RuntimeError("this node is not the key holder")
     req = from_record(msg.content)
-    policy = load_policy(context.node_config[POLICY])
+    policy = load_policy(cfg[POLICY])
     if req["digest"] != policy.digest():
         raise RuntimeError("the server runs a different policy than this node")
-    # the rounds of the run and the refusals it allows are the key holder's own policy's: an aggregate of a round the
-    # policy does not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)
-    holder = KeyHolderNode(
-        Path(context.node_config[STATE_DIR]),
-        setup_of(policy, int(req["dim"])),
-        rounds=policy.federation.rounds,
-        max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
-        reports=report_count(policy, deployed=True),
-    )
-    if req["stage"] == "start":
-        directory = {int(k[2:]): v for k, v in req.items() if k.startswith("k:")}
-        seal = {int(k[5:]): v for k, v in req.items() if k.startswith("seal:")}
-        users_of = {int(k[6:]): v.tolist() for k, v in req.items() if k.startswith("users:")}
-        public, sealed = holder.start(directory, req["session_tag"], seal, users_of)
-        out = {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
-    else:
-        noise_for, dp = None, policy.privacy.dp
-        if dp.enabled and dp.mode == "central":
-            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy and
-            # its own record: C (under adaptive clipping, replayed over the counts it released itself), N, and the
-            # aggregate's signed round; the request has no say
-            from fedrecgel_secure.deploy.node.bfv_node import key_holder_population
-            from fedrecgel_secure.federation.build import make_dp_mechanism
+    name = deployed(policy).key_holder_role
+    if name is None:
+        raise RuntimeError("this node's policy runs no scheme with a key holder")
+    dim, state_dir, catalogue = int(req["dim"]), Path(cfg[STATE_DIR]), cfg.get(CATALOGUE)
+    holder = part(name)(state_dir, policy, dim, catalogue)
+    noise, dp = None, policy.privacy.dp
+    if dp.enabled and dp.mode == "central":
+        # the key holder draws the noise, so the server never learns it, and sizes it from its own policy: C
+        # (under adaptive clipping, over the released counts), N, and the release's round; the request has no say
+        from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 
-            population = key_holder_population(policy, context.node_config.get(CATALOGUE))
-            mechanism = make_dp_mechanism(policy, population, deployed=True)
-            dim = int(req["dim"]) - mechanism.extra
-
-            def noise_for(round_idx: int, counts) -> np.ndarray:
-                import torch
-
-                # the server moves C by each release's count as its uploads' dtype holds it: the same numbers here
-                counts = torch.tensor(counts, dtype=torch.float64).to(getattr(torch, policy.model.dtype)).tolist()
-                clip_norm = mechanism.dp.clip_norm_after(counts)
-                noise = mechanism.central_noise(round_idx, dim, clip_norm, attempt=0).numpy()
-                if mechanism.dp.bands is None:
-                    return noise
-
-                # BandMF: the update part is round_idx's row of C w = z, from the key holder's own rows (a
-                # round it never answered: its attempt-0 draw, the clip norm constant)
-                def draw(r: int) -> np.ndarray:
-                    return (
-                        noise[:dim] if r == round_idx else mechanism.central_noise(r, dim, clip_norm, 0)[:dim].numpy()
-                    )
-
-                w = holder.banded_noise(round_idx, draw, mechanism.dp.bands)
-                return np.concatenate([w, noise[dim:]])
-
-        try:
-            out = {"total": np.asarray(holder.decrypt(req["aggregate"], noise_for), dtype=np.float64)}
-        except RejectedPayload as exc:
-            out = {"refused": exc.reason.value}
-    return _reply(msg, policy, out)
+        noise = CentralNoise(policy, catalogue, dim, state_dir / "noise-rows")
+    return _reply(msg, policy, holder.answer(req, noise))
 
 
 @app.query(EVALUATE)

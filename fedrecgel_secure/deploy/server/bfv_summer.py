@@ -87,10 +87,11 @@ class NodeHESum:
             session["context"], IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
         )
 
-    def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"") -> None:
+    def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"", released_counts=()) -> None:
         """Round ``round_idx`` starts (the session first, once); ``clip_norm`` goes to the nodes with the train
-        message (the key holder computes its own). ``binding`` (the model's digest) goes unused here: each node
-        signs its users' proofs over the digest of what it was sent, and the key holder checks that they agree."""
+        message (the key holder computes its own, from its record's counts, so ``released_counts`` go unused).
+        ``binding`` (the model's digest) goes unused here: each node signs its users' proofs over the digest of
+        what it was sent, and the key holder checks that they agree."""
         if self.aggregator is None:
             self.start()
         self.partials = {}

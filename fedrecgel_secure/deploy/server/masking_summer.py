@@ -151,9 +151,12 @@ class NodeMaskingSum:
             raise RuntimeError(f"masking setup: nodes {missing} did not join the session")
         self.driver = MaskingDriver(aggregator(self.setup, public, server, tag), self.exchange, self.users_of)
 
-    def announce(self, round_idx: int, clip_norm: float | None = None, binding: bytes = b"") -> bytes:
+    def announce(
+        self, round_idx: int, clip_norm: float | None = None, binding: bytes = b"", released_counts=()
+    ) -> bytes:
         """Start round ``round_idx``'s attempt, bound to ``binding`` (the digest of the model and DP settings the
-        train message carries, :func:`train_binding`); its announcement goes with the train message."""
+        train message carries, :func:`train_binding`); its announcement goes with the train message. The
+        ``released_counts`` go to the nodes with the train message; the server has no use for them here."""
         if self.driver is None:
             self.start()
         assert self.driver is not None

@@ -100,7 +100,8 @@ class RemoteTrainer(Trainer):
         if name is None:
             return super().make_summer(dim)
         exchange, key_holder = self._secagg_exchange(self.stages, dim), self._key_holder_call(self.stages, dim)
-        return part(name)(setup_of(self.policy, dim), exchange, key_holder, self._users_of())
+        table = tuple(self.model.item_embeddings.shape)  # a sparse scheme's keys address its rows (DPF)
+        return part(name)(setup_of(self.policy, dim, table), exchange, key_holder, self._users_of())
 
     def run(self, out_dir=None, *args, **kwargs) -> dict:
         if deployed(self.policy).server_summer is not None and out_dir is not None:  # a DeployedSummer's
@@ -151,18 +152,19 @@ class RemoteTrainer(Trainer):
             # what the nodes need to protect their users' uploads: the vector length, how many were sampled,
             # under DP this round's clip norm and, under adaptive clipping, the counts it follows from (each node
             # checks both against its own policy); under masking the round's announcement (the replies carry
-            # the adverts), under BFV nothing more (the replies carry the ciphertexts)
+            # the adverts), under BFV and DPF nothing more (the replies carry the ciphertexts, the DPF uploads)
             summer = self.aggregation.summer
             clip_norm = float(self.aggregation.clip_norm) if isinstance(self.aggregation, DPFedAvg) else None
             from fedrecgel_secure.deploy.messages import train_binding
 
             binding = train_binding(common["shared"], int(clients.size), clip_norm)  # the attempt is bound to it
+            counts = self.released_counts() if clip_norm is not None else None
             common.update(
-                announce=summer.announce(r, clip_norm, binding),
+                announce=summer.announce(r, clip_norm, binding, () if counts is None else counts),
                 dim=summer.setup.dim,
                 participants=int(clients.size),
                 clip_norm=clip_norm,
-                released_counts=self.released_counts() if clip_norm is not None else None,
+                released_counts=counts,
             )
         replies = self.stages.train(r, per_shard, common, evaluate=pending, everyone=self.scope != ROUND)
         if pending is not None and self.scope != ROUND:  # under scope "round" it comes inside the sum

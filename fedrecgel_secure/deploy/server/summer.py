@@ -8,7 +8,7 @@ through the four methods below (:class:`~.remote.RemoteTrainer`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -31,9 +31,13 @@ class DeployedSummer(Summer, Protocol):
         """The session: the users' keys collected from their nodes, every node joined (bounded stages)."""
         ...
 
-    def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"") -> bytes | None:
+    def announce(
+        self, round_idx: int, clip_norm: float | None, binding: bytes = b"", released_counts: Sequence[float] = ()
+    ) -> bytes | None:
         """Round ``round_idx``'s attempt begins (the session first, once): what goes with the train message (the
-        masking announcement), bound to ``binding``, the digest of the model and DP settings it carries."""
+        masking announcement), bound to ``binding``, the digest of the model and DP settings it carries.
+        ``released_counts``: under adaptive clipping, the noised clipped counts released so far, which the train
+        message carries to the nodes too (DPF's key holder, which never sees a sum, derives its C from them)."""
         ...
 
     def received(self, replies: dict[int, dict]) -> None:

@@ -49,9 +49,12 @@ class DPFClient:
         self.last_clipped = 0
         self.last_dropped_rows = 0
 
-    def upload(self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None) -> bytes:
+    def upload(
+        self, round_idx: int, x: np.ndarray, noise: np.ndarray | None = None, binding: wire.Binding | None = None
+    ) -> bytes:
         """The upload of the vector ``x`` (:mod:`.wire`): its nonzero table rows and its dense rest
-        (:meth:`upload_rows`); sets ``last_clipped`` and ``last_dropped_rows``."""
+        (:meth:`upload_rows`), its envelope signed under ``binding`` (a deployment's: what ``x`` was computed from)
+        or the session tag alone; sets ``last_clipped`` and ``last_dropped_rows``."""
         if noise is not None:
             raise BadInputError(
                 "scheme 'dpf' takes no noise shares: a dense share touches every row; the key holder adds central noise"
@@ -60,9 +63,16 @@ class DPFClient:
         x = check_upload(x, self.dim, self.identity.client_id)
         table = x[: p.table_values].reshape(p.rows, p.width)
         touched = np.flatnonzero(table.any(axis=1))
-        return self.upload_rows(round_idx, touched, table[touched], x[p.table_values :])
+        return self.upload_rows(round_idx, touched, table[touched], x[p.table_values :], binding)
 
-    def upload_rows(self, round_idx: int, rows: np.ndarray, values: np.ndarray, dense: np.ndarray) -> bytes:
+    def upload_rows(
+        self,
+        round_idx: int,
+        rows: np.ndarray,
+        values: np.ndarray,
+        dense: np.ndarray,
+        binding: wire.Binding | None = None,
+    ) -> bytes:
         """The upload of a vector given by its table ``rows`` (distinct ids; the rest of the table is zero), their
         ``values`` (len(rows), width) and its ``dense`` rest: what a client of a large catalogue holds, never the
         whole table. The same bytes' worth as :meth:`upload` of the dense vector (the grid encodes a zero as 0)."""
@@ -80,9 +90,11 @@ class DPFClient:
         kept, self.last_dropped_rows = p.choose(rows, row_ints)
         table = dict(zip(rows.tolist(), p.to_group(row_ints), strict=True))
         keys0, keys1 = encode(p.layout, {int(r): table[int(r)] for r in kept})
-        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(dense_ints))
+        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(dense_ints), binding)
 
-    def pack(self, round_idx: int, k0: KeyArrays, k1: KeyArrays, dense: np.ndarray) -> bytes:
+    def pack(
+        self, round_idx: int, k0: KeyArrays, k1: KeyArrays, dense: np.ndarray, binding: wire.Binding | None = None
+    ) -> bytes:
         """The signed upload of key batches ``k0`` (the aggregator's) and ``k1`` (the key holder's) and the dense
         values (in the group), which it splits between the two servers."""
         cid, group = self.identity.client_id, self.params.group
@@ -93,5 +105,5 @@ class DPFClient:
             for party, plain in ((0, k0.seeds.tobytes() + masked.tobytes()), (1, k1.seeds.tobytes() + pad_seed))
         ]
         body = wire.pack_body(wire.Corrections.of(k0), dense.size, boxes[0], boxes[1])
-        envelope = self.identity.seal(Kind.DPF_UPLOAD, round_idx, body, self.session_tag)
+        envelope = self.identity.seal(Kind.DPF_UPLOAD, round_idx, body, wire.signing_context(self.session_tag, binding))
         return wire.join_upload(envelope, boxes[0])

@@ -16,6 +16,13 @@ adds them into its share of the sum, and keeps the client's digest of leaf proof
                                                  plus the central noise on the grid, once per round
     combine(share) -> the round's grid sum
 
+A deployment binds the round (``begin_round(round_idx, binding)``): its request states the :class:`.wire.Binding`
+every envelope must verify under, so users sent different models are never summed together. There the key holder
+is a node of its own, each message a fresh process: it keeps its sealing key and its record on disk, hands the
+checked share from :meth:`DPFKeyHolder.check` to :meth:`DPFKeyHolder.release_share` through its own disk
+(:meth:`DPFKeyHolder.pending`), and constructs each server with ``seal_key`` and ``last_completed_round``
+(:mod:`fedrecgel_secure.deploy.node.dpf_node`).
+
 A client whose two digests differ sent keys that are not point functions (:mod:`.point`, the verifiable DPF's
 check) and is left out by both servers, as is one either server refused (signature, round, layout, box). Neither
 server sees a row index or a value: each holds one key of every pair and a pad or a padded value of every dense
@@ -59,14 +66,19 @@ class _Server:
         min_clients: int,
         session_tag: bytes,
         encoding: FixedPoint = FixedPoint(),
+        seal_key: bytes | None = None,
+        last_completed_round: int = -1,
     ) -> None:
+        """``seal_key``: the raw private sealing key of a server that keeps it (a fresh one by default);
+        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward)."""
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise BadInputError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         self.directory, self.params, self.dim, self.min_clients = directory, params, check_dim(dim), min_clients
         self.session_tag, self.encoding = check_session_tag(session_tag), encoding
         params.check(dim, encoding, max(len(directory), 1))
-        self._key = X25519PrivateKey.generate()  # the sealing key: made here, never sent
-        self.last_completed_round = -1
+        # the sealing key: made here (or kept on the server's own disk), never sent
+        self._key = X25519PrivateKey.generate() if seal_key is None else X25519PrivateKey.from_private_bytes(seal_key)
+        self.last_completed_round = last_completed_round
         self._round: int | None = None
 
     @property
@@ -74,14 +86,15 @@ class _Server:
         """The public half of this server's sealing key, which clients seal its box to."""
         return self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
-    def _begin(self, round_idx: int) -> None:
+    def _begin(self, round_idx: int, binding: wire.Binding | None = None) -> None:
         check_round(round_idx)
         if round_idx <= self.last_completed_round:
             raise RejectedPayload(
                 Reason.REPLAY, f"round {round_idx} is at or before completed round {self.last_completed_round}"
             )
         p = self.params
-        self._round = round_idx
+        self._round, self.binding = round_idx, binding
+        self._context = wire.signing_context(self.session_tag, binding)  # what every envelope is signed under
         self._table = np.zeros((p.rows, p.width), dtype=p.group)
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
@@ -98,7 +111,7 @@ class _Server:
             kind=Kind.DPF_UPLOAD,
             round_idx=self._round,
             completed_round=self.last_completed_round,
-            context=self.session_tag,
+            context=self._context,
         )
         cid = env.client_id
         if cid in self._held:
@@ -148,8 +161,9 @@ class DPFAggregator(_Server):
     party = 0
     _phase: str | None = None  # receiving, finished, settled; None between rounds
 
-    def begin_round(self, round_idx: int) -> None:
-        self._begin(round_idx)
+    def begin_round(self, round_idx: int, binding: wire.Binding | None = None) -> None:
+        """Round ``round_idx`` begins; with ``binding`` (a deployment's) every upload must be signed under it."""
+        self._begin(round_idx, binding)
         self._envelopes: dict[int, bytes] = {}
         self.refused: dict[int, str] = {}  # the key holder's refusals and the clients whose digests differed
         self._phase = "receiving"
@@ -182,7 +196,8 @@ class DPFAggregator(_Server):
         if len(self._envelopes) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._envelopes), "valid uploads", self.min_clients)
         self._phase = "finished"
-        return wire.pack_request(self._round, [(c, e, self.digests[c]) for c, e in sorted(self._envelopes.items())])
+        items = [(c, e, self.digests[c]) for c, e in sorted(self._envelopes.items())]
+        return wire.pack_request(self._round, items, self.binding)  # the binding the key holder verifies under
 
     def settle(self, answer: bytes) -> list[int]:
         """The contributors, from the key holder's answer: the clients both servers accepted whose digests agree;
@@ -221,8 +236,8 @@ class DPFKeyHolder(_Server):
 
     def check(self, request: bytes) -> bytes:
         """Evaluate every envelope of the request; answer with this server's digest of each (or its refusal)."""
-        round_idx, items = wire.parse_request(request)  # the whole request, checked before anything is added
-        self._begin(round_idx)
+        round_idx, binding, items = wire.parse_request(request)  # the whole request, checked before anything is added
+        self._begin(round_idx, binding)
         theirs: dict[int, bytes] = {}
         answers: dict[int, bytes | str] = {}
         for cid, envelope, digest in items:
@@ -246,8 +261,21 @@ class DPFKeyHolder(_Server):
             raise ProtocolStateError("release() comes after a whole check() of the same round")
         if len(self._pending) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._pending), "checked uploads", self.min_clients)
-        share = self._share()
-        if noise is not None:
-            share += self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
+        share = self.release_share(self._share(), noise)
         self.last_completed_round, self._round, self._pending = self._round, None, None
+        return share
+
+    def pending(self) -> tuple[int, list[int], np.ndarray]:
+        """The round :meth:`check` examined, the clients it kept and this server's share of their sum (in the
+        group): what a key holder that releases in another process keeps until then (:meth:`release_share`).
+        Secret: with the aggregator's share it is the round's exact sum, without its noise."""
+        if self._round is None or self._pending is None or self._pending != sorted(self._held):
+            raise ProtocolStateError("pending() comes after a whole check()")
+        return self._round, list(self._pending), self._share()
+
+    def release_share(self, share: np.ndarray, noise: np.ndarray | None = None) -> bytes:
+        """``share`` (this server's share of a checked sum, in the group) plus ``noise`` on the grid, as the bytes
+        the aggregator combines. The caller releases once per round (:meth:`release` does)."""
+        if noise is not None:
+            share = share + self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
         return share.astype(f"<u{share.dtype.itemsize}").tobytes()

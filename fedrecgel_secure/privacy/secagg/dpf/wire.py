@@ -24,6 +24,9 @@ The envelope's body::
             B·32        check words          } less its root seed)
             B·w·size    value words          }
 
+A deployment's client signs its envelope under a :class:`Binding` (what it computed its vector from), the
+simulator's under the session tag alone.
+
 A box is HPKE (RFC 9180: X25519, HKDF-SHA256, AES-128-GCM) to that server's sealing key, its ``info`` naming the
 session, the round, the client and the party, so a box opens only where and when it was made for. The
 aggregator's holds its B root seeds and the dense part less a pad (m values); the key holder's its B root seeds
@@ -56,6 +59,7 @@ _ANSWER_ITEM = struct.Struct(">IB")  # client, 0: a digest follows, 1: a refusal
 DIGEST_BYTES = 32
 PAD_SEED_BYTES = 16
 _INFO = b"fedrecgel/dpf-box/v1\x00"
+_BINDING = struct.Struct(">32sBd")  # digest, whether a clip norm is stated, the clip norm (0.0 when not)
 
 
 def suite():
@@ -66,6 +70,49 @@ def suite():
 
 def box_info(session_tag: bytes, round_idx: int, client_id: int, party: int) -> bytes:
     return _INFO + struct.pack(">H", len(session_tag)) + session_tag + struct.pack(">QIB", round_idx, client_id, party)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What a deployment's users computed their uploads from, which each signs its envelope over.
+
+    ``digest``: SHA-256 of the model and DP settings their node was sent
+    (:func:`~fedrecgel_secure.deploy.messages.train_binding`), so that uploads made for different models are
+    never summed together (both servers verify every envelope of a round under the one binding the aggregator's
+    request states); ``clip_norm``: the C they clipped to (None without DP), stated beside the digest because the
+    key holder, which holds no model and cannot recompute the digest, sizes the central noise with a C of its
+    own and must hold the users to it (:class:`~fedrecgel_secure.deploy.node.dpf_node.DPFKeyHolderNode`).
+    """
+
+    digest: bytes
+    clip_norm: float | None = None
+
+    def to_bytes(self) -> bytes:
+        if len(self.digest) != 32:
+            raise ValueError("a binding's digest is SHA-256: 32 bytes")
+        stated = self.clip_norm is not None
+        return _BINDING.pack(self.digest, int(stated), float(self.clip_norm) if stated else 0.0)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Binding:
+        if len(data) != _BINDING.size:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF binding of the wrong length")
+        digest, stated, clip_norm = _BINDING.unpack(data)
+        if stated not in (0, 1) or (stated and not np.isfinite(clip_norm)):
+            raise RejectedPayload(Reason.GARBAGE, "a malformed DPF binding")
+        return cls(digest, clip_norm if stated else None)
+
+    def context(self, session_tag: bytes) -> bytes:
+        """The signature context of an upload under this binding: the session tag, then the binding's hash."""
+        return session_tag + hashlib.sha256(b"fedrecgel/dpf-binding/v1" + self.to_bytes()).digest()
+
+
+BINDING_BYTES = _BINDING.size
+
+
+def signing_context(session_tag: bytes, binding: Binding | None) -> bytes:
+    """What an upload's envelope is signed under: the binding's context, or the session tag when unbound."""
+    return session_tag if binding is None else binding.context(session_tag)
 
 
 def pad(seed: bytes, count: int, group: type) -> np.ndarray:
@@ -190,22 +237,30 @@ def open_box(private_key, box: bytes, info: bytes, length: int, client_id: int) 
     return plain
 
 
-def pack_request(round_idx: int, items: list[tuple[int, bytes, bytes]]) -> bytes:
-    """The aggregator's request to the key holder: (client, its envelope, the aggregator's digest) in id order."""
-    parts = [_REQUEST.pack(b"DPFQ", round_idx, len(items))]
+def pack_request(round_idx: int, items: list[tuple[int, bytes, bytes]], binding: Binding | None = None) -> bytes:
+    """The aggregator's request to the key holder: (client, its envelope, the aggregator's digest) in id order,
+    after the round's binding where it has one (magic ``DPFB``; ``DPFQ`` unbound)."""
+    if binding is None:
+        parts = [_REQUEST.pack(b"DPFQ", round_idx, len(items))]
+    else:
+        parts = [_REQUEST.pack(b"DPFB", round_idx, len(items)), binding.to_bytes()]
     for cid, envelope, digest in items:
         parts += [_ITEM.pack(cid, len(envelope)), envelope, digest]
     return b"".join(parts)
 
 
-def parse_request(data: bytes) -> tuple[int, list[tuple[int, bytes, bytes]]]:
-    """(round, items) of a request, refused whole unless its ids strictly increase and no byte is left over."""
+def parse_request(data: bytes) -> tuple[int, Binding | None, list[tuple[int, bytes, bytes]]]:
+    """(round, binding, items) of a request, refused whole unless its ids strictly increase and no byte is left
+    over."""
     if len(data) < _REQUEST.size:
         raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
     magic, round_idx, count = _REQUEST.unpack_from(data)
-    if magic != b"DPFQ":
+    binding, at = None, _REQUEST.size
+    if magic == b"DPFB":
+        binding, at = Binding.from_bytes(bytes(data[at : at + BINDING_BYTES])), at + BINDING_BYTES
+    elif magic != b"DPFQ":
         raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
-    items, at = [], _REQUEST.size
+    items: list[tuple[int, bytes, bytes]] = []
     for _ in range(count):
         if len(data) < at + _ITEM.size:
             raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
@@ -219,7 +274,7 @@ def parse_request(data: bytes) -> tuple[int, list[tuple[int, bytes, bytes]]]:
         at += n + DIGEST_BYTES
     if at != len(data):
         raise RejectedPayload(Reason.WRONG_SHAPE, "bytes after a DPF request's last client")
-    return round_idx, items
+    return round_idx, binding, items
 
 
 def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:
