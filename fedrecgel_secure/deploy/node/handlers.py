@@ -111,8 +111,9 @@ def train(msg: Message, context: Context) -> Message:
     # count either (deploy.replies: a crafted model made the summed loss an oracle for a user's training set)
     out = trained.payload(sealed=sealed, loss=reports_in_clear(node.policy))
     if sealed:
-        # the users' vectors (clipped, under DP, with their noise shares) are masked or encrypted here: the reply
-        # carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum)
+        # the users' vectors (clipped, under DP, with their noise shares) are masked, encrypted or split here: the
+        # reply carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum;
+        # DPF: each user's upload, its share for each of the two servers)
         vectors, shares = node.protect(round_idx, out["clients"], uploads, dp)
         role = _role(context, node, int(req["dim"]))
         participants = None if dp is None else dp.participants  # the sample the noise shares are sized for
@@ -143,7 +144,7 @@ def _role(context: Context, node, dim: int):
 def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; every scheme) and
     masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`,
-    :mod:`fedrecgel_secure.deploy.node.bfv_node`)."""
+    :mod:`fedrecgel_secure.deploy.node.bfv_node`, :mod:`fedrecgel_secure.deploy.node.dpf_node`)."""
     from fedrecgel_secure.deploy.messages import messages_of, reply
 
     req = from_record(msg.content)
@@ -185,8 +186,9 @@ def keyholder(msg: Message, context: Context) -> Message:
     holder = part(name)(state_dir, policy, dim, catalogue)
     noise, dp = None, policy.privacy.dp
     if dp.enabled and dp.mode == "central":
-        # the key holder draws the noise, so the server never learns it, and sizes it from its own policy: C
-        # (under adaptive clipping, over the released counts), N, and the release's round; the request has no say
+        # the key holder draws the noise, so the server never learns it, and sizes it from its own policy: N, z, the
+        # release's round and C (under adaptive clipping over the released counts: BFV's from its own record of
+        # what it decrypted; DPF's as the server states them, held to the C the users signed)
         from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 
         noise = CentralNoise(policy, catalogue, dim, state_dir / "noise-rows")
