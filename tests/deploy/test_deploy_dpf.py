@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from helpers.deploy import BFV, run_records, seeded_dp, simulate, summed_per_node, write_deploy_policy
+from helpers.deploy import BANDED, BFV, run_records, seeded_dp, simulate, summed_per_node, write_deploy_policy
 from helpers.inprocess_grid import InProcessGrid, server_killed_before_checkpoint
 
 DPF = BFV.replace("bfv", "dpf")
@@ -25,16 +25,6 @@ initial = 0.2
 """
 SMALL_BUDGET = """[privacy.secure_aggregation.dpf]
 budget = 3
-"""
-BANDED = """[privacy.dp]
-enabled = true
-mode = "central"
-noise = "seeded"
-sampler = "cyclic"
-correlation = "banded"
-target_epsilon = 4.0
-delta = 1e-3
-clip_norm = 0.5
 """
 
 

@@ -13,18 +13,7 @@ import pytest
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.dp import matrix
 
-from helpers.deploy import run_records, write_deploy_policy
-
-BANDED = """[privacy.dp]
-enabled = true
-mode = "central"
-noise = "seeded"
-sampler = "cyclic"
-correlation = "banded"
-target_epsilon = 4.0
-delta = 1e-3
-clip_norm = 0.5
-"""
+from helpers.deploy import BANDED, run_records, write_deploy_policy
 
 
 def test_the_online_noise_is_the_dense_solve_of_c_w_equals_z():

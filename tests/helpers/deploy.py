@@ -16,6 +16,17 @@ min_clients = 2
 allow_small_cohort = true  # the tiny test worlds; the schema's floor is 10
 """
 BFV = MASKING.replace("masking", "bfv")
+# seeded central DP with banded noise under cyclic participation, 4 epsilon: the key holder keeps the noise state
+BANDED = """[privacy.dp]
+enabled = true
+mode = "central"
+noise = "seeded"
+sampler = "cyclic"
+correlation = "banded"
+target_epsilon = 4.0
+delta = 1e-3
+clip_norm = 0.5
+"""
 
 
 def seeded_dp(mode: str) -> str:

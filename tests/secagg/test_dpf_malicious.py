@@ -13,30 +13,12 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.privacy.secagg import RejectedPayload, make_session
+from fedrecgel_secure.privacy.secagg import RejectedPayload
 from fedrecgel_secure.privacy.secagg.dpf import prg, wire
 from fedrecgel_secure.privacy.secagg.dpf.params import DPFParams
-from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, Layout, encode
+from fedrecgel_secure.privacy.secagg.dpf.sparse import Layout
 
-ROWS, WIDTH, DENSE, BUDGET = 80, 4, 6, 8
-DIM = ROWS * WIDTH + DENSE
-CLIENTS = list(range(10, 22))
-
-
-def session(**kwargs):
-    return make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET, **kwargs)
-
-
-def uploads(seed: int) -> dict[int, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    xs = {}
-    for c in CLIENTS:
-        x = np.zeros(DIM)
-        for r in rng.choice(ROWS, BUDGET, replace=False):
-            x[r * WIDTH : (r + 1) * WIDTH] = rng.normal(0, 0.1, WIDTH)
-        x[ROWS * WIDTH :] = rng.normal(0, 0.1, DENSE)
-        xs[c] = x
-    return xs
+from helpers.dpf import CLIENTS, DIM, WIDTH, dpf_session, grid_sum, honest_keys, request_after, uploads
 
 
 def swap_key(depth: int, m: int, fit: int):
@@ -64,32 +46,27 @@ def swap_key(depth: int, m: int, fit: int):
 
 @pytest.mark.parametrize("fit", [0, 1])
 def test_a_key_that_swaps_the_parties_leaves_to_hold_two_rows_is_refused(fit):
-    s = session()
+    s = dpf_session()
     xs = uploads(1)
     cheat = CLIENTS[2]
     p, layout = s.params, s.params.layout
-    ints = s.encoding.encode(xs[cheat])[0]
-    table = p.to_group(ints[: p.table_values]).reshape(ROWS, WIDTH)
-    k0, k1 = (KeyArrays.of(k) for k in encode(layout, {int(r): table[r] for r in p.sparse(ints)[0]}))
+    k0, k1, dense = honest_keys(s, xs[cheat])
     b = int(np.argmax(layout.sizes >= 4))  # a bucket with leaves 0 and 1 inside it
     root, cw_seeds, cw_bits, cw_check = swap_key(layout.depth, 0, fit)
     for keys in (k0, k1):
         keys.seeds[b] = root
     k0.cw_seeds[b], k0.cw_bits[b], k0.cw_check[b] = cw_seeds, cw_bits, cw_check
     k0.cw_value[b] = p.to_group(np.array([1 << 30] * WIDTH))
-    forged = s.clients[cheat].pack(0, k0, k1, p.to_group(ints[p.table_values :]))
+    forged = s.clients[cheat].pack(0, k0, k1, dense)
     result = s.run_round(0, xs, intercept=lambda c, payload: forged if c == cheat else payload)
     assert result.rejected == {cheat: "not_a_point"}
 
 
 def test_a_request_refused_part_way_changes_nothing_the_key_holder_will_release():
-    s = session()
+    s = dpf_session()
     xs = uploads(2)
     agg, holder = s.aggregator, s.key_holder
-    agg.begin_round(0)
-    for c, x in xs.items():
-        agg.receive(s.clients[c].upload(0, x))
-    request = agg.finish()
+    request = request_after(s, xs)
     answer = holder.check(request)
     _round, _binding, items = wire.parse_request(request)
     target = items[4]
@@ -100,26 +77,21 @@ def test_a_request_refused_part_way_changes_nothing_the_key_holder_will_release(
     # first request's 12 names; now a request is checked whole before anything is added
     agg.settle(answer)
     total = s.encoding.decode(agg.combine(holder.release()))
-    expected = sum(s.params.restrict(s.encoding.encode(xs[c])[0])[0] for c in CLIENTS)
-    assert np.array_equal(total, s.encoding.decode(expected))
+    assert np.array_equal(total, grid_sum(s, xs.values()))
 
 
 def test_an_upload_after_the_request_left_is_refused_and_the_release_stays_exact():
-    s = session()
+    s = dpf_session()
     xs = uploads(3)
     agg, holder = s.aggregator, s.key_holder
-    agg.begin_round(0)
     late = CLIENTS[-1]
-    for c in CLIENTS[:-1]:
-        agg.receive(s.clients[c].upload(0, xs[c]))
-    request = agg.finish()
+    request = request_after(s, xs, clients=CLIENTS[:-1])
     with pytest.raises(RejectedPayload) as refused:
         agg.receive(s.clients[late].upload(0, xs[late]))
     assert refused.value.reason == "out_of_phase"
     agg.settle(holder.check(request))
     total = s.encoding.decode(agg.combine(holder.release()))
-    expected = sum(s.params.restrict(s.encoding.encode(xs[c])[0])[0] for c in CLIENTS[:-1])
-    assert np.array_equal(total, s.encoding.decode(expected))
+    assert np.array_equal(total, grid_sum(s, [xs[c] for c in CLIENTS[:-1]]))
 
 
 @pytest.mark.parametrize(
@@ -144,7 +116,7 @@ def test_rows_too_wide_for_the_value_pads_counter_and_one_key_for_both_servers_a
         DPFParams(rows=2, width=(1 << 16) + 1)
     with pytest.raises(ValueError, match="2\\^16"):
         prg.convert(np.zeros((1, 16), np.uint8), (1 << 17) + 4)
-    s = session()
+    s = dpf_session()
     client = s.clients[CLIENTS[0]]
     with pytest.raises(BadInputError, match="different"):
         type(client)(

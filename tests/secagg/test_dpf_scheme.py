@@ -10,34 +10,22 @@ from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import FixedPoint, RejectedPayload, RoundSkipped, make_session
 from fedrecgel_secure.privacy.secagg.dpf import wire
 from fedrecgel_secure.privacy.secagg.dpf.point import gen_many
-from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, encode
+from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays
 
-ROWS, WIDTH, DENSE, BUDGET = 80, 4, 6, 8
-DIM = ROWS * WIDTH + DENSE
-CLIENTS = list(range(10, 22))
-
-
-def vector(rng, touched: int) -> np.ndarray:
-    x = np.zeros(DIM)
-    for r in rng.choice(ROWS, touched, replace=False):
-        x[r * WIDTH : (r + 1) * WIDTH] = rng.normal(0, 0.1, WIDTH)
-    x[ROWS * WIDTH :] = rng.normal(0, 0.1, DENSE)
-    return x
-
-
-def uploads(seed: int, touched=BUDGET) -> dict[int, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {c: vector(rng, touched) for c in CLIENTS}
-
-
-def grid_sum(session, xs, noise=None) -> np.ndarray:
-    """What the scheme releases, without cryptography: each client's integers, its rows past R zeroed, summed."""
-    total = np.zeros(DIM, dtype=np.int64)
-    for x in xs:
-        total += session.params.restrict(session.encoding.encode(x)[0])[0]
-    if noise is not None:
-        total += session.encoding.encode_noise(noise).astype(np.int64)
-    return session.encoding.decode(total)
+from helpers.dpf import (
+    BUDGET,
+    CLIENTS,
+    DENSE,
+    DIM,
+    ROWS,
+    WIDTH,
+    dpf_session,
+    grid_sum,
+    honest_keys,
+    request_after,
+    uploads,
+    vector,
+)
 
 
 @pytest.fixture(params=[64, 32])
@@ -70,7 +58,7 @@ def test_a_round_releases_the_exact_grid_sum_of_the_clients_rows_and_the_key_hol
 
 
 def test_a_client_that_holds_only_its_rows_uploads_what_the_whole_vector_would():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(11, touched=BUDGET + 3)
 
     def by_rows(c, payload):  # the same vector, handed over as its nonzero rows and its dense rest
@@ -85,7 +73,7 @@ def test_a_client_that_holds_only_its_rows_uploads_what_the_whole_vector_would()
 
 
 def test_a_client_over_the_budget_keeps_its_R_rows_of_largest_norm():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(3, touched=BUDGET + 5)
     ints = session.encoding.encode(xs[CLIENTS[0]])[0]
     kept, dropped = session.params.sparse(ints)
@@ -98,11 +86,11 @@ def test_a_client_over_the_budget_keeps_its_R_rows_of_largest_norm():
 
 def test_the_capacity_rule_refuses_32_bit_values_a_round_could_wrap():
     with pytest.raises(BadInputError, match="value_bits"):
-        make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, value_bits=32)  # default grid: 2^41
+        dpf_session(value_bits=32)  # the default grid: 2^41
 
 
 def test_noise_shares_are_refused_they_would_touch_every_row():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(4)
     with pytest.raises(BadInputError, match="noise shares"):
         session.run_round(0, xs, noise_shares={c: np.zeros(DIM) for c in xs})
@@ -111,26 +99,8 @@ def test_noise_shares_are_refused_they_would_touch_every_row():
 # -- malicious clients ---------------------------------------------------------------------------------------
 
 
-def honest_keys(session, x):
-    p = session.params
-    ints = session.encoding.encode(x)[0]
-    table = p.to_group(ints[: p.table_values]).reshape(ROWS, WIDTH)
-    k0, k1 = encode(p.layout, {int(r): table[r] for r in p.sparse(ints)[0]})
-    return KeyArrays.of(k0), KeyArrays.of(k1), p.to_group(ints[p.table_values :])
-
-
-def run_with(session, round_idx, xs, cid, forge):
-    """A round in which client ``cid`` sends ``forge(its upload)`` instead of its own."""
-    payloads = {}
-
-    def intercept(client, payload):
-        return forge(payload) if client == cid else payload
-
-    return session.run_round(round_idx, xs, intercept=intercept), payloads
-
-
 def test_keys_with_two_rows_in_one_key_are_refused_by_the_servers_check_and_the_rest_sum_exactly():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(5)
     cheat = CLIENTS[3]
     layout = session.params.layout
@@ -148,7 +118,7 @@ def test_keys_with_two_rows_in_one_key_are_refused_by_the_servers_check_and_the_
 def test_a_client_that_fills_every_bucket_adds_at_most_one_row_a_bucket_with_any_values():
     # what the docs say a malicious client can do: any values, in at most ceil(1.5 R) rows (and the dense part),
     # as under masking or BFV a client can add any vector; DP for the honest users holds (the key holder's noise)
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     layout = session.params.layout
     xs = uploads(6)
     cheat = CLIENTS[0]
@@ -173,7 +143,7 @@ def test_a_client_that_fills_every_bucket_adds_at_most_one_row_a_bucket_with_any
 
 
 def test_an_upload_replayed_into_a_later_round_is_refused_and_a_box_does_not_open_outside_its_round():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(7)
     old = session.clients[CLIENTS[1]].upload(0, xs[CLIENTS[1]])
     session.run_round(0, xs)
@@ -191,7 +161,7 @@ def test_an_upload_replayed_into_a_later_round_is_refused_and_a_box_does_not_ope
 
 
 def test_an_aggregators_box_swapped_for_another_is_refused_as_unsigned():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(8)
     other = wire.split_upload(session.clients[CLIENTS[2]].upload(0, xs[CLIENTS[2]]))[1]
 
@@ -203,13 +173,10 @@ def test_an_aggregators_box_swapped_for_another_is_refused_as_unsigned():
 
 
 def test_the_key_holder_releases_one_share_a_round_and_checks_nothing_of_a_released_round():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=8, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session()
     xs = uploads(9)
     agg, holder = session.aggregator, session.key_holder
-    agg.begin_round(0)
-    for c, x in xs.items():
-        agg.receive(session.clients[c].upload(0, x))
-    request = agg.finish()
+    request = request_after(session, xs)
     agg.settle(holder.check(request))
     holder.release()
     with pytest.raises(RejectedPayload) as again:
@@ -218,7 +185,7 @@ def test_the_key_holder_releases_one_share_a_round_and_checks_nothing_of_a_relea
 
 
 def test_too_few_checked_uploads_skip_the_round_and_a_retry_of_it_goes_through():
-    session = make_session("dpf", DIM, CLIENTS, min_clients=12, rows=ROWS, width=WIDTH, budget=BUDGET)
+    session = dpf_session(min_clients=12)
     xs = uploads(10)
     with pytest.raises(RoundSkipped, match="too_few"):
         session.run_round(0, xs, drop_after_masking={CLIENTS[0]})

@@ -206,6 +206,19 @@ class SecAggSession:
         args = (round_idx, uploads, noise_shares or {}, central_noise, set(drop_after_masking), admit, intercept)
         return self._run(*args, round_seed)
 
+    def _collect(self, round_idx, uploads, shares, dropped, intercept, receive) -> tuple[_Clock, dict, int, list]:
+        """Every cohort client's upload step (with its noise share, if any), each upload delivered to ``receive``
+        unless its client goes silent: (the round's clock, the refused clients' reasons, the clipped values, the
+        cohort). The step of the schemes whose clients send one upload a round (BFV, DPF)."""
+        clock, rejected, clipped = _Clock(), {}, 0
+        cohort = sorted(uploads)
+        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], shares.get(c))):
+            clock.client_reply(reply)
+            clipped += reply.clipped
+            if reply.client not in dropped:
+                _deliver(clock, receive, reply, intercept, rejected)
+        return clock, rejected, clipped, cohort
+
     def _start(self, setup: ClientSetup) -> ClientSetup:
         """Make the aggregator (and the key holder); ``setup`` with what the clients are to be given of them."""
         raise NotImplementedError

@@ -11,7 +11,7 @@ from ..arithmetic import admit_or_skip
 from ..clients import ClientSetup
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity
-from ..session import RoundResult, SecAggSession, _Clock, _cost, _deliver
+from ..session import RoundResult, SecAggSession, _cost
 from .aggregator import HEAggregator
 from .client import HEClient
 from .keyholder import KeyHolder
@@ -59,14 +59,8 @@ class BFVSession(SecAggSession):
 
     def _run(self, round_idx, uploads, shares, central, dropped, admit, intercept, round_seed) -> RoundResult:
         agg = self.aggregator
-        clock, rejected, clipped = _Clock(), {}, 0
         agg.begin_round(round_idx)
-        cohort = sorted(uploads)
-        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], shares.get(c))):
-            clock.client_reply(reply)
-            clipped += reply.clipped
-            if reply.client not in dropped:
-                _deliver(clock, agg.receive, reply, intercept, rejected)
+        clock, rejected, clipped, cohort = self._collect(round_idx, uploads, shares, dropped, intercept, agg.receive)
         try:
             aggregate = clock.server_call(agg.finish)
         except RoundSkipped as exc:

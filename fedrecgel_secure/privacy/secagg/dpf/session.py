@@ -13,7 +13,7 @@ from ..arithmetic import admit_or_skip
 from ..clients import ClientSetup
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity
-from ..session import RoundResult, SecAggSession, _Clock, _cost, _deliver
+from ..session import RoundResult, SecAggSession, _cost
 from .client import DPFClient
 from .params import DPFParams
 from .servers import DPFAggregator, DPFKeyHolder
@@ -57,14 +57,8 @@ class DPFSession(SecAggSession):
         if shares:
             raise BadInputError("scheme 'dpf' takes no noise shares (a dense share touches every row): use central DP")
         agg, holder = self.aggregator, self.key_holder
-        clock, rejected, clipped = _Clock(), {}, 0
         agg.begin_round(round_idx)
-        cohort = sorted(uploads)
-        for reply in self.host.run("upload", cohort, lambda c: (round_idx, uploads[c], None)):
-            clock.client_reply(reply)
-            clipped += reply.clipped
-            if reply.client not in dropped:
-                _deliver(clock, agg.receive, reply, intercept, rejected)
+        clock, rejected, clipped, cohort = self._collect(round_idx, uploads, shares, dropped, intercept, agg.receive)
         try:
             request = clock.server_call(agg.finish)
             t0 = time.perf_counter()
