@@ -1,6 +1,6 @@
 """What the two-server DPF scheme costs a client and each server, at four table shapes, beside masking and BFV.
 
-    python benchmarks/dpf_cost.py [--out docs/results/dpf-cost.md] [--shapes filmtrust,...]
+    python benchmarks/dpf_cost.py [--out docs/results/dpf-cost.md] [--shapes filmtrust,...] [--device cuda]
 
 The scheme's real roles (privacy/secagg/dpf: DPFClient, DPFAggregator, DPFKeyHolder) on the default model: an item
 table of 160 values a row (gmf_dim 32 + mlp_dim 128) and the dense rest of the shared vector (the MLP tower and
@@ -10,7 +10,9 @@ two servers' sealing keys come once a session; every scheme's clients download t
 server's seconds to open, expand and add one client's keys. Per round: FilmTrust's is a whole round of its 122
 clients, measured beside masking's server in the same run; a larger shape's is its one-client seconds times its
 clients a round (one client, one run, extrapolated). Masking and BFV upload the whole vector at their measured 8.0
-and 32.4 bytes a value (docs/results/secagg-cost.md).
+and 32.4 bytes a value (docs/results/secagg-cost.md). ``--device`` is where both servers expand keys: numpy and
+cryptography's AES on the CPU (the default), or torch on a device (privacy/secagg/dpf/expand_torch.py; on a GPU,
+benchmarks/gpu_check.sh runs it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from _markdown import table
 
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
+from fedrecgel_secure.privacy.secagg.dpf.expand_torch import device_for
 
 WIDTH = 160
 SHAPES = {  # key: name, rows (items), R (a client's rows: positives and their 4 negatives each), clients a round
@@ -33,6 +36,7 @@ SHAPES = {  # key: name, rows (items), R (a client's rows: positives and their 4
     "ml20m": ("MovieLens-20M shape", 26_744, 500, 1_384),
     "1m": ("synthetic, 1M items", 1_000_000, 500, 100_000),
 }
+DEVICE = "numpy"  # where the servers expand keys (--device)
 MASKING_BYTES, BFV_BYTES = 8.0, 32.4  # per value, measured (docs/results/secagg-cost.md)
 CLIP32 = 0.5  # a 32-bit group's grid: values clipped to ±0.5 (DP's clip norm, 0.5 in the packaged policies)
 
@@ -67,6 +71,7 @@ def one_client(rows: int, budget: int, bits: int, clients: int) -> dict[str, flo
     table = x[: rows * WIDTH].reshape(rows, WIDTH)
     touched = np.flatnonzero(table.any(axis=1))
     agg, holder = session.aggregator, session.key_holder
+    agg.device = holder.device = device_for(DEVICE)
     for round_idx in (0, 1):  # round 0 builds what a session builds once (the layout, where leaves go)
         start = time.perf_counter()  # the client holds its touched rows and the dense rest, never the whole table
         payload = session.clients[0].upload_rows(round_idx, touched, table[touched], x[rows * WIDTH :])
@@ -96,6 +101,8 @@ def whole_round(rows: int, budget: int, clients: int) -> dict[str, tuple[float, 
         ("masking", dict(degree="secagg+")),
     ):
         session = make_session(name.rstrip("0123456789"), dim, range(clients), min_clients=10, **kwargs)
+        if name != "masking":
+            session.aggregator.device = session.key_holder.device = device_for(DEVICE)
         cost = session.run_round(0, xs).cost
         out[name] = (cost["aggregate_seconds"], cost["finalize_seconds"])
     return out
@@ -158,39 +165,54 @@ def cost_model() -> str:
     cells = []
     for bits, m in ((64, m64), (32, m32)):
         blocks = aes_blocks(layout.layout, bits)
-        cpu = max(m["aggregator"], m["key_holder"])
+        seconds = max(m["aggregator"], m["key_holder"])
         cells.append(
             [
                 f"{bits}-bit",
                 f"{m['upload'] / 1e6:.2f} MB; {m['upload'] * clients / 1e9:,.0f} GB a round",
                 f"{m['dim'] * 4 / 1e6:,.0f} MB (the float32 model, as under every scheme)",
-                f"{blocks / 1e6:,.0f} M ({blocks / cpu / 1e6:,.0f} M/s measured)",
-                f"{cpu * clients / 3600:,.0f} core-hours",
+                f"{blocks / 1e6:,.0f} M ({blocks / seconds / 1e6:,.0f} M/s measured)",
+                f"{seconds * clients / 3600:,.{0 if DEVICE == 'numpy' else 1}f} {unit}",
                 f"{blocks * clients / GPU_BLOCKS_PER_S / 3600:,.1f} GPU-hours",
             ]
         )
+    unit = "core-hours" if DEVICE == "numpy" else "GPU-hours" if DEVICE.startswith("cuda") else "device-hours"
     header = [
         "values",
         "upload a client",
         "download a client",
-        "AES blocks a client, each server (this CPU's rate)",
-        "a round, each server, CPU (measured a client × 100,000)",
+        "AES blocks a client, each server (the measured rate)",
+        f"a round, each server, {where()} (measured a client × 100,000)",
         "a round, each server, one GPU (extrapolated)",
     ]
     return (
-        f"Cost model: {rows:,} items, {USERS:,} users, {CLIENTS_1M:,} clients a round (R = {budget}). The CPU"
-        " column scales this machine's one-client seconds; the GPU column prices the same AES blocks at"
+        f"Cost model: {rows:,} items, {USERS:,} users, {CLIENTS_1M:,} clients a round (R = {budget}). The measured"
+        " column scales one client's measured seconds; the last column prices the same AES blocks at"
         f" GPU-DPF's published V100 rate ({GPU_BLOCKS_PER_S / 1e9:.1f}·10^9 blocks a second: 923 full-domain"
         " evaluations of 2^20 rows), extrapolated, not measured. Both servers do this work, in parallel.\n\n"
         + table(header, cells)
     )
 
 
+def where() -> str:
+    """Where the servers expanded keys, in words."""
+    if DEVICE == "numpy":
+        return "numpy and cryptography's AES on this project's 2-core CPU"
+    import torch
+
+    device = torch.device(DEVICE)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    return f"torch on {name} (privacy/secagg/dpf/expand_torch.py)"
+
+
 def main() -> None:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {','.join(SHAPES)}")
+    parser.add_argument("--device", default="numpy", help="where the servers expand keys: numpy, or a torch device")
     args = parser.parse_args()
+    DEVICE = args.device
     header = [
         "table",
         "rows",
@@ -204,21 +226,24 @@ def main() -> None:
         "server s a client (aggregator / key holder), 64-bit ; 32-bit",
         "server s a round (aggregator / key holder), 64-bit ; 32-bit",
     ]
-    rows = [row(key) for key in args.shapes.split(",")]
-    text = (
+    intro = (
         f"Per client and round, the whole shared vector of the default model ({WIDTH} item values a row, and"
-        f" {dense_values():,} dense values additively shared), numpy and cryptography's AES on this project's"
-        " 2-core CPU, one process (`python benchmarks/dpf_cost.py`). A client's protocol download is nothing a"
-        " round (the servers' sealing keys come once a session). Masking and BFV upload the whole vector. 32-bit"
-        f" values need a grid whose sums fit 31 bits: here ±{CLIP32} at the step in the table, the finest that the"
-        " capacity rule lets each shape's clients a round sum.\n\n" + table(header, rows)
+        f" {dense_values():,} dense values additively shared), the servers' expansion by {where()}, one process"
+        f" (`python benchmarks/dpf_cost.py{'' if DEVICE == 'numpy' else ' --device ' + DEVICE}`). A client's"
+        " protocol download is nothing a round (the servers' sealing keys come once a session). Masking and BFV"
+        " upload the whole vector. 32-bit values need a grid whose sums fit 31 bits: here"
+        f" ±{CLIP32} at the step in the table, the finest that the capacity rule lets each shape's clients a round"
+        " sum.\n\n"
     )
-    if "1m" in MEASURED:
-        text += "\n" + cost_model()
+    rows = []
+    for key in args.shapes.split(","):  # the table so far is written after each shape: a stopped run keeps it
+        rows.append(row(key))
+        text = intro + table(header, rows)
+        if "1m" in MEASURED:
+            text += "\n" + cost_model()
+        if args.out is not None:
+            args.out.write_text(text)
     print(text)
-    if args.out is not None:
-        args.out.write_text(text)
-
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,8 @@ Z_2^64 or Z_2^32) gives one key to each of two servers that do not collude; each
 clients' rows, exactly. The tree's pseudorandom generator is fixed-key AES-128 (:mod:`.prg`).
 
 The scheme ``"dpf"``: :mod:`.params` (the budget R and the rule for a client with more rows), :mod:`.sparse` (the
-public buckets, cuckoo placement, a server's expansion), :mod:`.wire` (the upload's bytes), :mod:`.client`,
+public buckets, cuckoo placement, a server's expansion; :mod:`.expand_torch` the same on a GPU, with AES in torch
+in :mod:`.aes_torch`), :mod:`.wire` (the upload's bytes), :mod:`.client`,
 :mod:`.servers` (the aggregator and the key holder, and their check of each client's keys) and :mod:`.session`
 (all roles in one process). Threat model: the two servers follow the protocol and do not collude; colluding,
 they read every client's rows. A malicious client can add any values, unchecked, to at most ⌈1.5·R⌉ rows (one a

@@ -46,7 +46,8 @@ from ..errors import Reason, RejectedPayload, RoundSkipped
 from ..fixedpoint import FixedPoint
 from ..identity import Envelope, IdentityDirectory, Kind, authenticate, check_round, check_session_tag
 from ..vectors import check_dim
-from . import wire
+from . import expand_torch, wire
+from .expand_torch import device_for
 from .params import DPFParams
 from .prg import SEED_BYTES
 from .sparse import add_client
@@ -68,9 +69,12 @@ class _Server:
         encoding: FixedPoint = FixedPoint(),
         seal_key: bytes | None = None,
         last_completed_round: int = -1,
+        device: str | None = None,
     ) -> None:
         """``seal_key``: the raw private sealing key of a server that keeps it (a fresh one by default);
-        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward)."""
+        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward);
+        ``device``: where it expands keys (:func:`.expand_torch.device_for`: by default a CUDA GPU when torch
+        sees one, else numpy; the two paths give the same bits, so either server may run either)."""
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise BadInputError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         self.directory, self.params, self.dim, self.min_clients = directory, params, check_dim(dim), min_clients
@@ -79,6 +83,7 @@ class _Server:
         # the sealing key: made here (or kept on the server's own disk), never sent
         self._key = X25519PrivateKey.generate() if seal_key is None else X25519PrivateKey.from_private_bytes(seal_key)
         self.last_completed_round = last_completed_round
+        self.device = device_for(device)  # a torch device, or None: numpy (set before a round to change it)
         self._round: int | None = None
 
     @property
@@ -95,7 +100,7 @@ class _Server:
         p = self.params
         self._round, self.binding = round_idx, binding
         self._context = wire.signing_context(self.session_tag, binding)  # what every envelope is signed under
-        self._table = np.zeros((p.rows, p.width), dtype=p.group)
+        self._table = self._zeros()
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
         self.digests: dict[int, bytes] = {}
@@ -135,7 +140,7 @@ class _Server:
         else:
             share = wire.pad(plain[roots_len:], dense, p.group)
         keys = body.corrections.keys(self.party, roots)
-        digest = add_client(layout, keys, self._table)
+        digest = self._add(keys, self._table)
         self._dense += share
         self._held[cid] = (keys, share)
         self.digests[cid] = digest
@@ -145,14 +150,28 @@ class _Server:
         """Take ``clients``' contributions out of this server's share again."""
         for cid in clients:
             keys, share = self._held.pop(cid)
-            alone = np.zeros_like(self._table)
-            add_client(self.params.layout, keys, alone)
+            alone = self._zeros()
+            self._add(keys, alone)
             self._table -= alone
             self._dense -= share
             self.digests.pop(cid, None)
 
+    def _zeros(self):
+        """A zero share of the item table where this server expands keys."""
+        layout = self.params.layout
+        if self.device is None:
+            return np.zeros((layout.rows, layout.width), dtype=layout.group)
+        return expand_torch.new_table(layout, self.device)
+
+    def _add(self, keys, table) -> bytes:
+        """Expand one client's keys into ``table`` (from :meth:`_zeros`); the client's digest."""
+        if self.device is None:
+            return add_client(self.params.layout, keys, table)
+        return expand_torch.add_client(self.params.layout, keys, table)
+
     def _share(self) -> np.ndarray:
-        return np.concatenate([self._table.reshape(-1), self._dense])
+        table = self._table if self.device is None else expand_torch.to_group(self._table, self.params.group)
+        return np.concatenate([table.reshape(-1), self._dense])
 
 
 class DPFAggregator(_Server):

@@ -1,0 +1,164 @@
+"""A server's expansion of a client's keys in torch, for a GPU: the same shares, leaf proofs and digest as
+:func:`.sparse.add_client`, which is its oracle (``tests/secagg/test_dpf_torch.py`` holds the two bit-equal).
+
+Each function here is the tensor form of its namesake in :mod:`.prg` or :mod:`.sparse`, with AES from
+:mod:`.aes_torch`. The group's values live in int64 (Z_2^64) or int32 (Z_2^32) tensors with the bits of the
+numpy path's uint64 or uint32: two's-complement addition and negation wrap exactly as the unsigned group's do
+(torch has no unsigned 64-bit arithmetic; CrypTen keeps its int64 secret shares on GPUs the same way). A leaf's
+share goes into its row with ``index_add_``, which adds a repeated row every time, so the leaves of a chunk go in
+one call. The digest is SHA-256 of the proofs on the host, in the numpy path's order, so either server may run
+either path.
+
+:func:`device_for` picks the path: a CUDA GPU when torch sees one, else numpy (cryptography's AES-NI is about
+twenty times this module's speed on a CPU core; the torch path runs on the CPU only for the tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .aes_torch import AES128
+from .prg import KEYS, SEED_BYTES
+from .sparse import CHUNK_VALUES, KeyArrays, Layout
+
+DTYPES = {np.uint64: torch.int64, np.uint32: torch.int32}  # the group's type: its numpy form, its torch form
+
+
+def device_for(device: str | None) -> torch.device | None:
+    """Where a server expands keys: ``None`` (the default) means a CUDA GPU when torch sees one, else numpy;
+    ``"numpy"`` means numpy (this returns None for it); a torch device's name (``"cuda"``, ``"cuda:1"``, ``"cpu"``)
+    means torch there."""
+    if device == "numpy":
+        return None
+    if device is None:
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    return torch.device(device)
+
+
+@lru_cache(maxsize=16)
+def _aes(name: str, device: torch.device) -> AES128:
+    return AES128(KEYS[name], device)
+
+
+def hash_blocks(name: str, blocks: torch.Tensor) -> torch.Tensor:
+    """:func:`.prg.hash_blocks`: ``AES_k(σ(x)) ⊕ σ(x)`` of each (16,) uint8 row, ``σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L``."""
+    left, right = blocks[:, :8], blocks[:, 8:]
+    x = torch.cat([left ^ right, left], dim=1)
+    return _aes(name, blocks.device).encrypt(x) ^ x
+
+
+def expand(seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`.prg.expand`: the two children of each seed and their control bits (a child's lowest bit, cleared)."""
+    left, right = hash_blocks("left", seeds), hash_blocks("right", seeds)
+    left_t, right_t = left[:, 0] & 1, right[:, 0] & 1
+    left[:, 0] &= 0xFE
+    right[:, 0] &= 0xFE
+    return left, left_t, right, right_t
+
+
+def convert(seeds: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`.prg.convert`: each leaf seed stretched to ``width`` elements, ``H_value(seed ⊕ i)`` for counters i
+    in the block's last two bytes (big-endian), read little-endian as ``dtype`` (int64 or int32)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    blocks = -(-width * size // SEED_BYTES)
+    if blocks > 1 << 16:
+        raise ValueError(f"a leaf of {width} values needs {blocks} blocks, more than the 2^16 the counter numbers")
+    i = torch.arange(blocks, device=seeds.device)
+    counters = torch.zeros((blocks, SEED_BYTES), dtype=torch.uint8, device=seeds.device)
+    counters[:, 14], counters[:, 15] = (i >> 8).to(torch.uint8), (i & 0xFF).to(torch.uint8)
+    x = (seeds[:, None, :] ^ counters[None, :, :]).reshape(-1, SEED_BYTES)
+    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES).view(dtype)  # little-endian hosts
+    return out[:, :width]
+
+
+def check_blocks(seeds: torch.Tensor, bits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """:func:`.prg.check_blocks`: each leaf's 256-bit check value, tweaked by its place and control bit."""
+    tweaks = torch.stack([positions.to(torch.int64), bits.to(torch.int64)], dim=1).view(torch.uint8)
+    blocks = seeds ^ hash_blocks("tweak", tweaks)
+    return torch.cat([hash_blocks("check0", blocks), hash_blocks("check1", blocks)], dim=1)
+
+
+def proofs(seeds: torch.Tensor, t: torch.Tensor, positions: torch.Tensor, cw_check: torch.Tensor) -> torch.Tensor:
+    """:func:`.point.proofs`: each leaf's check value, XORed with its key's ``cw_check`` where its bit is set."""
+    return check_blocks(seeds, t, positions) ^ (t[:, None] * cw_check)
+
+
+class _Keys:
+    """:class:`.sparse.KeyArrays` on a device, the values' bits in a signed type."""
+
+    def __init__(self, keys: KeyArrays, device: torch.device) -> None:
+        signed = np.dtype(keys.cw_value.dtype).str.replace("u", "i")
+        self.party = keys.party
+        self.seeds, self.cw_seeds, self.cw_bits, self.cw_check, self.cw_value = (
+            torch.tensor(a, device=device)  # a copy: the wire's arrays may be read-only views of its bytes
+            for a in (keys.seeds, keys.cw_seeds, keys.cw_bits, keys.cw_check, keys.cw_value.view(signed))
+        )
+
+
+def _leaves(keys: _Keys, first: int, stop: int, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`.sparse._leaves` of keys ``first .. stop-1``: their shares at the leaves inside their trees, (leaves,
+    width), and the leaves' proofs, (leaves, 32), in key and leaf order."""
+    n, depth = stop - first, keys.cw_seeds.shape[1]
+    cw_seeds, cw_bits = keys.cw_seeds[first:stop], keys.cw_bits[first:stop]
+    seeds = keys.seeds[first:stop, None, :]  # (n, nodes, 16)
+    t = torch.full((n, 1), keys.party, dtype=torch.uint8, device=seeds.device)
+    for level in range(depth):
+        nodes = seeds.shape[1]
+        left, left_t, right, right_t = expand(seeds.reshape(-1, SEED_BYTES))
+        correction = t[:, :, None] * cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
+        left = left.view(n, nodes, SEED_BYTES) ^ correction
+        right = right.view(n, nodes, SEED_BYTES) ^ correction
+        left_t = left_t.view(n, nodes) ^ (t & cw_bits[:, None, level, 0])
+        right_t = right_t.view(n, nodes) ^ (t & cw_bits[:, None, level, 1])
+        seeds = torch.stack([left, right], dim=2).reshape(n, 2 * nodes, SEED_BYTES)
+        t = torch.stack([left_t, right_t], dim=2).reshape(n, 2 * nodes)
+    inside = torch.arange(1 << depth, device=seeds.device)[None, :] < sizes[:, None]
+    per_key = inside.sum(dim=1)
+    leaf_seeds, leaf_t = seeds[inside], t[inside]
+    cw_value = keys.cw_value[first:stop]
+    values = convert(leaf_seeds, cw_value.shape[1], cw_value.dtype)
+    values = values + leaf_t.to(values.dtype)[:, None] * cw_value.repeat_interleave(per_key, dim=0)
+    if keys.party:
+        values = -values  # in the group: 2^k - v
+    places = inside.nonzero()[:, 1]  # each leaf's place in its tree, which its proof binds
+    cw_check = keys.cw_check[first:stop].repeat_interleave(per_key, dim=0)
+    return values, proofs(leaf_seeds, leaf_t, places, cw_check)
+
+
+@lru_cache(maxsize=8)
+def _rows(layout: Layout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The layout on a device: every bucket's member rows in bucket order, the bucket sizes, and where each
+    bucket's members start in the first (on the host, for slicing)."""
+    rows = torch.from_numpy(np.concatenate(layout.members)).to(device)
+    return rows, torch.from_numpy(layout.sizes).to(device), np.r_[0, np.cumsum(layout.sizes)]
+
+
+def add_client(layout: Layout, keys: KeyArrays, table: torch.Tensor) -> bytes:
+    """:func:`.sparse.add_client` on ``table``'s device: expand one client's keys (one a bucket, in bucket order)
+    a chunk of buckets at a time, add each leaf's share into its row of ``table`` ((rows, width), int64 or int32
+    with the group's bits) and return the client's digest of its leaf proofs."""
+    rows, sizes, starts = _rows(layout, table.device)
+    on_device = _Keys(keys, table.device)
+    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)
+    digest = hashlib.sha256()
+    for first in range(0, layout.buckets, chunk):
+        stop = min(first + chunk, layout.buckets)
+        values, proved = _leaves(on_device, first, stop, sizes[first:stop])
+        table.index_add_(0, rows[starts[first] : starts[stop]], values)
+        digest.update(proved.cpu().numpy().tobytes())
+    return digest.digest()
+
+
+def new_table(layout: Layout, device: torch.device) -> torch.Tensor:
+    """A zero share of the layout's table on ``device``, in the group's torch type."""
+    return torch.zeros((layout.rows, layout.width), dtype=DTYPES[layout.group], device=device)
+
+
+def to_group(table: torch.Tensor, group: type) -> np.ndarray:
+    """A share on a device as the numpy path's array: the same bits, in the unsigned group."""
+    return table.cpu().numpy().view(group)
+
