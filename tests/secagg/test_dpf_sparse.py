@@ -131,13 +131,21 @@ def test_the_two_servers_digests_agree_for_honest_keys_and_differ_for_a_key_of_t
     assert forest(k0, LAYOUT.sizes)[1] != forest(k1, LAYOUT.sizes)[1]
 
 
-def test_a_server_adding_one_clients_keys_a_chunk_at_a_time_gets_the_forests_sum_and_digest(monkeypatch):
+@pytest.mark.parametrize("group", [np.uint64, np.uint32])
+@pytest.mark.parametrize("buckets_a_chunk", [7, None])
+def test_a_server_adding_one_clients_keys_a_chunk_at_a_time_gets_the_forests_sum_and_digest(
+    monkeypatch, group, buckets_a_chunk
+):
+    """add_client (leaves in row order, each row summed, party 1 negating the sums) against the plain forest."""
     from fedrecgel_secure.privacy.secagg.dpf import sparse
     from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, add_client, forest
 
-    keys = KeyArrays.of(encode(LAYOUT, sparse_rows(np.random.default_rng(13), 15))[1])
-    sums, (digest,) = forest(keys, LAYOUT.sizes)
-    monkeypatch.setattr(sparse, "CHUNK_VALUES", 7 * (1 << LAYOUT.depth) * LAYOUT.width)  # 7 buckets a chunk
-    table = np.zeros((LAYOUT.rows, LAYOUT.width), dtype=LAYOUT.group)
-    assert add_client(LAYOUT, keys, table) == digest
-    assert np.array_equal(table, LAYOUT.scatter(sums))
+    layout = Layout(rows=LAYOUT.rows, width=LAYOUT.width, budget=LAYOUT.budget, group=group)
+    if buckets_a_chunk is not None:
+        monkeypatch.setattr(sparse, "CHUNK_VALUES", buckets_a_chunk * (1 << layout.depth) * layout.width)
+    for party_keys in encode(layout, sparse_rows(np.random.default_rng(13), 15, layout)):
+        keys = KeyArrays.of(party_keys)
+        sums, (digest,) = forest(keys, layout.sizes)
+        table = np.ones((layout.rows, layout.width), dtype=group)  # adds to what is there
+        assert add_client(layout, keys, table) == digest
+        assert np.array_equal(table, layout.scatter(sums, np.ones_like(table)))

@@ -33,10 +33,19 @@ def sigma(blocks: np.ndarray) -> np.ndarray:
 def hash_blocks(key: str, blocks: np.ndarray) -> np.ndarray:
     """``H_key`` of each 16-byte row of ``blocks`` (an (n, 16) uint8 array). The halves are handled as 64-bit
     words (σ and the XOR are bytewise, so the result is :func:`sigma`'s, which the tests hold it to)."""
-    words = np.ascontiguousarray(blocks).view(np.uint64)  # (n, 2): x_L, x_R
+    return _mmo(key, _sigma_words(np.ascontiguousarray(blocks).view(np.uint64)))
+
+
+def _sigma_words(words: np.ndarray) -> np.ndarray:
+    """σ of each row of an (n, 2) uint64 array of (x_L, x_R) words: (x_L ⊕ x_R, x_L), a new contiguous array."""
     x = np.empty_like(words)
     np.bitwise_xor(words[:, 0], words[:, 1], out=x[:, 0])
     x[:, 1] = words[:, 0]
+    return x
+
+
+def _mmo(key: str, x: np.ndarray) -> np.ndarray:
+    """``AES_key(x) ⊕ x`` of each row of a contiguous (n, 2) uint64 array (σ already applied), as (n, 16) uint8."""
     encryptor = Cipher(algorithms.AES(KEYS[key]), modes.ECB()).encryptor()  # ECB: each block on its own, by design
     out = np.empty(x.size * 8 + 16, dtype=np.uint8)  # update_into's room: the data and a block less one byte
     done = encryptor.update_into(memoryview(x).cast("B"), out)
@@ -63,12 +72,15 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     if blocks > 1 << 16:  # the counter has 16 bits: past them the pad would repeat
         raise ValueError(f"a leaf of {width} values needs {blocks} blocks, more than the 2^16 the counter numbers")
     # the counter in bytes 14 (high) and 15 (low), i.e. the top 16 bits of the block's second little-endian word
-    counters = np.zeros((blocks, 2), dtype=np.uint64)
     i = np.arange(blocks, dtype=np.uint64)
-    counters[:, 1] = ((i >> np.uint64(8)) << np.uint64(48)) | ((i & np.uint64(0xFF)) << np.uint64(56))
-    words = np.ascontiguousarray(seeds).view(np.uint64)  # (n, 2)
-    x = (words[:, None, :] ^ counters[None, :, :]).reshape(-1, 2).view(np.uint8)
-    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES).view(f"<u{size}")
+    counters = ((i >> np.uint64(8)) << np.uint64(48)) | ((i & np.uint64(0xFF)) << np.uint64(56))
+    # σ is linear over XOR and a counter lies in the right half, so σ(seed ⊕ i) = σ(seed) ⊕ (i, 0): σ once a seed,
+    # and each half written with the counters along the inner axis (numpy is slow over an inner axis of two)
+    words = _sigma_words(np.ascontiguousarray(seeds).view(np.uint64))  # (n, 2)
+    x = np.empty((seeds.shape[0], blocks, 2), dtype=np.uint64)
+    np.bitwise_xor(words[:, 0, None], counters[None, :], out=x[:, :, 0])
+    x[:, :, 1] = words[:, 1, None]
+    out = _mmo("value", x.reshape(-1, 2)).reshape(seeds.shape[0], blocks * SEED_BYTES).view(f"<u{size}")
     return out if blocks * SEED_BYTES == width * size else out[:, :width].astype(group)  # whole blocks: no copy
 
 

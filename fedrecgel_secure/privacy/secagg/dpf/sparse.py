@@ -8,7 +8,8 @@ no placement exists) and gives each server one key per bucket: the point functio
 of its row's position in the bucket's list and the row's values, or of a random position and zero for a bucket it
 left empty, so every client sends the same number of keys of the same size whatever it touched. A server expands
 every key over its bucket (:func:`forest_sum`: all of a batch's trees a level at a time, one AES call a level) and
-adds them position by position, then once per round spreads the bucket sums over the rows (:meth:`Layout.scatter`).
+adds them position by position, then once per round spreads the bucket sums over the rows (:meth:`Layout.scatter`);
+:func:`add_client`, the servers' fast path, sums each row's leaves straight into the table instead.
 Each row sits in up to three buckets, so a server expands about three times the table per client. The construction
 is the batch-DPF of Boyle, Couteau, Gilboa, Ishai, Kohl and Scholl (CCS 2019, "Efficient pseudorandom correlation
 generators: silent OT extension and more") with the cuckoo parameters of Chen, Huang, Laine and Rindal (CCS 2018).
@@ -92,26 +93,30 @@ class Layout:
             table[rows] += sums[: len(rows)]  # a bucket lists a row once
         return table
 
-    def destinations(self, first: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Where the leaves of buckets ``first .. stop-1`` (their members, in order) go: (leaf positions, rows)
-        pairs in which no row repeats, so that ``table[rows] += values[positions]`` adds every leaf (a row sits in
-        up to three of the buckets, and a fancy-indexed add counts a repeated row once)."""
+    def layers(self, first: int, stop: int) -> tuple[np.ndarray, list[tuple[int, int, np.ndarray | slice]]]:
+        """The leaves of buckets ``first .. stop-1`` (their members, in order) put in layers in which no row
+        repeats (a row sits in up to three of the buckets): (the order that lists them layer after layer, each
+        layer's rows ascending; each layer's (start, stop, rows) in that order), so that ``table[rows] +=
+        values[order][start:stop]`` adds every leaf, a fancy-indexed update counting each row once. A layer of
+        every row of the table gives ``rows`` as ``slice(None)``, a plain add."""
         key = (first, stop)
-        if key not in self._destinations:
+        if key not in self._layers:
             flat = np.concatenate(self.members[first:stop])
-            order = np.argsort(flat, kind="stable")
-            runs = np.r_[0, np.flatnonzero(np.diff(flat[order])) + 1]
-            occurrence = np.empty(flat.size, dtype=np.int64)
-            occurrence[order] = np.arange(flat.size) - np.repeat(runs, np.diff(np.r_[runs, flat.size]))
-            pairs = []
-            for k in range(int(occurrence.max()) + 1 if flat.size else 0):
-                positions = np.flatnonzero(occurrence == k)
-                pairs.append((positions, flat[positions]))
-            self._destinations[key] = pairs
-        return self._destinations[key]
+            by_row = np.argsort(flat, kind="stable")
+            runs = np.r_[0, np.flatnonzero(np.diff(flat[by_row])) + 1] if flat.size else np.zeros(0, np.int64)
+            occurrence = np.empty(flat.size, dtype=np.int64)  # a leaf's place among its row's leaves
+            occurrence[by_row] = np.arange(flat.size) - np.repeat(runs, np.diff(np.r_[runs, flat.size]))
+            order = np.lexsort((flat, occurrence))
+            bounds = np.searchsorted(occurrence[order], np.arange(int(occurrence.max(initial=-1)) + 2))
+            spans = []
+            for lo, hi in zip(bounds[:-1], bounds[1:]):
+                rows = flat[order[lo:hi]]
+                spans.append((int(lo), int(hi), slice(None) if rows.size == self.rows else rows))
+            self._layers[key] = (order, spans)
+        return self._layers[key]
 
     @cached_property
-    def _destinations(self) -> dict:
+    def _layers(self) -> dict:
         return {}
 
     def place(self, rows: Sequence[int]) -> dict[int, int]:
@@ -215,10 +220,10 @@ class KeyArrays:
         )
 
 
-def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _tree(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every key's tree expanded a level at a time (one AES call a level for the batch), key ``i`` over its first
-    ``sizes[i]`` leaves: this party's shares there, (leaves inside, width) of the group, and the leaves' proofs,
-    (leaves inside, 32), both in key and leaf order."""
+    ``sizes[i]`` leaves: the leaves inside, in key and leaf order, as (seeds, control bits, each one's key, each
+    one's place in its tree)."""
     n, depth = len(keys), keys.cw_seeds.shape[1]
     seeds = keys.seeds[:, None, :]  # (n, nodes, 16)
     t = np.full((n, 1), keys.party, dtype=np.uint8)
@@ -235,16 +240,20 @@ def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         seeds = np.stack([left, right], axis=2).reshape(n, 2 * nodes, SEED_BYTES)
         t = np.stack([left_t, right_t], axis=2).reshape(n, 2 * nodes)
     inside = np.arange(1 << depth)[None, :] < np.asarray(sizes)[:, None]  # (n, 2^depth)
-    per_key = inside.sum(axis=1)
-    group = keys.cw_value.dtype.type
-    leaf_seeds, leaf_t = seeds[inside], t[inside]
-    values = convert(leaf_seeds, keys.cw_value.shape[1], group)
-    corrected = leaf_t.astype(bool)  # the leaves whose control bit adds the key's value correction
-    values[corrected] += keys.cw_value[np.repeat(np.arange(n), per_key)[corrected]]
+    owner, places = np.nonzero(inside)
+    return seeds[inside], t[inside], owner, places
+
+
+def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """This party's shares at the leaves inside the trees, (leaves, width) of the group, and the leaves' proofs,
+    (leaves, 32), both in key and leaf order."""
+    seeds, t, owner, places = _tree(keys, sizes)
+    values = convert(seeds, keys.cw_value.shape[1], keys.cw_value.dtype.type)
+    corrected = t.astype(bool)  # the leaves whose control bit adds their key's value correction
+    values[corrected] += keys.cw_value[owner[corrected]]
     if keys.party:
         np.negative(values, out=values)  # in the group: 2^k - v
-    places = np.nonzero(inside)[1]  # each leaf's place in its tree, which its proof binds
-    return values, proofs(leaf_seeds, leaf_t, places, np.repeat(keys.cw_check, per_key, axis=0))
+    return values, proofs(seeds, t, places, keys.cw_check[owner])
 
 
 def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[bytes]]:
@@ -267,16 +276,29 @@ def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[byte
 
 def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
     """Expand one client's keys (one a bucket, in bucket order) and add them into ``table`` (rows, width), a chunk
-    of buckets at a time so that a server's memory is bounded whatever the table; the client's digest. Each
-    leaf's share goes straight to its row (:meth:`Layout.destinations`), never through a padded bucket array."""
+    of buckets at a time so that a server's memory is bounded whatever the table; the client's digest. The leaves
+    are expanded in the order of :meth:`Layout.layers` (a leaf's seed is put in order, 16 bytes, not its
+    values, a row's width) and their pads added a layer at a time, then each key's value correction into the rows
+    of its leaves whose control bit is set; party 1 subtracts both (its share is the negation)."""
     chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)
     digest = hashlib.sha256()
     for first in range(0, layout.buckets, chunk):
         stop = min(first + chunk, layout.buckets)
-        values, proved = _leaves(keys[first:stop], layout.sizes[first:stop])
-        for positions, rows in layout.destinations(first, stop):
-            table[rows] += values[positions]
-        digest.update(proved.tobytes())
+        batch = keys[first:stop]
+        seeds, t, owner, places = _tree(batch, layout.sizes[first:stop])
+        digest.update(proofs(seeds, t, places, batch.cw_check[owner]).tobytes())
+        order, spans = layout.layers(first, stop)
+        pads = convert(seeds[order], layout.width, layout.group)
+        corrected, owner = t[order].astype(bool), owner[order]
+        for lo, hi, rows in spans:
+            fix = np.flatnonzero(corrected[lo:hi])  # the layer's leaves whose control bit adds their key's correction
+            fix_rows = fix if isinstance(rows, slice) else rows[fix]  # a whole layer lists the rows in order
+            if keys.party:
+                table[rows] -= pads[lo:hi]
+                table[fix_rows] -= batch.cw_value[owner[lo + fix]]
+            else:
+                table[rows] += pads[lo:hi]
+                table[fix_rows] += batch.cw_value[owner[lo + fix]]
     return digest.digest()
 
 
