@@ -162,6 +162,7 @@ def cost_model() -> str:
     _name, rows, budget, clients = SHAPES["1m"]
     m64, m32 = MEASURED["1m"]
     layout = make_session("dpf", m64["dim"], range(1), min_clients=1, rows=rows, width=WIDTH, budget=budget).params
+    unit = "core-hours" if DEVICE == "numpy" else "GPU-hours" if DEVICE.startswith("cuda") else "device-hours"
     cells = []
     for bits, m in ((64, m64), (32, m32)):
         blocks = aes_blocks(layout.layout, bits)
@@ -176,13 +177,12 @@ def cost_model() -> str:
                 f"{blocks * clients / GPU_BLOCKS_PER_S / 3600:,.1f} GPU-hours",
             ]
         )
-    unit = "core-hours" if DEVICE == "numpy" else "GPU-hours" if DEVICE.startswith("cuda") else "device-hours"
     header = [
         "values",
         "upload a client",
         "download a client",
         "AES blocks a client, each server (the measured rate)",
-        f"a round, each server, {where()} (measured a client × 100,000)",
+        f"a round, each server, in {unit} (measured a client × 100,000)",
         "a round, each server, one GPU (extrapolated)",
     ]
     return (

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from . import prg
 from .aes_torch import AES128
 from .prg import KEYS, SEED_BYTES
 from .sparse import CHUNK_VALUES, KeyArrays, Layout
@@ -52,12 +53,8 @@ def hash_blocks(name: str, blocks: torch.Tensor) -> torch.Tensor:
 
 
 def expand(seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`.prg.expand`: the two children of each seed and their control bits (a child's lowest bit, cleared)."""
-    left, right = hash_blocks("left", seeds), hash_blocks("right", seeds)
-    left_t, right_t = left[:, 0] & 1, right[:, 0] & 1
-    left[:, 0] &= 0xFE
-    right[:, 0] &= 0xFE
-    return left, left_t, right, right_t
+    """:func:`.prg.expand` of (n, 16) uint8 tensors: the two children of each seed and their control bits."""
+    return prg.expand(seeds, hash_blocks)
 
 
 def convert(seeds: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:

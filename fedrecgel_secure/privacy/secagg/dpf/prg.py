@@ -54,8 +54,9 @@ def _mmo(key: str, x: np.ndarray) -> np.ndarray:
     return words.view(np.uint8)
 
 
-def expand(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each seed's two children and their control bits: (left seeds, left bits, right seeds, right bits)."""
+def expand(seeds: np.ndarray, hash_blocks=hash_blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each seed's two children and their control bits: (left seeds, left bits, right seeds, right bits).
+    ``hash_blocks``: :func:`hash_blocks`, or :func:`.expand_torch.hash_blocks` for (n, 16) uint8 tensors."""
     left, right = hash_blocks("left", seeds), hash_blocks("right", seeds)
     left_bits, right_bits = left[:, 0] & 1, right[:, 0] & 1
     left[:, 0] &= 0xFE
