@@ -9,8 +9,8 @@ share goes into its row with ``index_add_``, which adds a repeated row every tim
 one call. The digest is SHA-256 of the proofs on the host, in the numpy path's order, so either server may run
 either path.
 
-:func:`device_for` picks the path: a CUDA GPU when torch sees one, else numpy (cryptography's AES-NI is about
-twenty times this module's speed on a CPU core; the torch path runs on the CPU only for the tests).
+:func:`device_for` picks the path: a CUDA GPU when torch sees one, else numpy (on a CPU, cryptography's AES-NI is
+far faster than AES in tensor operations; the torch path runs on the CPU for the tests).
 """
 
 from __future__ import annotations
