@@ -79,15 +79,25 @@ def test_a_servers_expansion_of_a_client_equals_the_numpy_paths_bit_for_bit(devi
         assert np.array_equal(expand_torch.to_group(table, group), want) and got_digest == want_digest
 
 
-def test_the_torch_path_bounds_its_chunks_like_the_numpy_path(monkeypatch):
-    """A layout expanded a few buckets at a time (every chunk boundary crossed) gives the one-chunk answer."""
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("party", [0, 1])
+def test_clients_expanded_together_or_a_chunk_at_a_time_give_each_ones_digest_and_the_sum(monkeypatch, device, party):
+    """A batch of clients through the tree together (all, or two at a time), or one client a few buckets at a
+    time (every chunk boundary crossed): the numpy path's sum and each client's own digest."""
     layout = Layout(rows=300, width=5, budget=20)
-    arrays = KeyArrays.of(encode(layout, {7: np.arange(5, dtype=np.uint64), 250: np.ones(5, dtype=np.uint64)})[0])
-    whole = expand_torch.new_table(layout, torch.device("cpu"))
-    digest = expand_torch.add_client(layout, arrays, whole)
-    monkeypatch.setattr(expand_torch, "CHUNK_VALUES", 3 * 40 * 5)  # two buckets a chunk
-    chunked = expand_torch.new_table(layout, torch.device("cpu"))
-    assert expand_torch.add_client(layout, arrays, chunked) == digest and torch.equal(chunked, whole)
+    rng = np.random.default_rng(7)
+    clients = [
+        KeyArrays.of(encode(layout, {int(r): rng.integers(0, 2**63, 5, dtype=np.uint64) for r in rows})[party])
+        for rows in (rng.choice(layout.rows, k, replace=False) for k in (0, 3, 20, 11, 7))
+    ]
+    want = np.zeros((layout.rows, layout.width), dtype=np.uint64)
+    digests = [add_client(layout, keys, want) for keys in clients]
+    leaf_values = int(layout.sizes.sum()) * layout.width
+    for chunk_values in (len(clients) * leaf_values, 2 * leaf_values, 2 * 40 * layout.width):
+        monkeypatch.setattr(expand_torch, "CHUNK_VALUES", chunk_values)
+        table = expand_torch.new_table(layout, torch.device(device))
+        assert expand_torch.add_clients(layout, clients, table) == digests
+        assert np.array_equal(expand_torch.to_group(table, np.uint64), want)
 
 
 def test_the_default_is_a_gpu_where_torch_sees_one_and_numpy_elsewhere():

@@ -16,6 +16,7 @@ far faster than AES in tensor operations; the torch path runs on the CPU for the
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -85,45 +86,46 @@ def proofs(seeds: torch.Tensor, t: torch.Tensor, positions: torch.Tensor, cw_che
 
 
 class _Keys:
-    """:class:`.sparse.KeyArrays` on a device, the values' bits in a signed type."""
+    """Keys ``first .. stop-1`` of each of a batch of clients' :class:`.sparse.KeyArrays`, one after another, on a
+    device, the values' bits in a signed type."""
 
-    def __init__(self, keys: KeyArrays, device: torch.device) -> None:
-        signed = np.dtype(keys.cw_value.dtype).str.replace("u", "i")
-        self.party = keys.party
+    def __init__(self, batch: Sequence[KeyArrays], first: int, stop: int, device: torch.device) -> None:
+        self.party = batch[0].party
+        fields = [
+            np.concatenate([getattr(k, name)[first:stop] for k in batch])  # a copy, writable
+            for name in ("seeds", "cw_seeds", "cw_bits", "cw_check", "cw_value")
+        ]
+        fields[-1] = fields[-1].view(fields[-1].dtype.str.replace("u", "i"))  # the same bits, signed
         self.seeds, self.cw_seeds, self.cw_bits, self.cw_check, self.cw_value = (
-            torch.tensor(a, device=device)  # a copy: the wire's arrays may be read-only views of its bytes
-            for a in (keys.seeds, keys.cw_seeds, keys.cw_bits, keys.cw_check, keys.cw_value.view(signed))
+            torch.from_numpy(a).to(device) for a in fields
         )
 
 
-def _leaves(keys: _Keys, first: int, stop: int, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`.sparse._leaves` of keys ``first .. stop-1``: their shares at the leaves inside their trees, (leaves,
-    width), and the leaves' proofs, (leaves, 32), in key and leaf order."""
-    n, depth = stop - first, keys.cw_seeds.shape[1]
-    cw_seeds, cw_bits = keys.cw_seeds[first:stop], keys.cw_bits[first:stop]
-    seeds = keys.seeds[first:stop, None, :]  # (n, nodes, 16)
+def _leaves(keys: _Keys, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`.sparse._leaves`: every key's shares at the leaves inside its tree (key ``i`` over its first
+    ``sizes[i]``), (leaves, width), and the leaves' proofs, (leaves, 32), in key and leaf order."""
+    n, depth = keys.seeds.shape[0], keys.cw_seeds.shape[1]
+    seeds = keys.seeds[:, None, :]  # (n, nodes, 16)
     t = torch.full((n, 1), keys.party, dtype=torch.uint8, device=seeds.device)
     for level in range(depth):
         nodes = seeds.shape[1]
         left, left_t, right, right_t = expand(seeds.reshape(-1, SEED_BYTES))
-        correction = t[:, :, None] * cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
+        correction = t[:, :, None] * keys.cw_seeds[:, None, level, :]  # t ∈ {0, 1}: the word where t is set
         left = left.view(n, nodes, SEED_BYTES) ^ correction
         right = right.view(n, nodes, SEED_BYTES) ^ correction
-        left_t = left_t.view(n, nodes) ^ (t & cw_bits[:, None, level, 0])
-        right_t = right_t.view(n, nodes) ^ (t & cw_bits[:, None, level, 1])
+        left_t = left_t.view(n, nodes) ^ (t & keys.cw_bits[:, None, level, 0])
+        right_t = right_t.view(n, nodes) ^ (t & keys.cw_bits[:, None, level, 1])
         seeds = torch.stack([left, right], dim=2).reshape(n, 2 * nodes, SEED_BYTES)
         t = torch.stack([left_t, right_t], dim=2).reshape(n, 2 * nodes)
     inside = torch.arange(1 << depth, device=seeds.device)[None, :] < sizes[:, None]
     per_key = inside.sum(dim=1)
     leaf_seeds, leaf_t = seeds[inside], t[inside]
-    cw_value = keys.cw_value[first:stop]
-    values = convert(leaf_seeds, cw_value.shape[1], cw_value.dtype)
-    values = values + leaf_t.to(values.dtype)[:, None] * cw_value.repeat_interleave(per_key, dim=0)
+    values = convert(leaf_seeds, keys.cw_value.shape[1], keys.cw_value.dtype)
+    values = values + leaf_t.to(values.dtype)[:, None] * keys.cw_value.repeat_interleave(per_key, dim=0)
     if keys.party:
         values = -values  # in the group: 2^k - v
     places = inside.nonzero()[:, 1]  # each leaf's place in its tree, which its proof binds
-    cw_check = keys.cw_check[first:stop].repeat_interleave(per_key, dim=0)
-    return values, proofs(leaf_seeds, leaf_t, places, cw_check)
+    return values, proofs(leaf_seeds, leaf_t, places, keys.cw_check.repeat_interleave(per_key, dim=0))
 
 
 @lru_cache(maxsize=8)
@@ -134,20 +136,34 @@ def _rows(layout: Layout, device: torch.device) -> tuple[torch.Tensor, torch.Ten
     return rows, torch.from_numpy(layout.sizes).to(device), np.r_[0, np.cumsum(layout.sizes)]
 
 
-def add_client(layout: Layout, keys: KeyArrays, table: torch.Tensor) -> bytes:
-    """:func:`.sparse.add_client` on ``table``'s device: expand one client's keys (one a bucket, in bucket order)
-    a chunk of buckets at a time, add each leaf's share into its row of ``table`` ((rows, width), int64 or int32
-    with the group's bits) and return the client's digest of its leaf proofs."""
+def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tensor) -> list[bytes]:
+    """:func:`.sparse.add_client` of each of ``clients`` (one key a bucket, in bucket order) on ``table``'s device:
+    add each leaf's share into its row of ``table`` ((rows, width), int64 or int32 with the group's bits); each
+    client's digest of its leaf proofs. As many clients as fit :data:`.sparse.CHUNK_VALUES` go through the tree
+    together (a GPU's time on a small table is its kernel launches, one set a batch), and a client larger than
+    that a chunk of buckets at a time, so that memory is bounded whatever the table."""
     rows, sizes, starts = _rows(layout, table.device)
-    on_device = _Keys(keys, table.device)
-    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)
-    digest = hashlib.sha256()
-    for first in range(0, layout.buckets, chunk):
-        stop = min(first + chunk, layout.buckets)
-        values, proved = _leaves(on_device, first, stop, sizes[first:stop])
-        table.index_add_(0, rows[starts[first] : starts[stop]], values)
-        digest.update(proved.cpu().numpy().tobytes())
-    return digest.digest()
+    leaf_values = int(starts[-1]) * layout.width  # one client's leaves times the row's width
+    together = max(1, CHUNK_VALUES // max(leaf_values, 1))
+    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)  # sparse.add_client's
+    chunk = layout.buckets if together > 1 else chunk
+    digests = []
+    for lo in range(0, len(clients), together):
+        batch = clients[lo : lo + together]
+        hashes = [hashlib.sha256() for _ in batch]
+        for first in range(0, layout.buckets, chunk):
+            stop = min(first + chunk, layout.buckets)
+            values, proved = _leaves(_Keys(batch, first, stop, table.device), sizes[first:stop].repeat(len(batch)))
+            table.index_add_(0, rows[starts[first] : starts[stop]].repeat(len(batch)), values)
+            for h, client in zip(hashes, proved.cpu().numpy().reshape(len(batch), -1)):  # each client's in order
+                h.update(client.tobytes())
+        digests += [h.digest() for h in hashes]
+    return digests
+
+
+def add_client(layout: Layout, keys: KeyArrays, table: torch.Tensor) -> bytes:
+    """:func:`add_clients` of one client."""
+    return add_clients(layout, [keys], table)[0]
 
 
 def new_table(layout: Layout, device: torch.device) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """The two servers of the DPF scheme: the aggregator (party 0) and the key holder (party 1), which do not collude.
 
-Each opens its box of every upload, expands the client's keys over the whole table (:func:`.sparse.add_client`) and
-adds them into its share of the sum, and keeps the client's digest of leaf proofs. A round::
+Each opens its box of every upload as it comes, then expands the round's clients' keys over the whole table together
+(:func:`.sparse.add_client`; on a GPU :func:`.expand_torch.add_clients`, many clients a batch) into its share of
+the sum, and keeps each client's digest of leaf proofs. A round::
 
     aggregator                                   key holder
     receive(upload) for each client
-    finish() -> request: the envelopes and
-                its digests                 ->   check(request): opens its boxes, evaluates, compares
+    finish() -> expands; request: the
+                envelopes and its digests   ->   check(request): opens its boxes, expands, compares
                                                  digests -> answer: its digests (or refusals)
     settle(answer) -> contributors: both
                 servers accepted the client
@@ -103,11 +104,12 @@ class _Server:
         self._table = self._zeros()
         self._dense = np.zeros(self.dim - self.params.table_values, dtype=self.params.group)
         self._held: dict[int, tuple] = {}  # client -> (its keys, its dense share): to take it out again
+        self._queued: list[int] = []  # accepted clients whose keys wait for :meth:`_expand`
         self.digests: dict[int, bytes] = {}
         self._pending: list[int] | None = None  # the key holder's checked clients, until it releases
 
     def _accept(self, envelope: bytes, aggregator_box: bytes | None) -> int:
-        """Authenticate one client's envelope, open this server's box and add its keys' expansion."""
+        """Authenticate one client's envelope, open this server's box, add its dense share and queue its keys."""
         if self._round is None:
             raise ProtocolStateError("a round must begin before uploads arrive")
         env = authenticate(
@@ -139,20 +141,27 @@ class _Server:
             share = np.frombuffer(plain[roots_len:], dtype=f"<u{np.dtype(p.group).itemsize}").astype(p.group)
         else:
             share = wire.pad(plain[roots_len:], dense, p.group)
-        keys = body.corrections.keys(self.party, roots)
-        digest = self._add(keys, self._table)
         self._dense += share
-        self._held[cid] = (keys, share)
-        self.digests[cid] = digest
+        self._held[cid] = (body.corrections.keys(self.party, roots), share)
+        self._queued.append(cid)
         return cid
+
+    def _expand(self) -> None:
+        """Expand the queued clients' keys into this server's share and keep their digests: the round's clients
+        together, which a GPU takes many at a time (:func:`.expand_torch.add_clients`)."""
+        queued, self._queued = self._queued, []
+        self.digests.update(zip(queued, self._add([self._held[c][0] for c in queued], self._table)))
 
     def _drop(self, clients) -> None:
         """Take ``clients``' contributions out of this server's share again."""
         for cid in clients:
             keys, share = self._held.pop(cid)
-            alone = self._zeros()
-            self._add(keys, alone)
-            self._table -= alone
+            if cid in self._queued:  # not expanded yet: nothing of its keys is in the table
+                self._queued.remove(cid)
+            else:
+                alone = self._zeros()
+                self._add([keys], alone)
+                self._table -= alone
             self._dense -= share
             self.digests.pop(cid, None)
 
@@ -163,11 +172,11 @@ class _Server:
             return np.zeros((layout.rows, layout.width), dtype=layout.group)
         return expand_torch.new_table(layout, self.device)
 
-    def _add(self, keys, table) -> bytes:
-        """Expand one client's keys into ``table`` (from :meth:`_zeros`); the client's digest."""
+    def _add(self, clients, table) -> list[bytes]:
+        """Expand each of ``clients``' keys into ``table`` (from :meth:`_zeros`); their digests."""
         if self.device is None:
-            return add_client(self.params.layout, keys, table)
-        return expand_torch.add_client(self.params.layout, keys, table)
+            return [add_client(self.params.layout, keys, table) for keys in clients]
+        return expand_torch.add_clients(self.params.layout, clients, table)
 
     def _share(self) -> np.ndarray:
         table = self._table if self.device is None else expand_torch.to_group(self._table, self.params.group)
@@ -215,6 +224,7 @@ class DPFAggregator(_Server):
         if len(self._envelopes) < self.min_clients:
             raise RoundSkipped.too_few_clients(self._round, len(self._envelopes), "valid uploads", self.min_clients)
         self._phase = "finished"
+        self._expand()
         items = [(c, e, self.digests[c]) for c, e in sorted(self._envelopes.items())]
         return wire.pack_request(self._round, items, self.binding)  # the binding the key holder verifies under
 
@@ -269,7 +279,9 @@ class DPFKeyHolder(_Server):
                 self._drop([got])
                 answers[cid] = Reason.GARBAGE.value
                 continue
-            theirs[cid], answers[cid] = digest, self.digests[cid]
+            theirs[cid] = digest
+        self._expand()
+        answers.update((cid, self.digests[cid]) for cid in theirs)
         self._drop([c for c in self._held if theirs.get(c) != self.digests[c]])
         self._pending = sorted(self._held)
         return wire.pack_answer(round_idx, answers)
