@@ -131,6 +131,21 @@ def test_the_two_servers_digests_agree_for_honest_keys_and_differ_for_a_key_of_t
     assert forest(k0, LAYOUT.sizes)[1] != forest(k1, LAYOUT.sizes)[1]
 
 
+def test_a_chunk_of_empty_buckets_adds_nothing(monkeypatch):
+    """A tiny table where a bucket has no members, expanded one bucket a chunk (found by a review: the empty chunk
+    once hashed an empty array and failed)."""
+    from fedrecgel_secure.privacy.secagg.dpf import sparse
+    from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, add_client, forest
+
+    layout = Layout(rows=3, width=1, budget=3)
+    assert 0 in layout.sizes
+    keys = KeyArrays.of(encode(layout, {1: np.array([5], dtype=np.uint64)})[0])
+    sums, (digest,) = forest(keys, layout.sizes)
+    monkeypatch.setattr(sparse, "CHUNK_VALUES", 1)  # one bucket a chunk
+    table = np.zeros((layout.rows, layout.width), dtype=np.uint64)
+    assert add_client(layout, keys, table) == digest and np.array_equal(table, layout.scatter(sums))
+
+
 @pytest.mark.parametrize("group", [np.uint64, np.uint32])
 @pytest.mark.parametrize("buckets_a_chunk", [7, None])
 def test_a_server_adding_one_clients_keys_a_chunk_at_a_time_gets_the_forests_sum_and_digest(

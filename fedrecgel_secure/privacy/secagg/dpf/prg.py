@@ -46,6 +46,8 @@ def _sigma_words(words: np.ndarray) -> np.ndarray:
 
 def _mmo(key: str, x: np.ndarray) -> np.ndarray:
     """``AES_key(x) ⊕ x`` of each row of a contiguous (n, 2) uint64 array (σ already applied), as (n, 16) uint8."""
+    if not x.size:  # a chunk of empty buckets: nothing to hash (a memoryview of nothing cannot be cast)
+        return np.zeros((0, SEED_BYTES), dtype=np.uint8)
     encryptor = Cipher(algorithms.AES(KEYS[key]), modes.ECB()).encryptor()  # ECB: each block on its own, by design
     out = np.empty(x.size * 8 + 16, dtype=np.uint8)  # update_into's room: the data and a block less one byte
     done = encryptor.update_into(memoryview(x).cast("B"), out)
