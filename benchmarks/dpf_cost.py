@@ -27,7 +27,6 @@ from _markdown import table
 
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
-from fedrecgel_secure.privacy.secagg.dpf.expand_torch import device_for
 
 WIDTH = 160
 SHAPES = {  # key: name, rows (items), R (a client's rows: positives and their 4 negatives each), clients a round
@@ -71,7 +70,7 @@ def one_client(rows: int, budget: int, bits: int, clients: int) -> dict[str, flo
     table = x[: rows * WIDTH].reshape(rows, WIDTH)
     touched = np.flatnonzero(table.any(axis=1))
     agg, holder = session.aggregator, session.key_holder
-    agg.device = holder.device = device_for(DEVICE)
+    agg.device = holder.device = expand_on()
     for round_idx in (0, 1):  # round 0 builds what a session builds once (the layout, where leaves go)
         start = time.perf_counter()  # the client holds its touched rows and the dense rest, never the whole table
         payload = session.clients[0].upload_rows(round_idx, touched, table[touched], x[rows * WIDTH :])
@@ -102,7 +101,7 @@ def whole_round(rows: int, budget: int, clients: int) -> dict[str, tuple[float, 
     ):
         session = make_session(name.rstrip("0123456789"), dim, range(clients), min_clients=10, **kwargs)
         if name != "masking":
-            session.aggregator.device = session.key_holder.device = device_for(DEVICE)
+            session.aggregator.device = session.key_holder.device = expand_on()
         cost = session.run_round(0, xs).cost
         out[name] = (cost["aggregate_seconds"], cost["finalize_seconds"])
     return out
@@ -194,6 +193,15 @@ def cost_model() -> str:
     )
 
 
+def expand_on():
+    """The servers' ``device``: None (numpy) or the torch device ``--device`` names."""
+    if DEVICE == "numpy":
+        return None
+    import torch
+
+    return torch.device(DEVICE)
+
+
 def where() -> str:
     """Where the servers expanded keys, in words."""
     if DEVICE == "numpy":
@@ -244,6 +252,7 @@ def main() -> None:
         if args.out is not None:
             args.out.write_text(text)
     print(text)
+
 
 if __name__ == "__main__":
     main()

@@ -111,11 +111,10 @@ class Policy(Section):
         only resumes under the same digest.
 
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
-        computed), and settings still at the value that predates them (``[privacy.audit]`` without canaries,
-        ``tampered = 0``, ``bfv.max_refusals = 3``,
+        computed) and ``dpf.device`` (where), and settings still at the value that predates them
+        (``[privacy.audit]`` without canaries, ``tampered = 0``, ``bfv.max_refusals = 3``,
         ``[privacy.secure_aggregation.dpf]`` at its defaults, ``evaluation.scope`` unset,
-        ``dp.evaluation_share = 0.1``),
-        so runs started before they existed keep their digest."""
+        ``dp.evaluation_share = 0.1``), so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
         dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
@@ -130,7 +129,8 @@ class Policy(Section):
             del secagg["tampered"]
         if secagg["bfv"]["max_refusals"] == 3:  # likewise (the key holder's limit of refusals)
             del secagg["bfv"]["max_refusals"]
-        if secagg["dpf"] == DpfPolicy().model_dump(mode="json"):  # likewise ([privacy.secure_aggregation.dpf])
+        del secagg["dpf"]["device"]  # where the servers expand keys (the same bits): not what is computed
+        if secagg["dpf"] == DpfPolicy().model_dump(mode="json", exclude={"device"}):  # as [secure_aggregation.dpf]
             del secagg["dpf"]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]

@@ -78,6 +78,13 @@ class DpfPolicy(Section):
         description="The group the values are summed in: 64 (Z_2^64) or 32 (half the upload; the grid's"
         " clip_range, frac_bits and the clients per round must let a round's sum fit, checked at the start).",
     )
+    device: Literal["cpu", "auto", "cuda"] = Field(
+        "cpu",
+        description="Where the two servers expand keys, each under its own policy (the same bits either way, so"
+        " not in the digest); cpu: numpy with cryptography's AES-NI, constant-time; cuda: torch on a GPU, whose"
+        " AES (tensor operations) indexes tables by key-share bytes and is not constant-time, for a server whose"
+        " GPU no one else can time; auto: cuda where torch sees a GPU, else cpu.",
+    )
 
 
 # A sum hides each member only among the others in it. With one colluder (a client, or a user the server invents in

@@ -12,10 +12,14 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.dpf import expand_torch, prg
-from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.dpf.aes_torch import AES128, SBOX, round_keys
+from fedrecgel_secure.privacy.secagg.dpf.params import DPFParams
 from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, Layout, add_client, encode
+from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
+from fedrecgel_secure.privacy.secagg.settings import dpf_params
 from tests.helpers.dpf import dpf_session, grid_sum, uploads
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -100,10 +104,31 @@ def test_clients_expanded_together_or_a_chunk_at_a_time_give_each_ones_digest_an
         assert np.array_equal(expand_torch.to_group(table, np.uint64), want)
 
 
-def test_the_default_is_a_gpu_where_torch_sees_one_and_numpy_elsewhere():
-    want = torch.device("cuda") if torch.cuda.is_available() else None
-    assert expand_torch.device_for(None) == want and dpf_session().aggregator.device == want
-    assert expand_torch.device_for("numpy") is None and expand_torch.device_for("cpu") == torch.device("cpu")
+def test_the_servers_default_is_numpy_and_the_gpu_is_what_the_policy_asks_for():
+    """cpu (the default: the constant-time AES-NI) keeps both servers on numpy even beside a GPU; auto takes the
+    GPU where torch sees one; cuda without one is a clear error naming the field."""
+    session = dpf_session()
+    assert session.params.device == "cpu" and session.aggregator.device is None and session.key_holder.device is None
+    gpu = torch.device("cuda") if torch.cuda.is_available() else None
+    assert expand_torch.device_for("auto") == gpu and dpf_session(device="auto").key_holder.device == gpu
+    if gpu is None:
+        with pytest.raises(BadInputError, match="privacy.secure_aggregation.dpf.device"):
+            dpf_session(device="cuda")
+    with pytest.raises(BadInputError, match="privacy.secure_aggregation.dpf.device"):
+        DPFParams(device="gpu")
+
+
+def test_the_policy_sets_the_device_outside_the_digest():
+    """Where the servers expand keys changes no bit, so a run may resume with another device."""
+    base = Policy()
+    for device in ("auto", "cuda"):
+        moved = base.model_copy(deep=True)
+        moved.privacy.secure_aggregation.dpf.device = device
+        assert moved.digest() == base.digest()
+        assert dpf_params(moved.privacy.secure_aggregation.dpf).device == device
+    bigger = base.model_copy(deep=True)
+    bigger.privacy.secure_aggregation.dpf.budget = 512
+    assert bigger.digest() != base.digest()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -111,10 +136,10 @@ def test_the_default_is_a_gpu_where_torch_sees_one_and_numpy_elsewhere():
 def test_a_round_with_one_server_on_torch_and_one_on_numpy_releases_the_exact_sum(device, value_bits):
     """Either server may run either path: the digests agree and the two shares add up to the grid sum."""
     xs = uploads(3)
-    for devices in [(device, "numpy"), ("numpy", device)]:
+    for devices in [(torch.device(device), None), (None, torch.device(device))]:  # None: numpy
         grid = FixedPoint(clip_range=1.0, frac_bits=20 if value_bits == 32 else 36)  # 32 bits: sums fit 31
         session = dpf_session(value_bits=value_bits, encoding=grid)
-        session.aggregator.device, session.key_holder.device = map(expand_torch.device_for, devices)
+        session.aggregator.device, session.key_holder.device = devices
         result = session.run_round(0, xs)
         assert not result.rejected and np.array_equal(result.total, grid_sum(session, xs.values()))
         assert session.aggregator.digests == session.key_holder.digests

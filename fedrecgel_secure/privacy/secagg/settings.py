@@ -42,7 +42,8 @@ def masking_params(settings: MaskingPolicy) -> MaskingParams:
 
 
 def dpf_params(settings: DpfPolicy) -> DPFParams:
-    """The budget and the values' group; the table's shape is the model's, filled in by the trainer."""
+    """The budget, the values' group and where the servers expand keys; the table's shape is the model's, filled in
+    by the trainer."""
     from .dpf.params import DPFParams
 
-    return DPFParams(budget=settings.budget, value_bits=settings.value_bits)
+    return DPFParams(budget=settings.budget, value_bits=settings.value_bits, device=settings.device)

@@ -9,8 +9,9 @@ share goes into its row with ``index_add_``, which adds a repeated row every tim
 one call. The digest is SHA-256 of the proofs on the host, in the numpy path's order, so either server may run
 either path.
 
-:func:`device_for` picks the path: a CUDA GPU when torch sees one, else numpy (on a CPU, cryptography's AES-NI is
-far faster than AES in tensor operations; the torch path runs on the CPU for the tests).
+:func:`device_for` picks the path from ``privacy.secure_aggregation.dpf.device``: numpy unless the policy asks for
+the GPU, since this AES is not constant-time (its S-box lookups are indexed by bytes of the server's key shares);
+on a CPU, cryptography's AES-NI is also far faster, and the torch path runs there only for the tests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from fedrecgel_secure.errors import BadInputError
+
 from . import prg
 from .aes_torch import AES128
 from .prg import KEYS, SEED_BYTES
@@ -30,15 +33,18 @@ from .sparse import CHUNK_VALUES, KeyArrays, Layout
 DTYPES = {np.uint64: torch.int64, np.uint32: torch.int32}  # the group's type: its numpy form, its torch form
 
 
-def device_for(device: str | None) -> torch.device | None:
-    """Where a server expands keys: ``None`` (the default) means a CUDA GPU when torch sees one, else numpy;
-    ``"numpy"`` means numpy (this returns None for it); a torch device's name (``"cuda"``, ``"cuda:1"``, ``"cpu"``)
-    means torch there."""
-    if device == "numpy":
+def device_for(setting: str) -> torch.device | None:
+    """The torch device a server expands keys on for ``privacy.secure_aggregation.dpf.device``, or None for numpy:
+    ``"cpu"`` numpy (the default: cryptography's AES-NI is constant-time, this module's AES is not), ``"cuda"``
+    the GPU, ``"auto"`` the GPU where torch sees one. (The tests put a server on torch's CPU by setting its
+    ``device`` to ``torch.device("cpu")``.)"""
+    if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return None
-    if device is None:
-        return torch.device("cuda") if torch.cuda.is_available() else None
-    return torch.device(device)
+    if not torch.cuda.is_available():
+        raise BadInputError(
+            "privacy.secure_aggregation.dpf.device: 'cuda' asked for, but torch sees no CUDA GPU; use 'cpu' or 'auto'"
+        )
+    return torch.device("cuda")
 
 
 @lru_cache(maxsize=16)
@@ -47,7 +53,8 @@ def _aes(name: str, device: torch.device) -> AES128:
 
 
 def hash_blocks(name: str, blocks: torch.Tensor) -> torch.Tensor:
-    """:func:`.prg.hash_blocks`: ``AES_k(σ(x)) ⊕ σ(x)`` of each (16,) uint8 row, ``σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L``."""
+    """:func:`.prg.hash_blocks`: ``AES_k(σ(x)) ⊕ σ(x)`` of each (16,) uint8 row, with
+    ``σ(x_L ‖ x_R) = (x_L ⊕ x_R) ‖ x_L``."""
     left, right = blocks[:, :8], blocks[:, 8:]
     x = torch.cat([left ^ right, left], dim=1)
     return _aes(name, blocks.device).encrypt(x) ^ x
@@ -143,8 +150,10 @@ def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tenso
     together (a GPU's time on a small table is its kernel launches, one set a batch), and a client larger than
     that a chunk of buckets at a time, so that memory is bounded whatever the table."""
     rows, sizes, starts = _rows(layout, table.device)
-    leaf_values = int(starts[-1]) * layout.width  # one client's leaves times the row's width
-    together = max(1, CHUNK_VALUES // max(leaf_values, 1))
+    # one client's values: its leaves times the row's width, or its trees' last level (16-byte seeds, two values
+    # each) where rows are narrow
+    per_client = max(int(starts[-1]) * layout.width, 2 * (layout.buckets << layout.depth))
+    together = max(1, CHUNK_VALUES // per_client)
     chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)  # sparse.add_client's
     chunk = layout.buckets if together > 1 else chunk
     digests = []
@@ -174,4 +183,3 @@ def new_table(layout: Layout, device: torch.device) -> torch.Tensor:
 def to_group(table: torch.Tensor, group: type) -> np.ndarray:
     """A share on a device as the numpy path's array: the same bits, in the unsigned group."""
     return table.cpu().numpy().view(group)
-

@@ -26,12 +26,17 @@ class DPFParams:
     """``budget`` (R): the most item-table rows a client's upload carries (keys for ⌈1.5·R⌉ buckets, whatever it
     touched); ``value_bits``: 64 (Z_2^64, masking's ring) or 32 (half the upload, where a round's sum fits: checked
     at the start); ``rows`` × ``width``: the item table, the leading ``rows · width`` values of every upload (the
-    trainer fills them in from the model; the rest of the vector is dense and is additively shared)."""
+    trainer fills them in from the model; the rest of the vector is dense and is additively shared).
+
+    ``device`` is no shared fact but this party's choice, kept here because it travels with its settings: where
+    its servers expand keys (:func:`.expand_torch.device_for`: ``"cpu"``, the constant-time default, ``"auto"``
+    or ``"cuda"``); the two paths give the same bits, so each server may choose its own."""
 
     budget: int = 256
     value_bits: int = 64
     rows: int = 1
     width: int = 1
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("budget", "rows", "width"):
@@ -40,6 +45,10 @@ class DPFParams:
                 raise BadInputError(f"privacy.secure_aggregation.dpf.{name} must be an integer >= 1, got {value!r}")
         if self.width > MAX_WIDTH:  # the value pad's block counter has 16 bits (:func:`.prg.convert`)
             raise BadInputError(f"the DPF scheme takes rows of at most {MAX_WIDTH} values, got {self.width}")
+        if self.device not in ("cpu", "auto", "cuda"):
+            raise BadInputError(
+                f"privacy.secure_aggregation.dpf.device must be 'cpu', 'auto' or 'cuda', got {self.device!r}"
+            )
         if self.value_bits not in GROUP_OF_BITS:
             raise BadInputError(f"privacy.secure_aggregation.dpf.value_bits must be 32 or 64, got {self.value_bits!r}")
 

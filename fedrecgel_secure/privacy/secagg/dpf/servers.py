@@ -70,12 +70,10 @@ class _Server:
         encoding: FixedPoint = FixedPoint(),
         seal_key: bytes | None = None,
         last_completed_round: int = -1,
-        device: str | None = None,
     ) -> None:
         """``seal_key``: the raw private sealing key of a server that keeps it (a fresh one by default);
-        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward);
-        ``device``: where it expands keys (:func:`.expand_torch.device_for`: by default a CUDA GPU when torch
-        sees one, else numpy; the two paths give the same bits, so either server may run either)."""
+        ``last_completed_round``: the last round it completed, from its own record (rounds only move forward).
+        It expands keys where ``params.device`` says (:func:`.expand_torch.device_for`)."""
         if isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1:
             raise BadInputError(f"min_clients must be an integer >= 1, got {min_clients!r}")
         self.directory, self.params, self.dim, self.min_clients = directory, params, check_dim(dim), min_clients
@@ -84,7 +82,8 @@ class _Server:
         # the sealing key: made here (or kept on the server's own disk), never sent
         self._key = X25519PrivateKey.generate() if seal_key is None else X25519PrivateKey.from_private_bytes(seal_key)
         self.last_completed_round = last_completed_round
-        self.device = device_for(device)  # a torch device, or None: numpy (set before a round to change it)
+        # a torch device, or None: numpy; the paths give the same bits, so either server may run either
+        self.device = device_for(params.device)
         self._round: int | None = None
 
     @property
@@ -98,7 +97,6 @@ class _Server:
             raise RejectedPayload(
                 Reason.REPLAY, f"round {round_idx} is at or before completed round {self.last_completed_round}"
             )
-        p = self.params
         self._round, self.binding = round_idx, binding
         self._context = wire.signing_context(self.session_tag, binding)  # what every envelope is signed under
         self._table = self._zeros()

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -109,7 +110,7 @@ class Layout:
             order = np.lexsort((flat, occurrence))
             bounds = np.searchsorted(occurrence[order], np.arange(int(occurrence.max(initial=-1)) + 2))
             spans = []
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
+            for lo, hi in pairwise(bounds):
                 rows = flat[order[lo:hi]]
                 spans.append((int(lo), int(hi), slice(None) if rows.size == self.rows else rows))
             self._layers[key] = (order, spans)
