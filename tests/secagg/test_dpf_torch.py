@@ -79,7 +79,7 @@ def test_a_servers_expansion_of_a_client_equals_the_numpy_paths_bit_for_bit(devi
         want = np.zeros((layout.rows, layout.width), dtype=group)
         want_digest = add_client(layout, arrays, want)
         table = expand_torch.new_table(layout, torch.device(device))
-        got_digest = expand_torch.add_client(layout, arrays, table)
+        (got_digest,) = expand_torch.add_clients(layout, [arrays], table)
         assert np.array_equal(expand_torch.to_group(table, group), want) and got_digest == want_digest
 
 

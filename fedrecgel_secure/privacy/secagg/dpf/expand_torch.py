@@ -28,7 +28,7 @@ from fedrecgel_secure.errors import BadInputError
 from . import prg
 from .aes_torch import AES128
 from .prg import KEYS, SEED_BYTES
-from .sparse import CHUNK_VALUES, KeyArrays, Layout
+from .sparse import CHUNK_VALUES, KeyArrays, Layout, buckets_a_chunk
 
 DTYPES = {np.uint64: torch.int64, np.uint32: torch.int32}  # the group's type: its numpy form, its torch form
 
@@ -154,8 +154,7 @@ def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tenso
     # each) where rows are narrow
     per_client = max(int(starts[-1]) * layout.width, 2 * (layout.buckets << layout.depth))
     together = max(1, CHUNK_VALUES // per_client)
-    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)  # sparse.add_client's
-    chunk = layout.buckets if together > 1 else chunk
+    chunk = layout.buckets if together > 1 else buckets_a_chunk(layout, CHUNK_VALUES)
     digests = []
     for lo in range(0, len(clients), together):
         batch = clients[lo : lo + together]
@@ -168,11 +167,6 @@ def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tenso
                 h.update(client.tobytes())
         digests += [h.digest() for h in hashes]
     return digests
-
-
-def add_client(layout: Layout, keys: KeyArrays, table: torch.Tensor) -> bytes:
-    """:func:`add_clients` of one client."""
-    return add_clients(layout, [keys], table)[0]
 
 
 def new_table(layout: Layout, device: torch.device) -> torch.Tensor:

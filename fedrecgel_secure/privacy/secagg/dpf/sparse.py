@@ -275,13 +275,19 @@ def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[byte
     return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=out.dtype), digests
 
 
+def buckets_a_chunk(layout: Layout, values: int) -> int:
+    """How many buckets' leaves a server expands at once for at most ``values`` values (a bucket holds about
+    3·rows/buckets rows), at least one."""
+    return max(1, values // (3 * layout.rows // layout.buckets + 1) // layout.width)
+
+
 def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
     """Expand one client's keys (one a bucket, in bucket order) and add them into ``table`` (rows, width), a chunk
     of buckets at a time so that a server's memory is bounded whatever the table; the client's digest. The leaves
     are expanded in the order of :meth:`Layout.layers` (a leaf's seed is put in order, 16 bytes, not its
     values, a row's width) and their pads added a layer at a time, then each key's value correction into the rows
     of its leaves whose control bit is set; party 1 subtracts both (its share is the negation)."""
-    chunk = max(1, CHUNK_VALUES // (3 * layout.rows // layout.buckets + 1) // layout.width)
+    chunk = buckets_a_chunk(layout, CHUNK_VALUES)
     digest = hashlib.sha256()
     for first in range(0, layout.buckets, chunk):
         stop = min(first + chunk, layout.buckets)
