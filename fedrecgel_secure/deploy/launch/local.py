@@ -266,6 +266,37 @@ class Deployment:
         )
         return json.loads(result.stdout)["nodes"]
 
+    def live_runs(self) -> list[str]:
+        """The ids of the SuperLink's runs that have not finished (``flwr ls local --format json``)."""
+        import json
+
+        result = subprocess.run(
+            [flower_bin("flwr"), "ls", "local", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=self.REGISTER_TIMEOUT,
+            check=True,
+        )
+        return [r["run-id"] for r in json.loads(result.stdout)["runs"] if not r["status"].startswith("finished")]
+
+    def stop_live_runs(self) -> None:
+        """Stop (``flwr stop``) every run the SuperLink has not finished. A killed ServerApp's run stays "running"
+        until its heartbeat lapses, and until then the SuperLink hands its stage messages to the nodes beside a
+        resumed run's, which then waits behind them; stopped, its undelivered messages are dropped."""
+        for run_id in self.live_runs():
+            with open(self.procs.log_dir / "flwr-stop.log", "ab") as log:
+                subprocess.run(
+                    [flower_bin("flwr"), "stop", run_id, "local"],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    timeout=self.REGISTER_TIMEOUT,
+                    check=False,  # it may finish by itself in between: live_runs below says what is left
+                )
+        if left := self.live_runs():
+            raise RuntimeError(f"flwr stop left runs {left} unfinished; see {self.procs.log_dir}/flwr-stop.log")
+
     def start(self) -> None:
         from fedrecgel_secure.deploy.launch.superlink import (  # flwr: imported late
             new_control_token,
@@ -321,6 +352,8 @@ class Deployment:
             f' catalogue="{self.shards / MANIFEST}"'
         )
         self.procs.stop("flwr-run")
+        if resume:  # the run it continues may still be live on this SuperLink (its ServerApp killed)
+            self.stop_live_runs()
         argv = [flower_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg]
         return self.procs.start("flwr-run", argv, self.env)
 
