@@ -6,39 +6,11 @@ fails there (a node dropped, a stage timed out) is otherwise a diff of metrics w
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 
-LOG_LINES = 8  # per process log: its last lines, and (at most 40) notable ones before them
-# warnings and errors, and a SuperNode's messages: which run and stage it received and answered, or ignored
-NOTABLE = ("WARNING", "ERROR", "Traceback", "refused", "failed", "ROUND", "Receiving", "Sending", "Ignoring")
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _lines(log: Path) -> list[str]:
-    """The log's lines without colour codes, message ids and Flower's empty ``INFO :`` spacers."""
-    lines = (ANSI.sub("", ln).rstrip() for ln in log.read_text(errors="replace").splitlines())
-    lines = (re.sub(r" \(ID: [0-9a-f]+\)", "", ln) for ln in lines)  # a SuperNode's message ids
-    return [ln for ln in lines if ln and not re.fullmatch(r"INFO\s*:", ln)]
-
-
-def deployment_story(root: Path) -> str:
-    """The stages (``stages.jsonl``) and the notable log lines of every deployment under ``root``."""
-    out = []
-    for stages in sorted(root.rglob("stages.jsonl")):
-        out.append(f"== {stages.parent}")
-        for line in stages.read_text().splitlines():
-            s = json.loads(line)
-            out.append(f"  {s['stage']}: {s.get('answered')}/{s.get('sent')} answered in {s.get('seconds')} s")
-        for log in sorted((stages.parent / "logs").glob("*.log")):
-            lines = _lines(log)
-            head = [ln for ln in lines[:-LOG_LINES] if any(w in ln for w in NOTABLE)]
-            out.append(f"  -- {log.name} ({len(lines)} lines)")
-            out.extend(f"     {ln[:200]}" for ln in [*head[-40:], "...", *lines[-LOG_LINES:]])
-    return "\n".join(out)
+from helpers.deploy_story import deployment_story
 
 
 @pytest.hookimpl(hookwrapper=True)

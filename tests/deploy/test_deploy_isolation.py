@@ -107,7 +107,7 @@ def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deploym
     try:
         dep.start()
         app, env, markers = _stranger(tmp_path, f"{dep.HOST}:{dep.port}")
-        wait_until(lambda: len(dep.supernodes()) == 2, 90, "the SuperNodes never registered")
+        wait_until(lambda: len(dep.control.supernodes()) == 2, 90, "the SuperNodes never registered")
         result = subprocess.run(
             [flower_bin("flwr"), "run", str(app), "theirs", "--stream"],
             capture_output=True,
@@ -118,7 +118,7 @@ def test_another_account_can_neither_start_a_run_nor_run_its_code_on_the_deploym
         )
         time.sleep(5.0)  # a run that was accepted would have reached the nodes by now
         ran = {p.name: p.read_text() for p in markers.iterdir()}
-        owner_sees = dep.supernodes()  # the deployment's own CLI still gets in
+        owner_sees = dep.control.supernodes()  # the deployment's own CLI still gets in
     finally:
         dep.stop()
     assert not dep.procs.procs

@@ -52,10 +52,10 @@ def test_a_tls_superlink_with_node_authentication_accepts_a_registered_node_and_
         )
 
         def online():
-            return [n for n in dep.supernodes() if n["status"] == "online"]
+            return [n for n in dep.control.supernodes() if n["status"] == "online"]
 
         wait_until(lambda: len(online()) == 1, 90, "the registered SuperNode never came online")
-        nodes = dep.supernodes()
+        nodes = dep.control.supernodes()
         assert dep.procs.procs["supernode-0"].poll() is None  # the registered node is still connected
         node_log = (out / "logs" / "supernode-0.log").read_text()
     finally:

@@ -2,8 +2,9 @@
 
 Concern: the one-machine launcher: it starts the processes (each node's resident engine, :mod:`.engine`, then the
 SuperLink, the SuperNodes, their SuperExecs), registers node keys, starts the run, waits for its summary and stops
-every process it started. The deployment directory and its files are :mod:`.layout`'s; ``deploy plan`` (the same
-deployment over several machines) is :mod:`.plan`.
+every process it started. The deployment directory and its files are :mod:`.layout`'s, the calls to the running
+SuperLink's Control API (node keys, node list, runs) :mod:`.control`'s; ``deploy plan`` (the same deployment over
+several machines) is :mod:`.plan`.
 
 Another account of the machine can neither start a run (the Control API answers the token's holder only; a run
 executes its app's code on the SuperLink and every node) nor take a task (the SuperLink's and SuperNodes' Runtime
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import private_run_dir
+from fedrecgel_secure.deploy.launch.control import Control
 from fedrecgel_secure.deploy.launch.layout import (
     CONTROL_TOKEN_FILE,
     PER_MESSAGE,
@@ -63,7 +65,6 @@ class Deployment:
     """One local deployment: start it, run the ServerApp (again, for a resume), stop it."""
 
     HOST = "127.0.0.1"
-    REGISTER_TIMEOUT = 60.0
 
     def __init__(
         self, policy: Policy, out: Path, say: Callable[[str], None] | None = None, resident: bool = True
@@ -89,6 +90,7 @@ class Deployment:
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": poll,
             "PATH": flower_path(os.environ.get("PATH")),  # however fedrecgel was started (processes.flower_path)
         }
+        self.control = Control(self.env, self.procs.log_dir)  # the Control API, once start() has the SuperLink up
         self.tls: TlsFiles | None = None
         self.port: int | None = None
         self.shards = self.out / SHARDS  # made by start(): one file per node, and the server's public manifest
@@ -235,68 +237,6 @@ class Deployment:
     def shard_file(self, shard: int) -> Path:
         return self.shards / shard_name(shard)
 
-    def register_node(self, public_key: Path, name: str) -> None:
-        """``flwr supernode register KEY.pub local``: the SuperLink will accept the node holding that key."""
-        with open(self.procs.log_dir / f"register-{name}.log", "ab") as log:
-            result = subprocess.run(
-                [flower_bin("flwr"), "supernode", "register", str(public_key), "local", "--name", name],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                timeout=self.REGISTER_TIMEOUT,
-                check=False,
-            )
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"flwr supernode register {public_key} failed (exit {result.returncode});"
-                f" see {self.procs.log_dir}/register-{name}.log"
-            )
-
-    def supernodes(self) -> list[dict]:
-        """The SuperLink's node list (``flwr supernode list local --format json``): node-id, status, ..."""
-        import json
-
-        result = subprocess.run(
-            [flower_bin("flwr"), "supernode", "list", "local", "--format", "json"],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=self.REGISTER_TIMEOUT,
-            check=True,
-        )
-        return json.loads(result.stdout)["nodes"]
-
-    def live_runs(self) -> list[str]:
-        """The ids of the SuperLink's runs that have not finished (``flwr ls local --format json``)."""
-        import json
-
-        result = subprocess.run(
-            [flower_bin("flwr"), "ls", "local", "--format", "json"],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=self.REGISTER_TIMEOUT,
-            check=True,
-        )
-        return [r["run-id"] for r in json.loads(result.stdout)["runs"] if not r["status"].startswith("finished")]
-
-    def stop_live_runs(self) -> None:
-        """Stop (``flwr stop``) every run the SuperLink has not finished. A killed ServerApp's run stays "running"
-        until its heartbeat lapses, and until then the SuperLink hands its stage messages to the nodes beside a
-        resumed run's, which then waits behind them; stopped, its undelivered messages are dropped."""
-        for run_id in self.live_runs():
-            with open(self.procs.log_dir / "flwr-stop.log", "ab") as log:
-                subprocess.run(
-                    [flower_bin("flwr"), "stop", run_id, "local"],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    timeout=self.REGISTER_TIMEOUT,
-                    check=False,  # it may finish by itself in between: live_runs below says what is left
-                )
-        if left := self.live_runs():
-            raise RuntimeError(f"flwr stop left runs {left} unfinished; see {self.procs.log_dir}/flwr-stop.log")
-
     def start(self) -> None:
         from fedrecgel_secure.deploy.launch.superlink import (  # flwr: imported late
             new_control_token,
@@ -331,7 +271,7 @@ class Deployment:
             key = None
             if d.tls.node_authentication:
                 key = state_dir / NODE_KEY  # made for this node in its own 0700 directory; kept across restarts
-                self.register_node(make_node_key(key), f"node-{shard}")
+                self.control.register_node(make_node_key(key), f"node-{shard}")
             self.node_ports[shard] = port
             self.procs.start(f"supernode-{shard}", self.supernode_argv(shard, port, key), self.env)
         for shard, port in self.node_ports.items():
@@ -353,7 +293,7 @@ class Deployment:
         )
         self.procs.stop("flwr-run")
         if resume:  # the run it continues may still be live on this SuperLink (its ServerApp killed)
-            self.stop_live_runs()
+            self.control.stop_live_runs()
         argv = [flower_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg]
         return self.procs.start("flwr-run", argv, self.env)
 
