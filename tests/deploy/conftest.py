@@ -19,6 +19,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     tmp = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
     if report.when == "call" and report.failed and tmp is not None:
-        story = deployment_story(Path(tmp))
+        try:
+            story = deployment_story(Path(tmp))
+        except Exception as exc:  # an error here would end the whole session (INTERNALERROR), not explain one test
+            story = f"(no story: {type(exc).__name__}: {exc})"
         if story:
             report.sections.append(("what the deployment did", story))

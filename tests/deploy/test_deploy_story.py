@@ -11,7 +11,7 @@ def test_a_failing_deployments_report_names_each_stage_and_what_each_node_receiv
     dep = tmp_path / "deployed"
     (dep / "logs").mkdir(parents=True)
     stages = [{"stage": "round-2", "sent": 3, "answered": 2, "seconds": 60.2}]
-    (dep / "stages.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stages))
+    (dep / "stages.jsonl").write_text("".join(json.dumps(s) + "\n" for s in stages) + '{"stage": "eval-2", "se')
     chatter = [f"\x1b[92mINFO \x1b[0m:      Start `flwr-clientapp` process {i}" for i in range(30)]
     (dep / "logs" / "supernode-1.log").write_text(
         "\n".join(
@@ -25,6 +25,7 @@ def test_a_failing_deployments_report_names_each_stage_and_what_each_node_receiv
     )
     story = deployment_story(tmp_path)
     assert "round-2: 2/3 answered in 60.2 s" in story
+    assert "unreadable" in story  # a journal line cut short by a kill is shown, not fatal
     assert "[RUN 7, ROUND round-2]" in story and "Receiving: train message" in story  # notable, though not last
     assert "process 29" in story and "process 3\n" not in story  # the last lines, not the whole chatter
     assert "\x1b[" not in story and "3392dc8f86dd" not in story

@@ -7,9 +7,23 @@ import json
 import re
 from pathlib import Path
 
-LOG_LINES = 8  # per process log: its last lines, and (at most 40) notable ones before them
-# warnings and errors, and a SuperNode's messages: which run and stage it received and answered, or ignored
-NOTABLE = ("WARNING", "ERROR", "Traceback", "refused", "failed", "ROUND", "Receiving", "Sending", "Ignoring")
+LOG_LINES = 8  # per process log: its last lines, and (at most NOTABLE_LINES) notable ones before them
+NOTABLE_LINES = 80
+# warnings, errors and dropouts (the ServerApp's log), and a SuperNode's messages: which run and stage it received
+# and answered, or ignored
+NOTABLE = (
+    "WARNING",
+    "ERROR",
+    "Traceback",
+    "refused",
+    "failed",
+    "dropped",
+    "no node",
+    "ROUND",
+    "Receiving",
+    "Sending",
+    "Ignoring",
+)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -26,11 +40,15 @@ def deployment_story(root: Path) -> str:
     for stages in sorted(root.rglob("stages.jsonl")):
         out.append(f"== {stages.parent}")
         for line in stages.read_text().splitlines():
-            s = json.loads(line)
-            out.append(f"  {s['stage']}: {s.get('answered')}/{s.get('sent')} answered in {s.get('seconds')} s")
+            try:
+                s = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a killed ServerApp
+                out.append(f"  (unreadable: {line[:100]!r})")
+                continue
+            out.append(f"  {s.get('stage')}: {s.get('answered')}/{s.get('sent')} answered in {s.get('seconds')} s")
         for log in sorted((stages.parent / "logs").glob("*.log")):
             lines = _lines(log)
             head = [ln for ln in lines[:-LOG_LINES] if any(w in ln for w in NOTABLE)]
             out.append(f"  -- {log.name} ({len(lines)} lines)")
-            out.extend(f"     {ln[:200]}" for ln in [*head[-40:], "...", *lines[-LOG_LINES:]])
+            out.extend(f"     {ln[:200]}" for ln in [*head[-NOTABLE_LINES:], "...", *lines[-LOG_LINES:]])
     return "\n".join(out)

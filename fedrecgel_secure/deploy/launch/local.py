@@ -3,7 +3,7 @@
 Concern: the one-machine launcher: it starts the processes (each node's resident engine, :mod:`.engine`, then the
 SuperLink, the SuperNodes, their SuperExecs), registers node keys, starts the run, waits for its summary and stops
 every process it started. The deployment directory and its files are :mod:`.layout`'s, the calls to the running
-SuperLink's Control API (node keys, node list, runs) :mod:`.control`'s; ``deploy plan`` (the same deployment over
+SuperLink's Control API (node keys, the node list) :mod:`.control`'s; ``deploy plan`` (the same deployment over
 several machines) is :mod:`.plan`.
 
 Another account of the machine can neither start a run (the Control API answers the token's holder only; a run
@@ -292,8 +292,6 @@ class Deployment:
             f' catalogue="{self.shards / MANIFEST}"'
         )
         self.procs.stop("flwr-run")
-        if resume:  # the run it continues may still be live on this SuperLink (its ServerApp killed)
-            self.control.stop_live_runs()
         argv = [flower_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg]
         return self.procs.start("flwr-run", argv, self.env)
 

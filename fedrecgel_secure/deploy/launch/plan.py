@@ -231,8 +231,6 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
         "flwr run app deploy --stream --run-config"
         f' \'policy="{policy_name}" out="runs/deployed" resume=false catalogue="{MANIFEST}"\'',
         "# the ServerApp writes the run files (metrics.jsonl, summary.json, checkpoint.pt) on the SuperLink machine;",
-        "# after a ServerApp crash, stop its run if `flwr ls deploy` still shows it running (until its heartbeat",
-        "# lapses the SuperLink hands its messages to the nodes beside the new run's): flwr stop RUN_ID deploy;",
-        "# then run the same command with resume=true.",
+        "# after a ServerApp crash, run the same command with resume=true.",
     ]
     return "\n".join(out)
