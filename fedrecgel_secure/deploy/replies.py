@@ -65,7 +65,64 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-ACKNOWLEDGED = {"recommended": 1}  # a node's whole reply to the recommend stage (deploy.node.recommendations)
+ACKNOWLEDGED = {"recommended": 1}
+
+# Every reason a node's error reply may carry, and what it means. A reason is a class fixed by the message the node
+# answered (and the earlier messages of the run) and by public policy, never exception text or anything computed
+# from a user's data: whether a node fails, and why, must tell the server nothing it did not send. The node's own
+# log keeps the details. (A user whose own computation fails, a non-finite gradient on a crafted model, does not
+# fail the reply: :meth:`fedrecgel_secure.deploy.node.shard.Node.train` gives it a zero upload instead.)
+REASONS: dict[str, str] = {
+    "wrong_policy": "the message names another policy digest than the node's own",
+    "wrong_role": "a stage this node's role does not answer (the key holder trains nothing; a node holds no keys)",
+    "malformed": "a message whose fields are missing or of the wrong type",
+    "bad_model": "a shared model that is not finite, not of the model's shape, or beyond deployment.max_shared_value",
+    "not_a_round": "a round label outside the run (1 to federation.rounds)",
+    "not_hosted": "users this node does not host",
+    "round_used": "users who trained this round label already, in another set of users",
+    "participation": "a user would train past the cyclic bound (privacy.dp.sampler = 'cyclic')",
+    "dp_settings": "DP settings (clip norm, sample size, released counts) that disagree with the node's policy",
+    "evaluation_scope": "an evaluation outside the round's sum where evaluation.scope is 'round'",
+    "no_recommendations": "a recommend stage where deployment.recommend = 0",
+    "failed": "anything else the node could not answer (its log says what)",
+    "unreachable": "the SuperNode's relay found no node engine answering in time",
+}
+
+
+class Refused(RuntimeError):
+    """A message the node will not answer, with its reason class (:data:`REASONS`) and, for the node's own log
+    only, the details. The error reply carries the class alone (:func:`reason_of`)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        if reason not in REASONS:
+            raise ValueError(f"{reason!r} is not a reason declared in deploy.replies.REASONS")
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
+class NodeError(RuntimeError):
+    """What the SuperNode's relay raises for an error reply: its text, which Flower sends to the server as the
+    error's reason, is one of :data:`REASONS` and nothing else."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason if reason in REASONS else "failed")
+
+
+def reason_of(exc: BaseException) -> str:
+    """The reason class an error reply carries for ``exc``: a :class:`Refused`'s own, ``failed`` for anything
+    else (whose text may hold whatever the failing code formatted into it)."""
+    return exc.reason if isinstance(exc, Refused) else "failed"
+
+
+def declared_reason(reason: str) -> bool:
+    """Whether an error reply's reason, as the server receives it, is a declared class and nothing more: flwr
+    formats a raised exception as ``<class '…NodeError'>:<'REASON'>``, an in-process relay ``NodeError('REASON')``."""
+    import re
+
+    found = re.fullmatch(r"<class '[\w.]+'>:<'(\w+)'>|\w+\('(\w+)'\)", reason)
+    return (
+        found is not None and (found.group(1) or found.group(2)) in REASONS
+    )  # a node's whole reply to the recommend stage (deploy.node.recommendations)
 
 
 def reports_in_clear(policy) -> bool:

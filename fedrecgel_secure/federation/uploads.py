@@ -53,8 +53,22 @@ class Uploads:
         of values clipped, computed faster than one dense vector at a time; None where there is no faster way."""
         return None
 
+    def zeroed(self, clients: torch.Tensor) -> Uploads:
+        """A copy in which the clients flagged in the boolean mask ``clients`` upload exactly zero (written, not
+        multiplied: 0 · inf is NaN), and report zeros."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """The tensors that make this holder (:func:`uploads_from_state`), for a checkpoint file."""
+        raise NotImplementedError
+
     def norms(self) -> torch.Tensor:
         return self.group_sq_norms().sum(dim=1).sqrt()
+
+    def _zero_reports(self, out: Uploads, clients: torch.Tensor) -> Uploads:
+        if self.reports is not None:
+            out.reports = self.reports.masked_fill(clients[:, None].to(self.reports.device), 0.0)
+        return out
 
     def scale(self, factors: torch.Tensor) -> Uploads:
         return self.scale_groups(factors[:, None].expand(-1, len(GROUPS)))
@@ -81,6 +95,14 @@ class DenseUploads(Uploads):
 
     def vector(self, c: int) -> torch.Tensor:
         return self.vectors[c]
+
+    def zeroed(self, clients: torch.Tensor) -> DenseUploads:
+        return self._zero_reports(
+            DenseUploads(self.vectors.masked_fill(clients[:, None], 0.0), self.n_item_values), clients
+        )
+
+    def state_dict(self) -> dict:
+        return {"vectors": self.vectors, "n_item_values": self.n_item_values, "reports": self.reports}
 
 
 class RowUploads(Uploads):
@@ -128,6 +150,15 @@ class RowUploads(Uploads):
         out[n_item_values:] = self.mlp[c]
         return out
 
+    def zeroed(self, clients: torch.Tensor) -> RowUploads:
+        rows = self.rows.masked_fill(clients[self.row_owner][:, None], 0.0)
+        out = RowUploads(rows, self.row_owner, self.row_item, self.mlp.masked_fill(clients[:, None], 0.0), self.n_items)
+        return self._zero_reports(out, clients)
+
+    def state_dict(self) -> dict:
+        keys = ("rows", "row_owner", "row_item", "mlp", "n_items", "reports")
+        return {k: getattr(self, k) for k in keys}
+
     def grid_total(self, grid, clients: np.ndarray, stop: int) -> tuple[np.ndarray, int] | None:
         # An untouched row is zero on the grid, and a client touches each row once (its rows are unique
         # (client, item) pairs), so encoding the touched rows alone and adding the integers is exact.
@@ -160,3 +191,13 @@ class RowUploads(Uploads):
             mlp, over = grid.encode_tensor(mlp)
             total, clipped = torch.cat([total, mlp.sum(dim=0)]), clipped + over
         return total.cpu().numpy(), clipped
+
+
+def uploads_from_state(state: dict) -> Uploads:
+    """The holder :meth:`Uploads.state_dict` wrote, bit for bit."""
+    if "vectors" in state:
+        out: Uploads = DenseUploads(state["vectors"], int(state["n_item_values"]))
+    else:
+        out = RowUploads(state["rows"], state["row_owner"], state["row_item"], state["mlp"], int(state["n_items"]))
+    out.reports = state.get("reports")
+    return out

@@ -114,6 +114,13 @@ class DeploymentPolicy(Section):
         " recommendations.csv in its state directory (user and item indices, as its shard names them); the server"
         " gets an acknowledgement and nothing of the lists. 0: no lists.",
     )
+    max_shared_value: float = Field(
+        1e4,
+        gt=0,
+        description="A node refuses a shared model with any value beyond this magnitude, or not finite, before"
+        " its users train on it: the item embeddings and MLP of an honest run stay within a few units, while a"
+        " crafted model of huge values drives some users' gradients to infinity, and only for the items they hold.",
+    )
     state_dir: str = Field(
         "nodes/{shard}",
         description="Each node's state directory ({shard} is its index);"

@@ -21,6 +21,7 @@ from fedrecgel_secure.deploy.messages import (  # every message type the node an
     STATE_DIR,
 )
 from fedrecgel_secure.deploy.node.channel import ERROR, request
+from fedrecgel_secure.deploy.replies import NodeError
 from fedrecgel_secure.deploy.timing import process_started
 
 LOADED = time.time()  # this module loaded: flwr's process is up and has pulled its task (deploy.timing)
@@ -37,7 +38,11 @@ def relay(msg: Message, context: Context) -> Message:
     # the message's own expiry (the server's clock: at most its TTL from now, whatever the skew)
     deadline = min(msg.metadata.created_at + msg.metadata.ttl, now + msg.metadata.ttl)
     state_dir = Path(str(context.node_config[STATE_DIR]))
-    return reply_of(*request(state_dir, message_to_proto(msg).SerializeToString(), deadline))
+    try:
+        answer = request(state_dir, message_to_proto(msg).SerializeToString(), deadline)
+    except (OSError, ConnectionError) as exc:  # EngineUnreachable too: its text names the node's paths
+        raise NodeError("unreachable") from exc
+    return reply_of(*answer)
 
 
 def reply_of(kind: bytes, data: bytes, started: float = STARTED, loaded: float = LOADED) -> Message:
@@ -47,8 +52,8 @@ def reply_of(kind: bytes, data: bytes, started: float = STARTED, loaded: float =
     from flwr.common.serde import message_from_proto
     from flwr.proto.message_pb2 import Message as ProtoMessage
 
-    if kind == ERROR:
-        raise RuntimeError(f"the node engine failed: {data.decode(errors='replace')}")
+    if kind == ERROR:  # the engine's reason class, and only that, becomes the error reply's reason
+        raise NodeError(data.decode(errors="replace"))
     reply = message_from_proto(ProtoMessage.FromString(data))
     reply.content["timing"] = ConfigRecord({**reply.content["timing"], "started": started, "loaded": loaded})
     return reply

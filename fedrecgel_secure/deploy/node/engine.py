@@ -60,18 +60,22 @@ class Engine:
 
     def answer(self, request: bytes) -> tuple[bytes, bytes]:
         """The reply to one request (kind, bytes): the handler's reply Message with this engine's ``timing``
-        marks, or the handler's error (the relay raises it, Flower sends it as an error reply)."""
+        marks, or the reason class of the handler's error (:data:`~fedrecgel_secure.deploy.replies.REASONS`; the
+        relay raises it, Flower sends it as an error reply)."""
         from flwr.app import ConfigRecord
         from flwr.common.serde import message_from_proto, message_to_proto
         from flwr.proto.message_pb2 import Message as ProtoMessage
+
+        from fedrecgel_secure.deploy.replies import reason_of
 
         received = time.time()
         try:
             msg = message_from_proto(ProtoMessage.FromString(request))
             reply = self.app(msg, self._context(msg))
         except Exception as exc:  # the server sees this node fail this stage, as when a ClientApp raises
+            # with a reason class only: an exception's text can hold what the failing code read of a user's data
             log.exception("the handler failed")
-            return ERROR, f"{type(exc).__name__}: {exc}".encode()
+            return ERROR, reason_of(exc).encode()
         reply.content["timing"] = ConfigRecord({"imported": received, "done": time.time()})
         return MESSAGE, message_to_proto(reply).SerializeToString()
 
@@ -103,7 +107,7 @@ class Engine:
             conn.settimeout(READ_TIMEOUT)
             kind, data = receive(conn)
             conn.settimeout(None)
-            send(conn, *(self.answer(data) if kind == MESSAGE else (ERROR, b"not a message")))
+            send(conn, *(self.answer(data) if kind == MESSAGE else (ERROR, b"malformed")))
         except (OSError, ConnectionError) as exc:  # the relay gave up or died: its stage goes on without us
             log.warning("lost a request: %s", exc)
 

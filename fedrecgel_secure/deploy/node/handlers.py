@@ -29,6 +29,7 @@ from fedrecgel_secure.deploy.messages import (
     SHARD,
     STATE_DIR,
 )
+from fedrecgel_secure.deploy.replies import Refused
 from fedrecgel_secure.deploy.schemes import deployed, setup_of
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg.schemes import part
@@ -40,7 +41,7 @@ _RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy 
 def _not_the_key_holder(context: Context) -> None:
     """The key holder answers its own stages only: it never trains, evaluates or masks."""
     if context.node_config.get(ROLE) == KEY_HOLDER:
-        raise RuntimeError("the key holder answers only the keyholder stages")
+        raise Refused("wrong_role", "the key holder answers only the keyholder stages")
 
 
 def _node(context: Context, digest: str | None):
@@ -53,7 +54,7 @@ def _node(context: Context, digest: str | None):
     cfg = context.node_config
     policy = load_policy(cfg[POLICY])
     if digest is not None and digest != policy.digest():
-        raise RuntimeError("the server runs a different policy than this node")
+        raise Refused("wrong_policy", "the server runs a different policy than this node")
     key = (int(cfg[SHARD]), str(cfg[STATE_DIR]), str(cfg[DATA]))
     if _RESIDENT.get(key, (None,))[0] != policy.digest():  # first message, or the policy file changed
         _RESIDENT[key] = (policy.digest(), Node(policy, int(cfg[SHARD]), Path(cfg[STATE_DIR]), Path(cfg[DATA])))
@@ -135,7 +136,7 @@ def _role(context: Context, node, dim: int):
     directory; the item table's shape is its own model's (a sparse scheme's keys address its rows)."""
     name = deployed(node.policy).node_role
     if name is None:
-        raise RuntimeError("this node's policy runs no secure aggregation")
+        raise Refused("wrong_role", "this node's policy runs no secure aggregation")
     setup = setup_of(node.policy, dim, tuple(node.model.item_embeddings.shape))
     return part(name)(Path(context.node_config[STATE_DIR]), node.users.tolist(), setup)
 
@@ -174,14 +175,14 @@ def keyholder(msg: Message, context: Context) -> Message:
     private_umask()
     cfg = context.node_config
     if cfg.get(ROLE) != KEY_HOLDER:
-        raise RuntimeError("this node is not the key holder")
+        raise Refused("wrong_role", "this node is not the key holder")
     req = from_record(msg.content)
     policy = load_policy(cfg[POLICY])
     if req["digest"] != policy.digest():
-        raise RuntimeError("the server runs a different policy than this node")
+        raise Refused("wrong_policy", "the server runs a different policy than this node")
     name = deployed(policy).key_holder_role
     if name is None:
-        raise RuntimeError("this node's policy runs no scheme with a key holder")
+        raise Refused("wrong_role", "this node's policy runs no scheme with a key holder")
     dim, state_dir, catalogue = int(req["dim"]), Path(cfg[STATE_DIR]), cfg.get(CATALOGUE)
     holder = part(name)(state_dir, policy, dim, catalogue)
     noise, dp = None, policy.privacy.dp

@@ -20,12 +20,12 @@ RECOMMENDATIONS = "recommendations.csv"
 def write_recommendations(node, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int):
     """Node ``node``'s users' top ``deployment.recommend`` items under round ``round_idx``'s model, into its state
     directory; the file written. K comes from the node's own policy: the server's request names no number."""
-    from fedrecgel_secure.deploy.node.shard import RefusedRequest
+    from fedrecgel_secure.deploy.replies import Refused
     from fedrecgel_secure.recommend import top_k, write_lists
 
     k = min(node.policy.deployment.recommend, node.split.n_items)
     if k <= 0:
-        raise RefusedRequest("this node's policy asks for no recommendations (deployment.recommend = 0)")
+        raise Refused("no_recommendations", "this node's policy asks for no recommendations (deployment.recommend = 0)")
     states = node.state(round_idx, commits, keep_from)
     node.load_shared(shared)
     items, scores = top_k(node.model, states.theta, node.split, np.arange(node.split.n_users), k)

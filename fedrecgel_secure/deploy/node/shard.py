@@ -5,15 +5,18 @@ must keep between rounds lives in its state directory (0600 files), so a restart
 
 ``identity.pem``     the node's Ed25519 identity key (generated on first start, never sent)
 ``state-R.pt``       its users' embeddings and Adam moments after round R (committed)
-``pending-R.pt``     what its users computed in round R, kept until the server says who counted
-``participation.json``  the rounds each user trained, under cyclic participation (:mod:`.participation`)
+``pending-R.pt``     the private updates its users computed in round R, kept until the server says who counted
+``answer-R.pt``      what they uploaded for round R, kept so that a label asked again is not computed again
+                     (:mod:`.answers`)
+``participation.json``  the round labels each user trained (:mod:`.participation`)
 
 The server's message of round R+1 (or of an evaluation of round R) carries the
 contributors of every round since its last checkpoint, so a node rebuilds
 ``state-R`` from the newest state it has and the pending updates: a node that
 missed rounds, or a server that resumed from an older checkpoint, both land on
-exactly the simulator's state. Files of rounds after the one being trained are
-from an abandoned future (a killed server) and are removed.
+exactly the simulator's state. States of rounds after the one being trained are
+from an abandoned future (a killed server) and are removed; what the users computed
+for those rounds is kept, since a user trains a round label once (:mod:`.answers`).
 
 torch is imported inside the functions: importing this module costs no torch.
 """
@@ -22,39 +25,20 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedrecgel_secure.deploy.node.guard import DPRound, NodeGuard
 from fedrecgel_secure.policy import Policy
 
-if TYPE_CHECKING:
-    from fedrecgel_secure.federation.dp_mechanism import DPMechanism
-
 log = logging.getLogger("fedrecgel_secure.deploy")
-_FILE = re.compile(r"^(state|pending)-(\d+)\.pt$")
-
-
-class RefusedRequest(RuntimeError):
-    """A server's message that disagrees with this node's own policy: the node answers with this error, and the
-    round goes on without its users."""
-
-
-@dataclass(frozen=True)
-class DPRound:
-    """One round's DP settings as a node derives them from its own policy (:meth:`Node.dp_round`)."""
-
-    mechanism: DPMechanism  # the policy's clipping and noise, with this node's randomness
-    clip_norm: float  # C
-    participants: int | None  # the sample size the noise shares are sized for (None: central noise, not sent)
+_FILE = re.compile(r"^(state|pending|answer)-(\d+)\.pt$")
 
 
 @dataclass
-class Node:
+class Node(NodeGuard):
     """Node ``shard``: its users' data from its own shard file (``data``) and nothing else."""
 
     policy: Policy
@@ -90,13 +74,14 @@ class Node:
         import torch
         from torch.nn.utils import vector_to_parameters
 
+        self.check_shared(vector)
         with torch.no_grad():
             vector_to_parameters(torch.from_numpy(vector).to(self.model.item_embeddings.dtype), self.model.parameters())
 
     def local_index(self, clients: np.ndarray) -> np.ndarray:
         pos = np.searchsorted(self.users, clients)
         if not np.array_equal(self.users[np.minimum(pos, self.users.size - 1)], clients):
-            raise ValueError(f"node {self.shard}: asked to train users it does not host")
+            self._refuse("not_hosted", f"node {self.shard}: asked to train users it does not host")
         return pos
 
     # -- state on disk ---------------------------------------------------------------
@@ -152,9 +137,10 @@ class Node:
         return states
 
     def forget_after(self, round_idx: int) -> None:
-        """Remove the files of rounds after ``round_idx``: a resumed server trains them again."""
-        for (_, r), f in self._files().items():
-            if r > round_idx:
+        """Remove the states of rounds after ``round_idx``: a resumed server trains them again (what the users
+        computed in them stays: :mod:`.answers`)."""
+        for (kind, r), f in self._files().items():
+            if kind == "state" and r > round_idx:
                 f.unlink(missing_ok=True)
 
     # -- the two things a node does ------------------------------------------------------
@@ -177,14 +163,33 @@ class Node:
         dense parts, their summed BCE and number of examples) and the uploads
         themselves (:class:`Uploads`), for secure aggregation. The new private
         state waits in ``pending-R.pt``.
+
+        Each user trains a round label once: a message for a label its users
+        trained already is answered from what they computed then, or refused
+        (:mod:`.answers`); a model that is not finite or out of bounds is
+        refused before any user's data is read (:meth:`check_shared`).
         """
+        from fedrecgel_secure.deploy.node.answers import Answers
+        from fedrecgel_secure.deploy.node.participation import Participation
+
+        self.check_shared(shared)
+        answers = Answers(self.state_dir)
+        stored = answers.stored(round_idx, clients, Participation(self.state_dir).rounds())
+        self.admit(round_idx, clients)
+        if stored is None:
+            stored = self._train(round_idx, clients, shared, commits, keep_from, report)
+            answers.add(round_idx, stored)
+        return stored.reply, stored.uploads
+
+    def _train(self, round_idx, clients, shared, commits, keep_from, report):
+        """The training of :meth:`train` for users new to ``round_idx``: an answer to keep (:class:`.answers.Group`)."""
         import torch
 
+        from fedrecgel_secure.deploy.node.answers import Group, contained
         from fedrecgel_secure.deploy.replies import TrainReply
         from fedrecgel_secure.federation.build import local_sets, make_engine
         from fedrecgel_secure.federation.reports import ROUND, scope_of, user_reports, zero_reports
 
-        self.admit(round_idx, clients)
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
@@ -197,17 +202,10 @@ class Node:
         local = local_sets(self.policy, self.split, self.seen, rows, round_idx, users=clients)
         update = make_engine(self.policy).train_round(self.model, states, local)
         update.uploads.reports = reports
+        update = contained(update, states, rows)
+        reports = update.uploads.reports
         p = update.private
-        self._save(
-            self.state_dir / f"pending-{round_idx}.pt",
-            {
-                "clients": p.clients,
-                "theta": p.theta,
-                "exp_avg": p.exp_avg,
-                "exp_avg_sq": p.exp_avg_sq,
-                "steps": p.steps,
-            },
-        )
+        self._save_pending(round_idx, p)
         n_item_values = self.model.item_embeddings.numel()
         width = self.model.item_embeddings.shape[1]
         rows, row_item, row_owner, mlp = [], [], [], []
@@ -232,102 +230,20 @@ class Node:
             # in the clear (no secure sum) only their sum leaves the node: no user's rank, as before the round scope
             reports=None if reports is None else reports.clamp(0.0, 1.0).sum(0).numpy(),
         )
-        return reply, update.uploads
+        return Group(np.asarray(clients, dtype=np.int64), update.uploads, reply)
 
-    @cached_property
-    def dp_mechanism(self) -> DPMechanism:
-        """The node's one DP mechanism, built on first use: its own policy's clipping and noise (z calibrated
-        once), with its own randomness; its attempt counter spans the node's life, so a round asked for twice
-        gets fresh shares (:meth:`DPMechanism.protect`)."""
-        from fedrecgel_secure.federation.build import make_dp_mechanism
+    def _save_pending(self, round_idx: int, p) -> None:
+        """Add the private updates ``p`` to round ``round_idx``'s (``pending-R.pt``: every user who trained it)."""
+        import torch
 
-        return make_dp_mechanism(self.policy, self.population, deployed=True)
+        from fedrecgel_secure.federation.state import PrivateUpdate
 
-    def dp_round(
-        self,
-        round_idx: int,
-        hosted: int,
-        participants: int | None,
-        clip_norm: float | None,
-        released_counts: Sequence[float] = (),
-    ) -> DPRound | None:
-        """Round ``round_idx``'s DP settings from this node's own policy (None without DP), after checking what
-        the server's unsigned train message says about them; a message that disagrees is refused
-        (:class:`RefusedRequest`, logged with its reason), so the node protects no upload with it.
-
-        - C: ``privacy.dp.clip_norm``; under adaptive clipping the policy's
-          initial C moved by each of ``released_counts`` in turn (the noised
-          clipped counts the server released in earlier rounds). The server's
-          ``clip_norm``, if sent, must be exactly that.
-        - The sample size the noise shares are sized for: the server's
-          ``participants``, which must be a possible size of the policy's
-          Poisson sample (at least the ``hosted`` users this node was asked
-          to train, at most :attr:`ResolvedDP.max_participants`). Distributed noise needs it.
-
-        What the server can still do. The released counts come from it (under
-        masking the server alone sees the released sums; under BFV it relays
-        them), so it can steer C by at most :meth:`AdaptiveClipping.max_step`
-        per released count; distributed noise is sized by the same C each node
-        clips to, so it still covers the sensitivity, whereas the BFV key
-        holder's central noise uses the C it replays from the history it is
-        sent: a server that sends the key holder other counts than the nodes
-        can make the two differ by that factor per count (closing this needs
-        the key holder's releases signed). And it can overstate the sample up
-        to the bound, which shrinks distributed noise by at most
-        sqrt(|S| / bound) (:func:`.mechanism.max_poisson_sample`).
-        """
-        if not self.policy.privacy.dp.enabled:
-            return None
-        mechanism = self.dp_mechanism
-        dp = mechanism.dp
-        where = f"node {self.shard}, round {round_idx}"
-        if len(released_counts) > round_idx - 1:
-            self._refuse(f"{where}: {len(released_counts)} released counts before round {round_idx}")
-        own = dp.clip_norm_after([float(c) for c in released_counts])
-        if clip_norm is not None and float(clip_norm) != own:
-            rule = "privacy.dp.clip_norm" if dp.adaptive is None else "privacy.dp.adaptive_clipping over the counts"
-            self._refuse(f"{where}: the server's clip norm {float(clip_norm)!r} is not {own!r} ({rule})")
-        if participants is None:
-            if dp.mode == "distributed":
-                self._refuse(f"{where}: the server did not say how many clients were sampled (participants)")
-        elif not max(1, hosted) <= int(participants) <= dp.max_participants:
-            self._refuse(
-                f"{where}: the server's participants = {int(participants)} is not a possible sample size"
-                f" ({max(1, hosted)} to {dp.max_participants}: this node hosts {hosted} of them, and"
-                f" N = {dp.population}, q = {dp.sample_rate:g})"
-            )
-        return DPRound(mechanism, own, None if participants is None else int(participants))
-
-    def admit(self, round_idx: int, clients: np.ndarray) -> None:
-        """Under cyclic participation, refuse (:class:`RefusedRequest`) a round in which a sampled user would
-        train more rounds than k, or two rounds fewer than b apart, by the node's own policy and record
-        (:mod:`.participation`); otherwise record the round for them, before they train it."""
-        dp = self.policy.privacy.dp
-        if not (dp.enabled and dp.sampler == "cyclic"):
-            return
-        from fedrecgel_secure.deploy.node.participation import Participation
-        from fedrecgel_secure.privacy.dp.resolution import cyclic_bound
-
-        federation = self.policy.federation
-        max_rounds, period = cyclic_bound(dp, federation.rounds, federation.fraction)
-        record = Participation(self.state_dir)
-        why = record.refusal(round_idx, np.asarray(clients).tolist(), max_rounds, period)
-        if why is not None:
-            self._refuse(f"node {self.shard}, round {round_idx}: {why}")
-        record.record(round_idx, np.asarray(clients).tolist())
-
-    def check_round(self, round_idx: int) -> None:
-        """Refuse to train a round that is not one of the run's (1 to ``federation.rounds`` of the node's own
-        policy): a label past the run is a stage no honest server sends, and would give a malicious one more
-        rounds of sums (and, under BFV, more decryptions) than the policy plans for."""
-        rounds = self.policy.federation.rounds
-        if not 1 <= round_idx <= rounds:
-            self._refuse(f"node {self.shard}: round {round_idx} is not a round of this run (1 to {rounds})")
-
-    @staticmethod
-    def _refuse(reason: str) -> None:
-        log.warning("refused: %s", reason)
-        raise RefusedRequest(reason)
+        path = self.state_dir / f"pending-{round_idx}.pt"
+        fields = ("clients", "theta", "exp_avg", "exp_avg_sq", "steps")
+        if path.exists():
+            old = PrivateUpdate(**self._load(path))
+            p = PrivateUpdate(*(torch.cat([getattr(old, f), getattr(p, f)]) for f in fields))
+        self._save(path, {f: getattr(p, f) for f in fields})
 
     def protect(self, round_idx: int, clients: np.ndarray, uploads, dp: DPRound | None):
         """What the sampled ``clients`` put into secure aggregation, as float64 arrays (one row per client): their
@@ -360,15 +276,16 @@ class Node:
         """Its users' HR and NDCG, summed (:class:`EvaluationReply`), as the engine's evaluation computes them:
         no user's score or rank leaves the node. Only under evaluation scope "all", a deployment that protects
         nothing: elsewhere a node's sums over whatever model it is sent are an oracle for what its users hold
-        out, and it refuses (:class:`RefusedRequest`); its users report inside the round's sum instead."""
+        out, and it refuses (``evaluation_scope``); its users report inside the round's sum instead."""
         from fedrecgel_secure.deploy.replies import EvaluationReply
         from fedrecgel_secure.federation.build import make_engine
         from fedrecgel_secure.federation.reports import ROUND, scope_of
 
         if scope_of(self.policy, deployed=True) == ROUND:
             self._refuse(
+                "evaluation_scope",
                 f"node {self.shard}: an evaluation outside the round's sum (evaluation.scope is 'round': this"
-                " deployment's metrics come only inside the secure sum)"
+                " deployment's metrics come only inside the secure sum)",
             )
 
         states = self.state(round_idx, commits, keep_from)
