@@ -26,7 +26,7 @@ pytest.importorskip("flwr")
 
 from helpers.deploy import MASKING, seeded_dp, write_deploy_policy
 from helpers.inprocess_grid import InProcessGrid
-from helpers.malicious import crafted_model
+from helpers.malicious import UNBOUNDED, crafted_model
 
 QUERIES = 8  # items probed: held out by some of node 0's users, and not
 
@@ -48,9 +48,8 @@ def test_a_node_refuses_an_evaluation_outside_the_round_and_the_sum_in_the_round
     policy = load_policy(write_deploy_policy(tmp_path, MASKING + seeded_dp("distributed")))
     split = load_split(policy.data)  # the referee's truth, not the attacker's
     queried, node_0 = _queried(split, policy)
-    policy_file = write_deploy_policy(
-        tmp_path, MASKING + seeded_dp("distributed"), QUERIES + 1, 3, timeout=1.0, heartbeat=0.05
-    )
+    extra = UNBOUNDED + MASKING + seeded_dp("distributed")  # the evaluation channel, not the bound on the model
+    policy_file = write_deploy_policy(tmp_path, extra, QUERIES + 1, 3, timeout=1.0, heartbeat=0.05)
     policy = load_policy(policy_file)
 
     trainers, reads, cohorts = [], [], []

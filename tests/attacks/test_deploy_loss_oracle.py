@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.malicious import PER_ROUND, B, crafted_model
+from helpers.malicious import PER_ROUND, UNBOUNDED, B, crafted_model
 
 pytest.importorskip("flwr")
 
@@ -37,6 +37,7 @@ def probe(tmp_path, monkeypatch, extra: str) -> tuple[set[int], set[int], list[i
     from fedrecgel_secure.policy import load_policy
 
     # the referee's split, not the attacker's: the truth to compare with, and the catalogue's size
+    extra = UNBOUNDED + extra  # the loss channel, not the node's bound on the model (test_deploy_error_oracle.py)
     split = load_split(load_policy(write_deploy_policy(tmp_path, extra)).data)
     items, rounds = split.n_items, -(-split.n_items // PER_ROUND)
     policy_file = write_deploy_policy(tmp_path, extra, rounds, 3, timeout=1.0, heartbeat=0.05)

@@ -108,3 +108,44 @@ def test_a_field_that_is_not_declared_is_not_sent():
     with pytest.raises(RuntimeError, match="not declared"):
         check(plain, {"clients": np.arange(3), "per_user_loss": np.ones(3)})  # a field nobody declared
     assert set(check(plain, {"clients": np.arange(3), "bce": 1.5, "examples": 10})) == {"clients", "bce", "examples"}
+
+
+def test_every_error_reply_carries_a_declared_reason_class_and_nothing_else(tmp_path):
+    # Error replies and refusals are replies too (issue 45): the server's crafted messages make each node refuse
+    # with a reason, which must be a declared class, never the exception's text (that named the user, and what
+    # failed on its data). Round 1: node 0 gets a model of NaNs, node 1 another clip norm, node 2 another policy's
+    # digest; round 2: node 0 a model one value short, node 1 a round label past the run.
+    from fedrecgel_secure.deploy.replies import REASONS, Refused, declared_reason
+
+    from helpers.malicious import TamperingGrid
+
+    def tamper(group: str, payload: dict) -> bool:
+        node = payload.get("sampled")
+        if not group.startswith("round-") or node is None:
+            return False
+        shard = int(np.asarray(node)[0]) * 3 // 24  # contiguous shards of the tests' 24 users
+        if group == "round-1":
+            change = {0: ("shared", np.full_like(payload["shared"], np.nan)), 1: ("clip_norm", 9.0), 2: ("digest", "0")}
+        else:
+            change = {0: ("shared", payload["shared"][:-1]), 1: ("round", 10**6)}
+        if shard in change:
+            key, value = change[shard]
+            payload[key] = value
+        return shard in change
+
+    from fedrecgel_secure.deploy.server.serverapp import run_server
+
+    policy_file = write_deploy_policy(
+        tmp_path, MASKING + seeded_dp("distributed"), 2, nodes=3, timeout=1.0, heartbeat=0.05
+    )
+    out = tmp_path / "deployed"
+    grid = TamperingGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], tamper=tamper)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    print(grid.refusals)
+    reasons = {reason for _, reason in grid.refusals}
+    assert all(declared_reason(r) for r in reasons), reasons
+    assert {"NodeError('bad_model')", "NodeError('dp_settings')", "NodeError('wrong_policy')"} <= reasons
+    assert not declared_reason("NodeError('upload of client 0 contains NaN or infinity')")
+    with pytest.raises(ValueError, match="not a reason declared"):
+        Refused("upload of client 0 contains NaN or infinity")
+    assert set(REASONS) >= {"failed", "unreachable"}

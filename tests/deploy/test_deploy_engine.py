@@ -66,6 +66,7 @@ def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
     # The engine answers round 1 (train, evaluation), is killed (SIGKILL: nothing in memory survives), and a new
     # one answers round 2 from the state directory alone: exactly what the in-process handlers answer in one go.
     from fedrecgel_secure.deploy.node import clientapp, handlers
+    from fedrecgel_secure.deploy.replies import NodeError
 
     node, twin = EngineNode(tmp_path, "engine"), EngineNode(tmp_path, "oracle")
     messages = _round_messages(node)
@@ -78,7 +79,7 @@ def test_an_engine_killed_and_started_again_resumes_from_disk(tmp_path):
         os.kill(pid, signal.SIGKILL)
         node.procs.procs["engine"].wait(timeout=30)
         asked = time.monotonic()
-        with pytest.raises(ConnectionError, match="connection refused"):  # a dead engine: an error at once
+        with pytest.raises(NodeError, match="^unreachable$"):  # a dead engine: an error at once, a reason class
             node.ask(clientapp.relay, *messages[2], ttl=60.0)
         assert time.monotonic() - asked < 20  # the refusal's grace (2 s), far from the TTL
         assert node.start() != pid

@@ -106,6 +106,10 @@ def standalone_adverts(driver, round_idx: int, cohort) -> dict[int, dict]:
     return driver.exchange("advertise", payloads)
 
 
+# [deployment]: the node's bound on shared values lifted (the extra TOML of write_deploy_policy lands in that
+# section when it comes first), for the attacks on other channels whose crafted models exceed it (B below)
+UNBOUNDED = "max_shared_value = 1e38\n"
+
 B = 2.0**16  # the logit offset: a positive's BCE is B + w_i, exactly, in float32
 
 
