@@ -35,6 +35,19 @@ SHARD, ROLE, STATE_DIR, POLICY, DATA, CATALOGUE = "shard", "role", "state-dir", 
 
 HELLO_VERSION = 1
 
+# the set-up's signed public keys (deploy/node/pinned.py): a node's keys reply carries ``entry``, its identity
+# key's signature over the reply's public keys; the server forwards node K's entry as ``e:K`` to every node and the
+# key holder; the key holder's start reply carries ``signed``, its signature over its public set-up material, which
+# the server forwards to the nodes as ``holder_signed``
+ENTRY, ENTRY_OF, HOLDER_SIGNED = "entry", "e:", "holder_signed"
+
+
+def entries(keys_by_node: Mapping[int, Mapping]) -> dict:
+    """The ``e:K`` fields of a set-up request: each node's signed entry of the directory, as its keys reply had it
+    (absent where a node sent none: the receivers refuse a directory without every node's entry)."""
+    return {f"{ENTRY_OF}{node}": reply[ENTRY] for node, reply in keys_by_node.items() if ENTRY in reply}
+
+
 # a DPF train reply's field of one user's upload: ``dpf:U`` (deploy/node/dpf_node.py writes it, the server's
 # deploy/server/dpf_summer.py reads it; deploy.replies.FIELDS declares it a share of the secure sum)
 DPF_UPLOAD = "dpf:"

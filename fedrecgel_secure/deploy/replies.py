@@ -42,6 +42,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "r:*",  # a user's signed reply to a masking stage (advert, encrypted shares, confirmation, unmasking shares)
         "x:*",  # a user's refusal: a reason class (``wrong_round``, ``inconsistent``, ...)
         "k:*",  # a user's public identity key (set-up)
+        "entry",  # a node's signature over the public keys of its keys reply (deploy/node/pinned.py)
+        "signed",  # the key holder's signature over its public set-up material (deploy/node/pinned.py)
         "seal",  # a public sealing key: the node's (BFV set-up), the DPF key holder's (its set-up)
         "joined",
         "context",  # the BFV public context (the key holder)

@@ -102,6 +102,24 @@ def test_the_plan_has_each_node_print_its_identity_key_and_the_operator_pin_it()
     assert '"1" = "<the key node 1 printed>"' in text and '"keyholder" = "<the key the key holder printed>"' in text
 
 
+def test_deploy_local_pins_every_nodes_and_the_key_holders_key_in_the_policy_they_all_read(tmp_path):
+    # the nodes and the key holder take the set-up's keys only under the pins of their own policy file
+    # (deploy/node/pinned.py): a local deployment fills them in from the keys it makes in each state directory
+    from fedrecgel_secure.deploy.launch.layout import POLICY_FILE, pin_identities
+    from fedrecgel_secure.deploy.launch.local import Deployment
+    from fedrecgel_secure.deploy.node.files import state_dir_for
+    from fedrecgel_secure.deploy.node.hello import identity_key
+    from fedrecgel_secure.policy import load_policy
+
+    policy = load_policy(None, ['privacy.secure_aggregation.scheme="dpf"', "deployment.nodes=2"])
+    dep = Deployment(policy, tmp_path / "dep")
+    pinned = load_policy(tmp_path / "dep" / POLICY_FILE).deployment.node_keys
+    assert pinned == {w: identity_key(state_dir_for(policy, dep.out, w)) for w in ("0", "1", "keyholder")}
+    assert pinned == dep.policy.deployment.node_keys
+    with pytest.raises(BadInputError, match="deployment.node_keys.0 = abab"):  # a pin is never silently replaced
+        pin_identities(load_policy(None, [f'deployment.node_keys={{"0" = "{KEY}"}}']), {"0": dep.out / "nodes" / "0"})
+
+
 def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
     from typer.testing import CliRunner
 

@@ -8,7 +8,8 @@ record encoding and every node handler run unchanged; only the SuperLink and
 the processes are missing (``tests/deploy/test_deploy.py`` has those). A node in
 ``down`` never answers the stages whose group starts with one of its prefixes:
 the ServerApp waits out the stage timeout, as for a killed node. With
-``key_holder_dir`` one more node is the BFV key holder (``role=keyholder``).
+``key_holder_dir`` one more node is the BFV key holder (``role=keyholder``). Under a sealed scheme the grid pins
+every node's identity key in the policy file, as ``deploy local`` does (:func:`pin_identities`).
 
 As ``fedrecgel deploy local`` does, the grid first cuts the policy's split into
 one shard per node (``shards``, by default ``shards/`` beside the nodes' state
@@ -66,10 +67,11 @@ class InProcessGrid:
         shards: Path | None = None,
     ):
         from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
-        from fedrecgel_secure.deploy.launch.layout import node_config
+        from fedrecgel_secure.deploy.launch.layout import node_config, pin_identities
         from fedrecgel_secure.deploy.messages import KEY_HOLDER
         from fedrecgel_secure.deploy.node import handlers
         from fedrecgel_secure.deploy.node.engine import Engine
+        from fedrecgel_secure.deploy.schemes import deployed
         from fedrecgel_secure.policy import load_policy
 
         # the ServerApp's messages take their source from the running task's identity
@@ -77,7 +79,12 @@ class InProcessGrid:
         handlers._RESIDENT.clear()  # another test's nodes
         shards = Path(state_dirs[0]).parents[1] / "shards" if shards is None else Path(shards)
         self.shards = shards
-        self.catalogue = write_shards(load_policy(policy_file), shards)
+        policy = load_policy(policy_file)
+        self.catalogue = write_shards(policy, shards)
+        if deployed(policy).scheme.sealed:  # as deploy local: every node's identity key pinned in the policy file
+            dirs = {str(shard): Path(d) for shard, d in enumerate(state_dirs)}
+            dirs.update({KEY_HOLDER: Path(key_holder_dir)} if key_holder_dir is not None else {})
+            Path(policy_file).write_text(pin_identities(policy, dirs).to_toml())
         self.configs = {
             FIRST_NODE_ID + shard: parse_node_config(node_config(policy_file, shard, d, shards / shard_name(shard)))
             for shard, d in enumerate(state_dirs)

@@ -12,7 +12,9 @@ Layout of the deployment directory ``DIR`` (also the run directory):
 ``shards/shard-K.npz``  node K's users' data (0600), the only data file node K is given
 ``shards/manifest.json`` the public counts the server reads (catalogue size, users per node); no interaction
 ``logs/``               one log per process            plus the run files of ``fedrecgel train``
-``nodes.json``          each node's pinned identity key (:mod:`..server.pins`), written by the ServerApp
+``nodes.json``          each node's pinned identity key (:mod:`..server.pins`), written by the ServerApp; the
+                        same keys are pinned in ``policy.deploy.toml``'s ``[deployment] node_keys``
+                        (:func:`pin_identities`), which every node and the key holder read
 ``tls/``                with ``[deployment.tls] enabled`` and no certificate files: a throwaway CA and
                         SuperLink certificate for 127.0.0.1 (the CA key is not kept)
 ``nodes/K/supernode-auth-key(.pub)``  with ``node_authentication``: node K's key pair (private key 0600),
@@ -93,6 +95,27 @@ def node_config(policy_file: Path, shard: int | str, state_dir: Path, data: Path
         catalogue = "" if data is None else f' catalogue="{data}"'
         return f'role="keyholder" state-dir="{state_dir}" policy="{policy_file}"{catalogue}'
     return f'shard={shard} state-dir="{state_dir}" policy="{policy_file}" data="{data}"'
+
+
+def pin_identities(policy: Policy, state_dirs: dict[str, Path]) -> Policy:
+    """``policy`` with the identity key of each node of ``state_dirs`` (shard index as a string, or
+    ``"keyholder"`` -> its state directory) pinned in ``[deployment] node_keys``, each key made (0600) where it
+    has none. A one-machine deployment does here what an operator does by hand over several (``deploy plan``): the
+    nodes and the key holder take the directory and the key holder's public keys only under these pins
+    (:mod:`..node.pinned`), so no key they rely on comes from the server. A key the policy already pins must be
+    the one in that directory: a contradiction is bad input, never a silent re-key."""
+    from fedrecgel_secure.deploy.node.files import ensure_identity
+
+    keys = dict(policy.deployment.node_keys)
+    for who, state_dir in state_dirs.items():
+        key = ensure_identity(Path(state_dir), 0).hex()
+        if keys.setdefault(who, key) != key:
+            raise BadInputError(
+                f"deployment.node_keys.{who} = {keys[who][:16]}..: the identity key in {state_dir} is {key[:16]}..;"
+                " pin that key, or give that node the state directory of the pinned one"
+            )
+    deployment = policy.deployment.model_copy(update={"node_keys": dict(sorted(keys.items()))})
+    return policy.model_copy(update={"deployment": deployment})
 
 
 def resolve_policy(

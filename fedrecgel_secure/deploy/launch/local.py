@@ -33,6 +33,7 @@ from fedrecgel_secure.deploy.launch.layout import (
     SHARDS,
     SUPEREXEC_SECRET_FILE,
     node_config,
+    pin_identities,
     resolve_policy,
     user_tls_files,
     write_app,
@@ -74,6 +75,10 @@ class Deployment:
         self.policy, self.out, self.resident = policy, Path(out).resolve(), resident
         self.say = say or (lambda _msg: None)
         private_run_dir(self.out)  # 0700, and what this process and the processes it starts write 0600 / 0700
+        # every node's and the key holder's identity key pinned in the policy they all read: the set-up's keys
+        # are taken only under these pins (deploy/node/pinned.py), none from the server
+        roles = list(range(policy.deployment.nodes)) + ([KEY_HOLDER] if deployed(policy).scheme.key_holder else [])
+        self.policy = policy = pin_identities(policy, {str(r): state_dir_for(policy, self.out, r) for r in roles})
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")

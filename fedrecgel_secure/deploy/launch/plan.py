@@ -181,7 +181,8 @@ def plan(policy: Policy, policy_name: str = "policy.toml") -> str:
     out += [
         "# the server refuses a node whose signed hello is under another key: that node never takes the shard,",
         "# whose users drop out instead; a node not listed here is pinned when it first answers (nodes.json in",
-        "# the run directory, kept across resumes)",
+        "# the run directory, kept across resumes). Under secure aggregation every node and the key holder need",
+        "# all of them in their own copy: they take the users' keys and the key holder's only as signed by these",
         "[deployment.node_keys]",
     ]
     for k in [*keyed, *each]:

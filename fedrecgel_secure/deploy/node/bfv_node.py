@@ -20,9 +20,10 @@ Threat model: :mod:`fedrecgel_secure.privacy.secagg.bfv` (an honest-but-curious
 aggregator that does not collude with the key holder). The tag keys travel
 through the server sealed with HPKE (RFC 9180, X25519, HKDF-SHA256,
 AES-128-GCM) to the node's sealing key, so the aggregator relays them without
-reading them; like the identity directory, the sealing keys reach the key
-holder through the server, which this threat model trusts to relay them
-faithfully.
+reading them. The identity directory and the sealing keys reach the key holder
+through the server signed by the nodes, and the public context reaches the
+nodes signed by the key holder, each under identity keys the receiver's own
+policy pins (:mod:`.pinned`): a server that swaps them is refused.
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ class HENode:
     def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
         """The ``join`` set-up stage: the key holder's public context and the tag keys it sealed to this node."""
         self.join(request["context"], request["session_tag"], request["sealed"], directory)
+
+    @staticmethod
+    def key_holder_public(request: Mapping) -> bytes:
+        """The key holder's public context in a ``join`` request, which its pinned identity key must have signed
+        (:class:`~.pinned.Pins`) before this node encrypts to it."""
+        return bytes(request["context"])
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for BFV: the users' vectors as one signed, tagged ciphertext, with their
@@ -193,8 +200,11 @@ class KeyHolderNode:
         rounds: int | None = None,
         max_refusals: int | None = None,
         reports: int = 0,
+        pins=None,
     ):
         from fedrecgel_secure.policy.secagg import BfvPolicy
+
+        self.pins = pins  # its policy's pinned identity keys (:class:`~.pinned.Pins`): the start stage's directory
 
         self.reports = reports  # the coordinates after the clipped count: the users' metrics (federation.reports)
         self.dir = Path(state_dir)
@@ -208,6 +218,7 @@ class KeyHolderNode:
         """The key holder of the scheme table (:mod:`fedrecgel_secure.deploy.schemes`), from its own policy: the
         rounds of the run and the refusals it allows are its policy's, so an aggregate of a round the policy does
         not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)."""
+        from fedrecgel_secure.deploy.node.pinned import Pins
         from fedrecgel_secure.deploy.schemes import setup_of
         from fedrecgel_secure.federation.reports import report_count
 
@@ -217,6 +228,7 @@ class KeyHolderNode:
             rounds=policy.federation.rounds,
             max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
             reports=report_count(policy, deployed=True),
+            pins=Pins(policy),
         )
 
     def answer(self, request: Mapping, noise: NoiseFor | None) -> dict:
@@ -225,11 +237,18 @@ class KeyHolderNode:
         from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
         if request["stage"] == "start":
-            directory = {int(k[2:]): v for k, v in request.items() if k.startswith("k:")}
-            seal = {int(k[5:]): v for k, v in request.items() if k.startswith("seal:")}
-            users_of = {int(k[6:]): v.tolist() for k, v in request.items() if k.startswith("users:")}
-            public, sealed = self.start(directory, request["session_tag"], seal, users_of)
-            return {"context": public, **{f"sealed:{n}": b for n, b in sealed.items()}}
+            # the users' keys, each node's users and sealing key: only as the nodes signed them; the public
+            # context signed by this key holder's identity key, so that no node encrypts to another
+            from fedrecgel_secure.deploy.node.pinned import sign_public
+
+            if self.pins is None:
+                raise RuntimeError("a BFV key holder node needs its policy's pinned keys to start a session")
+            tag = bytes(request["session_tag"])
+            d = self.pins.directory(request)
+            seal = {n: fields["seal"] for n, fields in d.fields.items()}
+            public, sealed = self.start(d.keys, tag, seal, d.users_of)
+            signed = sign_public(self.dir, public, tag)
+            return {"context": public, "signed": signed, **{f"sealed:{n}": b for n, b in sealed.items()}}
         try:
             return {"total": np.asarray(self.decrypt(request["aggregate"], noise), dtype=np.float64)}
         except RejectedPayload as exc:

@@ -22,10 +22,11 @@ server's digests and the released counts it states; never a sum, since it adds i
 sees a row index or a value. The dense part carries every coordinate after the item table: the MLP, the clipped
 bit of adaptive clipping and the users' reports (loss, evaluation sums), so those are additively shared too.
 
-Threat model: :mod:`fedrecgel_secure.privacy.secagg.dpf.servers` (two honest-but-curious servers that do not
-collude). As under BFV the directory and the key holder's public sealing key reach the other parties through the
-server, which this threat model trusts to relay them faithfully (a server that relayed a key of its own in place
-of the key holder's would open both boxes of every upload).
+Threat model: :mod:`fedrecgel_secure.privacy.secagg.dpf.servers` (two servers that do not collude). The directory
+and the key holder's public sealing key reach the other parties through the server, signed (:mod:`.pinned`): a
+node seals nothing to a sealing key that the key holder's pinned identity key did not sign (a server that relayed
+a key of its own would open both boxes of every upload), and the key holder and the nodes take only user keys
+their own nodes signed.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class DPFNode(UserIdentities):
             raise ValueError("the session's seal_keys must be the two servers' X25519 public keys, 32 bytes each")
         facts = {"session_tag": bytes(request["session_tag"]).hex(), "seal_keys": [keys[:32].hex(), keys[32:].hex()]}
         write_private_file(self.dir / NODE_SESSION, json.dumps(facts).encode())
+
+    @staticmethod
+    def key_holder_public(request: Mapping) -> bytes:
+        """The key holder's public key in a ``join`` request, which its pinned identity key must have signed
+        (:class:`~.pinned.Pins`) before this node seals a box to it."""
+        return bytes(request["seal_keys"])[32:]
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for DPF: each sampled user's own upload (``dpf:U``), its envelope signed
@@ -126,10 +133,11 @@ class DPFKeyHolderNode:
     malformed request could probe (a reaction attack's raw material under BFV).
     """
 
-    def __init__(self, state_dir: Path, setup: Setup, *, rounds: int | None = None):
+    def __init__(self, state_dir: Path, setup: Setup, *, rounds: int | None = None, pins=None):
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.setup, self.rounds = setup, rounds
+        self.pins = pins  # its policy's pinned identity keys (:class:`~.pinned.Pins`): the start stage's directory
 
     @classmethod
     def for_node(cls, state_dir: Path, policy: Policy, dim: int, catalogue: str | None) -> DPFKeyHolderNode:
@@ -139,16 +147,23 @@ class DPFKeyHolderNode:
         from fedrecgel_secure.deploy.schemes import item_table, setup_of
 
         table = item_table(policy, key_holder_catalogue(policy, catalogue).n_items)
-        return cls(state_dir, setup_of(policy, dim, table), rounds=policy.federation.rounds)
+        from fedrecgel_secure.deploy.node.pinned import Pins
+
+        return cls(state_dir, setup_of(policy, dim, table), rounds=policy.federation.rounds, pins=Pins(policy))
 
     def answer(self, request: Mapping, noise: CentralNoise | None) -> dict:
         """Its reply to a key holder stage: ``start`` (its public sealing key), ``check`` (its answer of digests),
         ``release`` (its noised share); a refusal (``refused``: its reason class) for a request it will not serve."""
+        from fedrecgel_secure.deploy.node.pinned import sign_public
+
         stage = request["stage"]
         try:
-            if stage == "start":
-                directory = {int(k[2:]): v for k, v in request.items() if k.startswith("k:")}
-                return {"seal": self.start(directory, request["session_tag"])}
+            if stage == "start":  # the directory the nodes signed; its sealing key signed by its identity key
+                if self.pins is None:
+                    raise RuntimeError("a DPF key holder node needs its policy's pinned keys to start a session")
+                tag = bytes(request["session_tag"])
+                public = self.start(self.pins.directory(request).keys, tag)
+                return {"seal": public, "signed": sign_public(self.dir, public, tag)}
             if stage == "check":
                 counts = np.asarray(request.get("released_counts", []), dtype=np.float64).tolist()
                 return {"answer": self.check(request["request"], counts, noise)}

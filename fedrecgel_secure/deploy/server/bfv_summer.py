@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrecgel_secure.deploy.messages import HOLDER_SIGNED, entries
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import reported_keys
 from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall
@@ -59,11 +60,10 @@ class NodeHESum:
         if missing:
             raise RuntimeError(f"BFV setup: nodes {missing} did not report their users' keys")
         public, tag = reported_keys(keys, self.users_of), secrets.token_bytes(16)
-        request = {"stage": "start", "session_tag": tag, **{f"k:{u}": k for u, k in public.items()}}
-        for s, users in self.users_of.items():
-            request[f"seal:{s}"] = keys[s]["seal"]
-            request[f"users:{s}"] = np.asarray(users, dtype=np.int64)
-        session = self.key_holder("start", request)
+        # the users' keys and the nodes' sealing keys travel as the nodes' signed entries, the public context with
+        # the key holder's signature: each receiver checks them under its own policy's pins (node/pinned.py)
+        signed = entries(keys)
+        session = self.key_holder("start", {"stage": "start", "session_tag": tag, **signed})
         if session is None:
             raise RuntimeError("BFV setup: the key holder did not answer")
         joined = self.exchange(
@@ -74,7 +74,8 @@ class NodeHESum:
                     "context": session["context"],
                     "session_tag": tag,
                     "sealed": session[f"sealed:{s}"],
-                    **{f"k:{u}": k for u, k in public.items()},
+                    HOLDER_SIGNED: session.get("signed", b""),
+                    **signed,
                 }
                 for s in self.users_of
             },

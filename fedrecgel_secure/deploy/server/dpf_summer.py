@@ -18,7 +18,9 @@ uploads' shares would not add up with the key holder's old one.
 
 The session is set up once per server process (:meth:`NodeDPFSum.start`): the nodes report their users' identity
 keys, the key holder its public sealing key (made on its node, never moved), the server makes its own and a session
-tag, and every node joins with the directory and both servers' sealing keys.
+tag, and every node joins with the directory and both servers' sealing keys: the directory as the nodes signed
+it, the key holder's sealing key with its signature, which the nodes check under their own pins before they seal
+anything (:mod:`fedrecgel_secure.deploy.node.pinned`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.messages import DPF_UPLOAD
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD, HOLDER_SIGNED, entries
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import reported_keys
 from fedrecgel_secure.deploy.server.masking_summer import Releases
@@ -63,7 +65,10 @@ class NodeDPFSum:
         if missing:
             raise RuntimeError(f"DPF setup: nodes {missing} did not report their users' keys")
         public, tag = reported_keys(keys, self.users_of), secrets.token_bytes(16)
-        session = self.key_holder("start", {"stage": "start", "session_tag": tag, **_keys(public)})
+        # the directory travels as the nodes' signed entries, the key holder's sealing key with its signature:
+        # the nodes and the key holder check them under the identity keys their own policies pin (node/pinned.py)
+        signed = entries(keys)
+        session = self.key_holder("start", {"stage": "start", "session_tag": tag, **signed})
         if session is None or "seal" not in session:
             raise RuntimeError("DPF setup: the key holder did not answer with its sealing key")
         s = self.setup
@@ -76,9 +81,13 @@ class NodeDPFSum:
             encoding=s.encoding,
         )
         seal_keys = aggregator.seal_key + bytes(session["seal"])  # party 0's, then party 1's
+        signature = bytes(session.get("signed", b""))
         joined = self.exchange(
             "join",
-            {s: {"stage": "join", "session_tag": tag, "seal_keys": seal_keys, **_keys(public)} for s in self.users_of},
+            {
+                s: {"stage": "join", "session_tag": tag, "seal_keys": seal_keys, HOLDER_SIGNED: signature, **signed}
+                for s in self.users_of
+            },
         )
         missing = sorted(set(self.users_of) - set(joined))
         if missing:
@@ -173,7 +182,3 @@ class NodeDPFSum:
             why = "no reply" if reply is None else reply.get("refused", "refused")
             raise RoundSkipped("key_holder", f"round {round_idx}: the key holder's {stage} gave nothing ({why})")
         return bytes(reply[field])
-
-
-def _keys(public: dict[int, bytes]) -> dict:
-    return {f"k:{u}": k for u, k in public.items()}

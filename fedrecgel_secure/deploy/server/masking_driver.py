@@ -51,8 +51,8 @@ Admit = Callable[[list[int]], "str | None"]
 def reported_keys(keys_by_node: Mapping[int, Mapping], users_of: Mapping[int, list[int]]) -> dict[int, bytes]:
     """Every user's public identity key, as its node reported it (``k:U`` entries); a node reports its users only.
 
-    ``IdentityDirectory(reported_keys(...))`` is the server's directory, and the
-    same map goes to every node so that users can verify each other.
+    ``IdentityDirectory(reported_keys(...))`` is the server's directory; the nodes and the key holder build theirs
+    from the nodes' signed entries (:func:`~fedrecgel_secure.deploy.messages.entries`), never from this map.
     """
     keys: dict[int, bytes] = {}
     for node, reported in keys_by_node.items():

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrecgel_secure.deploy.messages import entries
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
 from fedrecgel_secure.deploy.server.summer import Exchange
@@ -142,7 +143,7 @@ class NodeMaskingSum:
         joined = self.exchange(
             "join",
             {
-                s: {"stage": "join", "server_key": server.public_bytes, "session_tag": tag, **_keys(public)}
+                s: {"stage": "join", "server_key": server.public_bytes, "session_tag": tag, **entries(keys)}
                 for s in self.users_of
             },
         )
@@ -204,7 +205,3 @@ class NodeMaskingSum:
         if self.releases is not None:
             self.releases.put(round_idx, released, clients)
         return released
-
-
-def _keys(public: dict[int, bytes]) -> dict:
-    return {f"k:{u}": k for u, k in public.items()}

@@ -84,6 +84,10 @@ class Kind(IntEnum):
     MASK_GROUP = 13
     # Signed by a client of the two-server DPF scheme: its keys for both servers (privacy/secagg/dpf/wire.py)
     DPF_UPLOAD = 14
+    # Signed by a deployed node's identity key: the public keys of its keys reply, its entry of the identity directory
+    NODE_KEYS = 15
+    # Signed by the key holder's identity key: its public set-up material (DPF sealing key, BFV public context)
+    KEY_HOLDER_PUBLIC = 16
 
 
 SERVER_KINDS = frozenset({Kind.MASK_ANNOUNCE, Kind.MASK_COHORT, Kind.MASK_INBOX, Kind.MASK_CHECK, Kind.MASK_REQUEST})
