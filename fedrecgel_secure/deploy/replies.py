@@ -19,6 +19,8 @@ from fnmatch import fnmatchcase
 
 import numpy as np
 
+from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
+
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
 REPORTS = ("reports",)  # their metrics summed over them (evaluation scope "round"), in the clear only beside them
 LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_in_clear
@@ -89,6 +91,9 @@ REASONS: dict[str, str] = {
     "failed": "anything else the node could not answer (its log says what)",
     "unreachable": "the SuperNode's relay found no node engine answering in time",
 }
+# and the protocol's own refusals of a payload (a signature, a key, a round: privacy.secagg.errors.Reason), which
+# check what the server relayed, never a user's data
+REASONS.update({str(r): f"a protocol check refused the payload ({r.name})" for r in Reason})
 
 
 class Refused(RuntimeError):
@@ -111,9 +116,12 @@ class NodeError(RuntimeError):
 
 
 def reason_of(exc: BaseException) -> str:
-    """The reason class an error reply carries for ``exc``: a :class:`Refused`'s own, ``failed`` for anything
-    else (whose text may hold whatever the failing code formatted into it)."""
-    return exc.reason if isinstance(exc, Refused) else "failed"
+    """The reason class an error reply carries for ``exc``: a :class:`Refused`'s own, a protocol refusal's
+    :class:`~fedrecgel_secure.privacy.secagg.errors.Reason`, ``failed`` for anything else (whose text may hold
+    whatever the failing code formatted into it)."""
+    if isinstance(exc, Refused):
+        return exc.reason
+    return str(exc.reason) if isinstance(exc, RejectedPayload) else "failed"
 
 
 def declared_reason(reason: str) -> bool:

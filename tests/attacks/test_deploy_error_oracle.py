@@ -95,7 +95,7 @@ def attack(tmp_path, monkeypatch, extra: str, key_holder: bool, deployment: str,
     holder = out / "nodes" / "keyholder" if key_holder else None
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, holder)
     sample, common = RemoteTrainer.client_updates, RemoteTrainer._common
-    probes = PROBES(truth)
+    probes = PROBES(np.sort(truth))
 
     def the_victim_alone_on_its_node(trainer, clients):
         return sample(trainer, np.union1d(clients[trainer.shard[clients] != 0], [victim]).astype(clients.dtype))
@@ -165,11 +165,17 @@ def test_a_poisoned_model_gives_the_same_replies_whatever_the_victim_holds(tmp_p
     seen_a, truth_a, victim = attack(tmp_path / "a", monkeypatch, extra, key_holder, LIFTED)
     swap = (victim, other_user(tmp_path, victim))
     seen_b, truth_b, _ = attack(tmp_path / "b", monkeypatch, extra, key_holder, LIFTED, swap=swap)
-    print(f"{scheme}: world A {seen_a}\nworld B {seen_b}")
+    probes = PROBES(np.asarray(sorted(truth_a)))
+    # the group test: a probe whose reply failed holds an item of the victim's local set
+    recovered = {int(i) for r, s in enumerate(seen_a) if s is not None and s[0] == "error" for i in probes[r]}
+    print(f"{scheme}: world A {seen_a}\nworld B {seen_b}\nrecovered {sorted(recovered)} of {sorted(truth_a)}")
+    assert recovered == set()  # (before the fix: the four items of probes 1 and 3)
     assert truth_a.isdisjoint(truth_b)  # the two victims hold different items
     assert seen_a == seen_b  # so the server's view is a function of what it sent alone
-    answered = [s for s in seen_a if s is not None]
-    assert answered and all(kind == "reply" for kind, _ in answered)  # every probe answered, none failed
+    # every probe answered, none failed; under cyclic participation the victim is refused the rounds its bound
+    # leaves out (k = 2, b = 2: rounds 2 and 4), in both worlds alike
+    schedule = ("error", "NodeError('participation')")
+    assert seen_a[0][0] == seen_a[2][0] == "reply" and all(s[0] == "reply" or s == schedule for s in seen_a)
 
 
 def test_a_model_beyond_the_nodes_bound_is_refused_with_one_reason_whatever_the_victim_holds(tmp_path, monkeypatch):
