@@ -168,8 +168,11 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
     from flwr.app import Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
+    from fedrecgel_secure.deploy.launch.layout import pin_identities
+    from fedrecgel_secure.deploy.messages import ENTRY_OF
     from fedrecgel_secure.deploy.node.bfv_node import HENode
     from fedrecgel_secure.deploy.node.handlers import keyholder
+    from fedrecgel_secure.deploy.node.pinned import sign_entry
     from fedrecgel_secure.deploy.schemes import setup_of
     from fedrecgel_secure.deploy.wire import from_record, to_record
     from fedrecgel_secure.policy import load_policy
@@ -177,7 +180,13 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
     from helpers.bfv_world import aggregate
     from helpers.deploy import BFV, write_deploy_policy
 
-    policy_file = write_deploy_policy(tmp_path, BFV + "[privacy.secure_aggregation.bfv]\nmax_refusals = 1\n", rounds=2)
+    policy_file = write_deploy_policy(
+        tmp_path, BFV + "[privacy.secure_aggregation.bfv]\nmax_refusals = 1\n", rounds=2, nodes=2
+    )
+    # the nodes' identity keys pinned in the policy, as deploy local does: the key holder takes the directory only
+    # from entries the nodes signed under them (deploy/node/pinned.py)
+    dirs = {str(n): tmp_path / f"node-{n}" for n in (0, 1)}
+    policy_file.write_text(pin_identities(load_policy(policy_file), dirs).to_toml())
     policy = load_policy(policy_file)
     config = {"role": "keyholder", "state-dir": str(tmp_path / "kh"), "policy": str(policy_file)}
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
@@ -193,10 +202,9 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
     nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
     tag = b"t" * 16
-    request = {"stage": "start", "session_tag": tag, **{f"k:{u}": k for u, k in directory.items()}}
-    for n, users in users_of.items():
-        request[f"seal:{n}"] = nodes[n].sealing_key()
-        request[f"users:{n}"] = np.asarray(users, dtype=np.int64)
+    request = {"stage": "start", "session_tag": tag}
+    for n in users_of:
+        request[f"{ENTRY_OF}{n}"] = sign_entry(dirs[str(n)], n, policy.digest(), nodes[n].keys_reply())
     session = ask(request)
     for n, node in nodes.items():
         node.join(session["context"], tag, session[f"sealed:{n}"], directory)
