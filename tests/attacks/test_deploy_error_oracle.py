@@ -27,7 +27,8 @@ import pytest
 pytest.importorskip("flwr")
 
 from helpers.deploy import BFV, MASKING, seeded_dp, write_deploy_policy
-from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid
+from helpers.inprocess_grid import InProcessGrid
+from helpers.malicious import victim_alone
 
 DPF = BFV.replace("bfv", "dpf")
 CYCLIC = MASKING + seeded_dp("distributed") + 'sampler = "cyclic"\n'  # fraction 0.5: b = 2; 4 rounds: k = 2
@@ -77,11 +78,10 @@ def world(tmp_path, extra: str, deployment: str, swap: tuple[int, int] | None):
 
 def attack(tmp_path, monkeypatch, extra: str, key_holder: bool, deployment: str, swap=None, messages=None):
     """The attack on one world: per probe (a round), what the server observed of the victim's node's reply (error
-    and reason, or its fields and their sizes), and the victim's training items. ``messages(round, policy,
+    and reason, or its fields and their sizes), and the victim's training items. ``messages(upto, policy,
     n_items, victim_items)``: the shared vector the server sends in that round (default: the poisoned model over
     the probe's items)."""
     from fedrecgel_secure.data.prepare import load_split
-    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.deploy.wire import from_record
     from fedrecgel_secure.policy import load_policy
@@ -94,41 +94,18 @@ def attack(tmp_path, monkeypatch, extra: str, key_holder: bool, deployment: str,
     out = tmp_path / "deployed"
     holder = out / "nodes" / "keyholder" if key_holder else None
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)], None, holder)
-    sample, common = RemoteTrainer.client_updates, RemoteTrainer._common
-    probes = PROBES(np.sort(truth))
-
-    def the_victim_alone_on_its_node(trainer, clients):
-        return sample(trainer, np.union1d(clients[trainer.shard[clients] != 0], [victim]).astype(clients.dtype))
+    probes = probes_of(np.sort(truth))
 
     def crafted(trainer, upto):
         n_items = trainer.catalogue.n_items
-        shared = poisoned_model(policy, n_items, probes[upto]) if messages is None else messages(upto, policy, n_items)
-        return {**common(trainer, upto), "shared": shared}
+        return poisoned_model(policy, n_items, probes[upto]) if messages is None else messages(upto, policy, n_items)
 
-    monkeypatch.setattr(RemoteTrainer, "client_updates", the_victim_alone_on_its_node)
-    monkeypatch.setattr(RemoteTrainer, "_common", crafted)
-    seen: dict[int, tuple] = {}
-    to_victim: dict[str, int] = {}
-    push, pull = grid.push_messages, grid.pull_messages
-
-    def sent(batch):
-        batch = list(batch)
-        ids = push(batch)
-        for mid, m in zip(ids, batch):
-            if m.metadata.message_type == "train" and m.metadata.dst_node_id == FIRST_NODE_ID:
-                to_victim[mid] = int(m.metadata.group_id.split("-")[1])
-        return ids
-
-    def observe(ids):
-        got = pull(ids)
-        for m in got:
-            r = to_victim.get(m.metadata.reply_to_message_id)
-            if r is not None:
-                seen[r] = ("error", m.error.reason) if m.has_error() else ("reply", observable(from_record(m.content)))
-        return got
-
-    grid.push_messages, grid.pull_messages = sent, observe
+    replies = victim_alone(monkeypatch, grid, victim, crafted)
     run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    seen = {
+        r: ("error", m.error.reason) if m.has_error() else ("reply", observable(from_record(m.content)))
+        for r, m in replies.items()
+    }
     return [seen.get(r) for r in range(1, 5)], set(truth.tolist()), victim
 
 
@@ -141,7 +118,7 @@ def observable(payload: dict) -> list[tuple[str, tuple]]:
     )
 
 
-def PROBES(truth: np.ndarray) -> dict[int, np.ndarray]:
+def probes_of(truth: np.ndarray) -> dict[int, np.ndarray]:
     """Round R probes: rounds 1 and 3 two of world A's victim's training items each, rounds 2 and 4 none."""
     return {0: truth[:2], 1: np.array([], dtype=np.int64), 2: truth[2:4], 3: np.array([], dtype=np.int64)}
 
@@ -165,7 +142,7 @@ def test_a_poisoned_model_gives_the_same_replies_whatever_the_victim_holds(tmp_p
     seen_a, truth_a, victim = attack(tmp_path / "a", monkeypatch, extra, key_holder, LIFTED)
     swap = (victim, other_user(tmp_path, victim))
     seen_b, truth_b, _ = attack(tmp_path / "b", monkeypatch, extra, key_holder, LIFTED, swap=swap)
-    probes = PROBES(np.asarray(sorted(truth_a)))
+    probes = probes_of(np.asarray(sorted(truth_a)))
     # the group test: a probe whose reply failed holds an item of the victim's local set
     recovered = {int(i) for r, s in enumerate(seen_a) if s is not None and s[0] == "error" for i in probes[r]}
     print(f"{scheme}: world A {seen_a}\nworld B {seen_b}\nrecovered {sorted(recovered)} of {sorted(truth_a)}")

@@ -19,19 +19,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.malicious import PER_ROUND, UNBOUNDED, B, crafted_model
+from helpers.malicious import PER_ROUND, UNBOUNDED, B, crafted_model, victim_alone
 
 pytest.importorskip("flwr")
 
 from helpers.deploy import MASKING, seeded_dp, write_deploy_policy
-from helpers.inprocess_grid import FIRST_NODE_ID, InProcessGrid
+from helpers.inprocess_grid import InProcessGrid
 
 
 def probe(tmp_path, monkeypatch, extra: str) -> tuple[set[int], set[int], list[int], int]:
     """The attack on a deployment of ``extra``: the victim's training items, those recovered, the example counts
     read, and whether its node answered every probe."""
     from fedrecgel_secure.data.prepare import load_split
-    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.deploy.wire import from_record
     from fedrecgel_secure.policy import load_policy
@@ -46,39 +45,13 @@ def probe(tmp_path, monkeypatch, extra: str) -> tuple[set[int], set[int], list[i
     grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(3)])
     victim = int(policy.deployment.shard_users(split.n_users, 0)[0])
 
-    sample, common = RemoteTrainer.client_updates, RemoteTrainer._common
-
-    def the_victim_alone_on_its_node(trainer, clients):  # the server's own sample, which no one can check
-        return sample(trainer, np.union1d(clients[trainer.shard[clients] != 0], [victim]).astype(clients.dtype))
-
     def crafted(trainer, upto):  # round upto + 1 probes items 16·upto .. 16·upto + 15
         batch = np.arange(PER_ROUND * upto, min(items, PER_ROUND * (upto + 1)))
-        return {**common(trainer, upto), "shared": crafted_model(policy, trainer.catalogue.n_items, batch)}
+        return crafted_model(policy, trainer.catalogue.n_items, batch)
 
-    monkeypatch.setattr(RemoteTrainer, "client_updates", the_victim_alone_on_its_node)
-    monkeypatch.setattr(RemoteTrainer, "_common", crafted)
-    replies: dict[int, dict] = {}  # round -> the victim's node's train reply
-    to_victim: dict[str, int] = {}  # message id -> round, of the train messages to the victim's node
-    push, pull = grid.push_messages, grid.pull_messages
-
-    def sent(messages):
-        messages = list(messages)
-        ids = push(messages)
-        for mid, m in zip(ids, messages):
-            if m.metadata.message_type == "train" and m.metadata.dst_node_id == FIRST_NODE_ID:
-                to_victim[mid] = int(m.metadata.group_id.split("-")[1])
-        return ids
-
-    def keep(ids):
-        got = pull(ids)
-        for m in got:
-            r = to_victim.get(m.metadata.reply_to_message_id)
-            if r is not None and not m.has_error():
-                replies[r] = from_record(m.content)
-        return got
-
-    grid.push_messages, grid.pull_messages = sent, keep
+    answered = victim_alone(monkeypatch, grid, victim, crafted)  # round -> the victim's node's train reply
     run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    replies = {r: from_record(m.content) for r, m in answered.items() if not m.has_error()}
 
     recovered, counts = set(), []
     for r, rep in sorted(replies.items()):

@@ -76,6 +76,46 @@ class Observed:
 VICTIM_NODE = FIRST_NODE_ID  # shard 0
 
 
+def victim_alone(monkeypatch, grid, victim: int, shared_of) -> dict:
+    """The oracle attacks' malicious server: every round it samples ``victim`` alone on its node (shard 0) beside
+    the other nodes' sampled users, and sends the shared vector ``shared_of(trainer, upto)`` (round upto + 1's);
+    returns round -> the reply Message to the victim's node's train message, filled in as the server runs."""
+    from fedrecgel_secure.deploy.server.remote import RemoteTrainer
+
+    sample, common = RemoteTrainer.client_updates, RemoteTrainer._common
+
+    def the_victim_alone_on_its_node(trainer, clients):  # the server's own sample, which no one can check
+        return sample(trainer, np.union1d(clients[trainer.shard[clients] != 0], [victim]).astype(clients.dtype))
+
+    def crafted(trainer, upto):
+        return {**common(trainer, upto), "shared": shared_of(trainer, upto)}
+
+    monkeypatch.setattr(RemoteTrainer, "client_updates", the_victim_alone_on_its_node)
+    monkeypatch.setattr(RemoteTrainer, "_common", crafted)
+    replies: dict[int, object] = {}
+    to_victim: dict[str, int] = {}  # message id -> round, of the train messages to the victim's node
+    push, pull = grid.push_messages, grid.pull_messages
+
+    def sent(messages):
+        messages = list(messages)
+        ids = push(messages)
+        for mid, m in zip(ids, messages):
+            if m.metadata.message_type == "train" and m.metadata.dst_node_id == VICTIM_NODE:
+                to_victim[mid] = int(m.metadata.group_id.split("-")[1])
+        return ids
+
+    def keep(ids):
+        got = pull(ids)
+        for m in got:
+            r = to_victim.get(m.metadata.reply_to_message_id)
+            if r is not None:
+                replies[r] = m
+        return got
+
+    grid.push_messages, grid.pull_messages = sent, keep
+    return replies
+
+
 class PerNodeModels(TamperingGrid):
     """The server's transport: every train message but the victim node's carries an all-zero model."""
 
