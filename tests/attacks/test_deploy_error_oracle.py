@@ -79,8 +79,8 @@ def world(tmp_path, extra: str, deployment: str, swap: tuple[int, int] | None):
 def attack(tmp_path, monkeypatch, extra: str, key_holder: bool, deployment: str, swap=None, messages=None):
     """The attack on one world: per probe (a round), what the server observed of the victim's node's reply (error
     and reason, or its fields and their sizes), and the victim's training items. ``messages(upto, policy,
-    n_items, victim_items)``: the shared vector the server sends in that round (default: the poisoned model over
-    the probe's items)."""
+    n_items)``: the shared vector the server sends in round upto + 1 (default: the poisoned model over the
+    probe's items)."""
     from fedrecgel_secure.data.prepare import load_split
     from fedrecgel_secure.deploy.server.serverapp import run_server
     from fedrecgel_secure.deploy.wire import from_record
