@@ -343,7 +343,13 @@ class Deployment:
 
     def stop(self) -> None:
         """Every process started here, in two waves, each stopped together (one grace period): the run, the
-        SuperNodes, their SuperExecs and the engines; then the SuperLink, which the SuperNodes say goodbye to."""
+        SuperNodes, their SuperExecs and the engines; then the SuperLink, which the SuperNodes say goodbye to.
+
+        The ServerApp goes first, alone: one that outlived its nodes would finish the round in progress as a round
+        every client dropped out of (its epsilon charged, the pending round's metrics lost), checkpoint it and end
+        the run as done, so that ``--resume`` of an interrupted run had nothing left to train."""
+        if "superexec-superlink" in self.procs.procs:
+            self.procs.stop_pids(self.serverapp_pids())
         link = ("superexec-superlink", "superlink")
         self.procs.stop(*(name for name in reversed(list(self.procs.procs)) if name not in link))
         self.procs.stop_all()
