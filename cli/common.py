@@ -55,7 +55,10 @@ def metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
         if any(r and key in r for r in columns.values()):  # under evaluation scope "round": select_by's K only
             table.add_row(key.upper(), *[f"{r[key]:.4f}" if r and key in r else "-" for r in columns.values()])
     if any(r and r.get("evaluated_by") == "round" for r in columns.values()):
-        table.caption = "means over each round's users, reported inside the secure sum (noisy under DP)"
+        table.caption = (
+            "means over each round's users, reported inside the secure sum (noisy under DP) of the next round:"
+            " the last round's model has none"
+        )
     return table
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -42,30 +41,28 @@ def deploy_local_cmd(
     from fedrecgel_secure.deploy.launch.layout import resolve_policy
     from fedrecgel_secure.deploy.launch.local import Deployment
     from fedrecgel_secure.deploy.launch.processes import Terminated, stop_on_signals
-    from fedrecgel_secure.runs.directory import METRICS, read_summary
+    from fedrecgel_secure.runs.directory import RunProgress, read_summary
 
     extra = [f"deployment.recommend={recommend}"] if recommend is not None else []
     policy_ = resolve_policy(out_dir, policy, list(set_) + extra, nodes, resume)
-    rounds = policy_.federation.rounds
+    rounds, key = policy_.federation.rounds, policy_.evaluation.select_by
     dep = Deployment(policy_, out_dir, say=out.print)
     columns = [
         TextColumn("[bold]round"),
         MofNCompleteColumn(),
         BarColumn(),
-        TextColumn("HR@10 {task.fields[hr]}"),
+        TextColumn(f"{key.upper()} {{task.fields[metric]}}"),
         TimeElapsedColumn(),
     ]
     try:
         with stop_on_signals():  # SIGTERM and SIGHUP end the deployment as Ctrl-C does: every process stopped
             try:
                 with Progress(*columns, console=out, transient=False) as progress:
-                    task = progress.add_task("deploy", total=rounds, hr="-")
+                    task = progress.add_task("deploy", total=rounds, metric="-")
 
-                    def on_progress(_lines):
-                        lines = (out_dir / METRICS).read_text().splitlines()
-                        if lines:
-                            last = json.loads(lines[-1])
-                            progress.update(task, completed=last["round"], hr=f"{last['hr@10']:.4f}")
+                    def on_progress(run: RunProgress):  # the latest metrics may be a round behind (scope "round")
+                        metric = "-" if run.latest is None else f"{run.latest[key]:.4f}"
+                        progress.update(task, completed=run.round, metric=metric)
 
                     out.print(dep.describe())
                     dep.start()

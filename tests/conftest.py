@@ -56,8 +56,14 @@ def masked_dp_split(tmp_path_factory):
 @pytest.fixture(scope="session")
 def masked_dp_policy():
     """A factory of policies for distributed DP under masking on ``masked_dp_split``: z = 0.922 (dp-eps8's), C = 0.5,
-    delta = 1e-3, all pairs (cohorts stay below 33) with threshold 1/2, so 30% dropout keeps every secret
-    recoverable. ``simulation`` picks how the secure sum is computed; ``**dp`` overrides ``[privacy.dp]``."""
+    delta = 1e-3, all pairs with threshold 1/2, so 30% dropout keeps every secret recoverable in any cohort of 6 or
+    more. ``simulation`` picks how the secure sum is computed; ``**dp`` overrides ``[privacy.dp]``.
+
+    All pairs whatever the cohort: at q = 0.25 of 80 users a Poisson cohort exceeds 32 (P = 0.001 a round), where
+    degree "auto" switches to SecAgg+'s ring of k = 12 neighbours and t = 6, which 30% dropout can leave short of
+    holders (a round skipped "below threshold"). With every pair, n clients and d = ⌊0.3·n⌋ dropouts, each secret
+    keeps n - d - 1 >= ⌈(n - 1)/2⌉ = t surviving holders and n - d >= ⌊2n/3⌋ + 1 survivors sign the survivor set,
+    for every n; n - d >= min_clients = 5 needs n >= 6 (P(n <= 5) = 1.2e-5 a round)."""
     from fedrecgel_secure.policy import Policy
 
     def make(rounds: int = 6, dropout: float = 0.0, simulation: str = "protocol", **dp) -> Policy:
@@ -69,7 +75,7 @@ def masked_dp_policy():
                 "federation": {"rounds": rounds, "fraction": 0.25},
                 "privacy": {
                     "dp": settings | dp,
-                    "secure_aggregation": secagg | {"dropout": dropout, "masking": {"threshold": 0.5}},
+                    "secure_aggregation": secagg | {"dropout": dropout, "masking": {"degree": "all", "threshold": 0.5}},
                 },
             }
         )

@@ -39,6 +39,7 @@ from fedrecgel_secure.runs.directory import (
     PrivacySpent,
     RunSummary,
     SecureAggregationRun,
+    evaluated,
     write_summary,
 )
 from fedrecgel_secure.tracking import RunLog
@@ -280,13 +281,13 @@ class Trainer:
         key = self.policy.evaluation.select_by
         test_keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in KS]
         best = final = validation_selected = best_each = None
-        evaluated = [r for r in self.history if key in r]  # under scope "round" the last round has no metrics
-        if evaluated:
-            best = max(evaluated, key=lambda r: (r[key], -r["round"]))
-            final = evaluated[-1]
-            best_each = {k: max(r[k] for r in evaluated) for k in test_keys if k in final}
+        evaluations = evaluated(self.history, key)  # under scope "round" the last round has no metrics
+        if evaluations:
+            best = max(evaluations, key=lambda r: (r[key], -r["round"]))
+            final = evaluations[-1]
+            best_each = {k: max(r[k] for r in evaluations) for k in test_keys if k in final}
             if "val_" + key in final:
-                validation_selected = max(evaluated, key=lambda r: (r["val_" + key], -r["round"]))
+                validation_selected = max(evaluations, key=lambda r: (r["val_" + key], -r["round"]))
         return RunSummary(
             version=__version__,
             policy_digest=self.policy.digest(),

@@ -36,7 +36,7 @@ import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -152,6 +152,31 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The evaluation records of ``metrics.jsonl``, in round order; none if the run has not written any."""
     path = Path(run_dir) / METRICS
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def evaluated(records: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The records that hold metrics (``key``: the run's ``select_by``), in order. Not every round's does: under
+    evaluation scope "round" the metrics of round R's model ride in round R+1's sum, so the last round's record has
+    none, nor has a round whose next round released no sum (:mod:`fedrecgel_secure.federation.reports`)."""
+    return [r for r in records if key in r]
+
+
+class RunProgress(NamedTuple):
+    """How far a run has got by its ``metrics.jsonl``: the last round with a record, and the latest record that
+    holds metrics (None before the first; under evaluation scope "round", one round behind at best)."""
+
+    round: int
+    latest: dict[str, Any] | None
+
+
+def read_progress(run_dir: Path, key: str) -> RunProgress:
+    """The :class:`RunProgress` of a run that may be writing its ``metrics.jsonl`` now (a deployment's server): a
+    line not yet ended is left for the next read."""
+    path = Path(run_dir) / METRICS
+    text = path.read_text() if path.is_file() else ""
+    records = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    done = evaluated(records, key)
+    return RunProgress(records[-1]["round"] if records else 0, done[-1] if done else None)
 
 
 # -- summary.json -------------------------------------------------------------------

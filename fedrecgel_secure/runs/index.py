@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.runs.directory import CHECKPOINT, RESOLVED, RUN_LOCK, Evaluation, read_metrics, read_summary
+from fedrecgel_secure.runs.directory import (
+    CHECKPOINT,
+    RESOLVED,
+    RUN_LOCK,
+    Evaluation,
+    evaluated,
+    read_metrics,
+    read_summary,
+)
 
 
 @dataclass(frozen=True)
@@ -108,22 +116,24 @@ def read_listing(run_dir: Path) -> RunListing:
     # No summary yet: training now, or killed before it stopped; the metrics written so far are all there is.
     history = read_metrics(run_dir)
     select_by = policy.evaluation.select_by
-    best = max(history, key=lambda r: (r[select_by], -r["round"])) if history else None
-    final = history[-1] if history else None
-    epsilon = final.get("epsilon") if final else None
+    evaluations = evaluated(history, select_by)  # as the summary will have them: the last record may have none
+    best = max(evaluations, key=lambda r: (r[select_by], -r["round"])) if evaluations else None
+    final = evaluations[-1] if evaluations else None
+    last = history[-1] if history else None
+    epsilon = last.get("epsilon") if last else None
     status = "training" if _training(run_dir) else "unfinished"
     if status == "unfinished" and not (run_dir / CHECKPOINT).is_file() and not history:
         status = "not started"
     return RunListing(
         run_dir,
         status,
-        final["round"] if final else 0,
+        last["round"] if last else 0,
         policy.federation.rounds,
         select_by,
         best,
         final,
         epsilon if epsilon is not None else (None if policy.privacy.dp.enabled else float("inf")),
-        final.get("epsilon_server") if final else None,
+        last.get("epsilon_server") if last else None,
         describe_policy(policy),
     )
 

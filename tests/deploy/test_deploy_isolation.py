@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from helpers.deploy import process_policy, wait_until
+from helpers.deploy_cli import alive, descendants, of_the_deployment
 from helpers.engine_node import EngineNode
 
 pytestmark = pytest.mark.slow
@@ -204,38 +205,6 @@ def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis
     assert summary["rounds_done"] == 1
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """Every process below ``pid`` (by /proc parent links), with its command line."""
-    from fedrecgel_secure.deploy.launch.processes import Processes
-
-    found, todo = {}, [pid]
-    while todo:
-        for child in Processes.children_of(todo.pop()):
-            with contextlib.suppress(OSError):
-                found[child] = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")  # a zombie has ended; only its exit status waits to be collected
-
-
-def _of_the_deployment(flwr_home: Path) -> list[int]:
-    """Every live process whose environment names the deployment's FLWR_HOME: whatever it started, at any depth."""
-    needle = f"\0FLWR_HOME={flwr_home}\0".encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if d.name.isdigit() and needle in b"\0" + (d / "environ").read_bytes() + b"\0" and _alive(int(d.name)):
-                found.append(int(d.name))
-    return found
-
-
 # and Flower's SuperExecs; "node.engine": each node's resident engine
 KINDS = {"launch.superlink": 1, "node.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
 
@@ -253,21 +222,21 @@ def test_a_signal_to_deploy_local_stops_every_process_it_started(tmp_path, sig):
     try:
         # up and running: the SuperLink, its SuperExec and the ServerApp, the SuperNodes, flwr run
         wait_until(
-            lambda: any("flwr-serverapp" in c for c in _descendants(cli.pid).values()) or cli.poll() is not None,
+            lambda: any("flwr-serverapp" in c for c in descendants(cli.pid).values()) or cli.poll() is not None,
             240,
             "the run never started",
         )
-        started = _descendants(cli.pid)
+        started = descendants(cli.pid)
         assert cli.poll() is None, (tmp_path / "stderr.txt").read_text()
         cli.send_signal(sig)
         cli.wait(timeout=90)
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in started) and time.monotonic() < deadline:
+        while any(alive(p) for p in started) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = {pid: cmd for pid, cmd in started.items() if _alive(pid)}
-        strays = _of_the_deployment(out / ".flwr")  # also those started after the snapshot
+        left = {pid: cmd for pid, cmd in started.items() if alive(pid)}
+        strays = of_the_deployment(out / ".flwr")  # also those started after the snapshot
     finally:
-        for pid in [cli.pid, *started, *_of_the_deployment(out / ".flwr")]:  # whatever is left, by PID
+        for pid in [cli.pid, *started, *of_the_deployment(out / ".flwr")]:  # whatever is left, by PID
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -4,6 +4,7 @@ Gaussian mechanism of z, and a resumed or budget-stopped run keeps its records."
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -89,6 +90,32 @@ def test_a_run_resumed_between_rounds_evaluates_the_pending_round_in_the_next_on
     assert [r["round"] for r in run_records(tmp_path / "resumed")] == [1]
     _run(policy, tmp_path / "resumed", "round", resume=True)
     assert run_records(tmp_path / "resumed") == run_records(tmp_path / "straight")
+
+
+def test_a_run_whose_last_record_has_no_metrics_is_followed_and_listed_by_its_last_evaluation(tmp_path):
+    # what `deploy local`'s progress line and `fedrecgel runs` read while no summary is written (before: the last
+    # record's hr@10, a KeyError at the end of every deployment under scope "round", issue 45)
+    from fedrecgel_secure.runs.directory import SUMMARY, RunProgress, read_progress
+    from fedrecgel_secure.runs.index import read_listing
+
+    policy = write_deploy_policy(tmp_path, MASKING, rounds=3)
+    _run(policy, tmp_path / "run", "round")
+    out = tmp_path / "run"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3] and "hr@10" not in records[2]
+    assert read_progress(out, "hr@10") == RunProgress(3, records[1])
+    summary = json.loads((out / SUMMARY).read_text())
+    (out / SUMMARY).unlink()  # killed between its last record and its summary
+    listing = read_listing(out)
+    assert (listing.status, listing.rounds_done, listing.final, listing.best) == (
+        "unfinished",
+        3,
+        summary["final"],
+        summary["best"],
+    )
+    with (out / "metrics.jsonl").open("a") as f:  # a line still being written is not read
+        f.write('{"round": 4, "lo')
+    assert read_progress(out, "hr@10") == RunProgress(3, records[1])
 
 
 def test_a_run_the_budget_stops_leaves_its_last_round_without_metrics(tmp_path):

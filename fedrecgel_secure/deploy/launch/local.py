@@ -53,7 +53,7 @@ from fedrecgel_secure.deploy.node.channel import socket_path
 from fedrecgel_secure.deploy.node.files import state_dir_for
 from fedrecgel_secure.deploy.schemes import deployed
 from fedrecgel_secure.policy import Policy
-from fedrecgel_secure.runs.directory import METRICS, SUMMARY
+from fedrecgel_secure.runs.directory import SUMMARY, RunProgress, read_progress
 
 ENGINE_TIMEOUT = 180.0  # an engine imports torch and loads its shard; several at once on a loaded machine
 
@@ -300,21 +300,25 @@ class Deployment:
         argv = [flower_bin("flwr"), "run", str(self.out / "app"), "local", "--stream", "--run-config", cfg]
         return self.procs.start("flwr-run", argv, self.env)
 
-    def wait(self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[int], None] | None = None) -> dict:
-        """Until the run's summary appears (bounded: each stage of a round at the stage timeout, plus start-up)."""
+    def wait(
+        self, run: subprocess.Popen, rounds_to_go: int, on_progress: Callable[[RunProgress], None] | None = None
+    ) -> dict:
+        """Until the run's summary appears (bounded: each stage of a round at the stage timeout, plus start-up);
+        ``on_progress`` hears of each new record, with the latest that holds metrics (not every record does:
+        :func:`~fedrecgel_secure.runs.directory.evaluated`)."""
         d = self.policy.deployment
         stages = 2 + deployed(self.policy).round_stages  # train and evaluate, plus the protocol's
         setup = 2 * stages * d.stage_timeout  # hello, and the protocol's once-per-server stages
         deadline = time.monotonic() + 120 + setup + rounds_to_go * stages * (d.stage_timeout + 10)
         started = time.time()
         summary = self.out / SUMMARY
-        seen = 0
+        seen = None
         while time.monotonic() < deadline:
-            if on_progress is not None and (self.out / METRICS).exists():
-                lines = (self.out / METRICS).read_text().count("\n")
-                if lines != seen:
-                    seen = lines
-                    on_progress(lines)
+            if on_progress is not None:
+                progress = read_progress(self.out, self.policy.evaluation.select_by)
+                if progress.round and progress != seen:
+                    seen = progress
+                    on_progress(progress)
             if summary.exists() and summary.stat().st_mtime >= started and self._recommended():
                 import json
 
@@ -344,7 +348,13 @@ class Deployment:
 
     def stop(self) -> None:
         """Every process started here, in two waves, each stopped together (one grace period): the run, the
-        SuperNodes, their SuperExecs and the engines; then the SuperLink, which the SuperNodes say goodbye to."""
+        SuperNodes, their SuperExecs and the engines; then the SuperLink, which the SuperNodes say goodbye to.
+
+        The ServerApp goes first, alone: one that outlived its nodes would finish the round in progress as a round
+        every client dropped out of (its epsilon charged, the pending round's metrics lost), checkpoint it and end
+        the run as done, so that ``--resume`` of an interrupted run had nothing left to train."""
+        if "superexec-superlink" in self.procs.procs:
+            self.procs.stop_pids(self.serverapp_pids())
         link = ("superexec-superlink", "superlink")
         self.procs.stop(*(name for name in reversed(list(self.procs.procs)) if name not in link))
         self.procs.stop_all()
@@ -356,7 +366,7 @@ def deploy_local(
     nodes: int | None = None,
     overrides: list[str] = (),
     resume: bool = False,
-    on_progress: Callable[[int], None] | None = None,
+    on_progress: Callable[[RunProgress], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> dict:
     """One run to the end; every process stopped by PID, also on Ctrl-C, SIGTERM or SIGHUP (then re-raised)."""

@@ -212,6 +212,12 @@ class Processes:
             for name in procs:
                 del self.procs[name]
 
+    def stop_pids(self, pids: list[int], grace: float = 5.0) -> None:
+        """Stop processes found below one started here (``pids``, e.g. by :meth:`descendants_running`): SIGTERM, then
+        SIGKILL after ``grace``; a PID reused since by another process is left alone."""
+        with _signals_held():
+            self._stop_pids([(pid, t) for pid in pids if (t := _start_time(pid)) is not None], grace)
+
     @staticmethod
     def _stop_pids(procs: list[tuple[int, int]], grace: float) -> None:
         """SIGTERM, then SIGKILL after ``grace``, to each (pid, start time) still running (not a reused PID)."""
