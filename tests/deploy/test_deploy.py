@@ -144,7 +144,10 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert stages["secagg-share"]["answered"] == 5 and stages["secagg-masked"]["answered"] == 3
     server_log = (out / "logs" / "flwr-run.log").read_text()  # the ServerApp's log, streamed by flwr run
-    assert "secagg-masked: node 3 failed" in server_log and "(connection refused)" in server_log  # not timed out
+    # not timed out: the relay found the engine's socket refusing, and says so with the reason class alone
+    assert "secagg-masked: node 3 failed: <class 'fedrecgel_secure.deploy.replies.NodeError'>:<'unreachable'>" in (
+        server_log
+    )
     if record.get("skipped"):  # too few left for the threshold or the consistency check
         assert record["contributors"] == 0
     else:  # recovered: the survivors' sum, without the killed nodes' users, who count as dropped
