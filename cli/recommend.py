@@ -30,7 +30,7 @@ def recommend(
     as_json: JsonOption = False,
 ):
     """A user's top-K items by the data file's ids, the items it trained on left out; --all writes every user's
-    list (user,rank,item,score)."""
+    list (user,rank,item,score). The score is the model's logit: sigmoid(score) is the modelled probability."""
     if every_user == (user is not None):
         raise BadInputError("give --user ID, or --all --out FILE")
     if every_user and out_file is None:
@@ -56,11 +56,12 @@ def recommend(
     from rich.table import Table
 
     table = Table(title=f"user {user}: top {k} of {run_dir} (round {run.round})")
-    for name in ("rank", "item", "score"):
+    for name in ("rank", "item", "score (logit)"):
         table.add_column(name, justify="right")
     for r, (item, score) in enumerate(best, 1):
         table.add_row(str(r), str(item), f"{score:.4f}")
     out.print(table)
+    out.print("score: the model's logit; sigmoid(score) is the modelled probability of an interaction")
 
 
 def _write_all(run, path: Path, k: int, include_seen: bool) -> None:
