@@ -20,6 +20,13 @@ def export(
             "--include-user-embeddings", help="Also every user's private embedding (not covered by DP; 0600)."
         ),
     ] = False,
+    include_seen_items: Annotated[
+        bool,
+        typer.Option(
+            "--include-seen-items",
+            help="Also each user's training items (seen_items.csv, 0600: users' data), for leaving them out.",
+        ),
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace an earlier export in --out (refused by default).")
     ] = False,
@@ -31,5 +38,12 @@ def export(
     with lasting_imports():  # torch
         from fedrecgel_secure.export import export_run
 
-    for path in export_run(run_dir, out_dir, include_user_embeddings=include_user_embeddings, overwrite=overwrite):
+    written = export_run(
+        run_dir,
+        out_dir,
+        include_user_embeddings=include_user_embeddings,
+        include_seen_items=include_seen_items,
+        overwrite=overwrite,
+    )
+    for path in written:
         out.print(f"wrote {path}", highlight=False)

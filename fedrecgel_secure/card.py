@@ -161,6 +161,12 @@ def card_markdown(card: dict) -> str:
         if contents["user_embeddings"]
         else "**not included** (each user's private embedding stays in the run's checkpoint)"
     )
+    seen = (
+        f"`{contents['seen_items']}`: each user's training items (0600: the users' own interaction data, included"
+        " on request so an app can leave them out of recommendations)"
+        if contents.get("seen_items")
+        else "**not included** (they are the users' own data; `--include-seen-items` exports them)"
+    )
     lines = [
         f"# Model card: {card['method']} on {d['dataset']}",
         "",
@@ -193,6 +199,7 @@ def card_markdown(card: dict) -> str:
         f"- `{contents['shared_model']}`: the shared model (item embeddings, MLP tower, prediction layer)",
         f"- item ids: `{contents['item_ids']}`" if contents["item_ids"] else "- item ids: indices 0 .. n-1",
         f"- user embeddings: {users}",
+        f"- seen items: {seen}",
         "",
     ]
     return "\n".join(lines)

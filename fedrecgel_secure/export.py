@@ -11,6 +11,8 @@
 ``items.txt``                   the data file's id of item ``i`` on line ``i + 1`` (when the data file is here)
 ``user_embeddings.safetensors`` only with ``--include-user-embeddings``: ``theta``, one private row per user
                                 (0600), and ``users.txt`` their file ids
+``seen_items.csv``              only with ``--include-seen-items``: ``user,item``, each user's training items
+                                (0600: users' own data), so an app can leave them out with no training data
 ``model_card.json``, ``.md``    the model card (:mod:`fedrecgel_secure.card`): architecture, data and split, the
                                 exported round's metrics and the best round's, the privacy guarantee against
                                 each observer, what the export holds
@@ -35,13 +37,14 @@ MODEL = "model.safetensors"
 USERS = "user_embeddings.safetensors"
 ITEM_IDS = "items.txt"
 USER_IDS = "users.txt"
+SEEN = "seen_items.csv"
 CARD_JSON = "model_card.json"
 CARD_MD = "model_card.md"
 EXPORT_FORMAT = "2"  # 2: the architecture in full (activation, halves, input orders) in the metadata and card
 USERS_MODE = 0o600  # every user's private row: readable by the owner only, as the checkpoint is
 
 
-EXPORT_FILES = (MODEL, USERS, ITEM_IDS, USER_IDS, CARD_JSON, CARD_MD)
+EXPORT_FILES = (MODEL, USERS, ITEM_IDS, USER_IDS, SEEN, CARD_JSON, CARD_MD)
 
 
 def check_export_dir(out_dir: Path, overwrite: bool) -> None:
@@ -56,7 +59,12 @@ def check_export_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def export_run(
-    run_dir: Path, out_dir: Path, *, include_user_embeddings: bool = False, overwrite: bool = False
+    run_dir: Path,
+    out_dir: Path,
+    *,
+    include_user_embeddings: bool = False,
+    include_seen_items: bool = False,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Write the export of ``run_dir`` into ``out_dir`` (new or empty, or any with ``overwrite``); the files
     written. With ``overwrite``, an earlier export's files that this one does not write are removed (a stale
@@ -83,12 +91,17 @@ def export_run(
             f"{run_dir}: a deployment's run directory holds no user embeddings (they never leave their nodes);"
             " export without --include-user-embeddings"
         )
+    ids = _ids(policy)
+    if include_seen_items and (state.get("clients") is None or ids is None):
+        raise BadInputError(
+            f"{run_dir}: no data file here to read the users' items from (a deployment's server holds none);"
+            " export without --include-seen-items"
+        )
     model = {k: v.contiguous() for k, v in state["model"].items()}
     m = policy.model
     arch = architecture(int(model["item_embeddings"].shape[0]), m.gmf_dim, m.mlp_dim, tuple(m.tower))
     written = [out_dir / MODEL]
     atomic_write_bytes(out_dir / MODEL, save(model, metadata=safetensors_metadata(arch)))
-    ids = _ids(policy)
     if ids is not None:
         written.append(out_dir / ITEM_IDS)
         atomic_write_bytes(out_dir / ITEM_IDS, "".join(f"{i}\n" for i in ids.items.tolist()).encode())
@@ -99,10 +112,13 @@ def export_run(
         if ids is not None:
             written.append(out_dir / USER_IDS)
             atomic_write_bytes(out_dir / USER_IDS, "".join(f"{u}\n" for u in ids.users.tolist()).encode(), USERS_MODE)
+    if include_seen_items:
+        written.append(_write_seen(out_dir / SEEN, policy, ids))
     contents = {
         "shared_model": MODEL,
         "item_ids": ITEM_IDS if ids is not None else None,
         "user_embeddings": USERS if include_user_embeddings else None,
+        "seen_items": SEEN if include_seen_items else None,
     }
     records = read_metrics(run_dir)
     card = model_card(run_dir, policy, summary, arch, int(state["round"]), records, contents, EXPORT_FORMAT)
@@ -117,6 +133,32 @@ def export_run(
 def safetensors_metadata(arch: dict) -> dict[str, str]:
     """The architecture as safetensors metadata, whose values are strings: lists as JSON."""
     return {"format": EXPORT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in arch.items()}}
+
+
+def _write_seen(path: Path, policy, ids) -> Path:
+    """Each user's training items, ``user,item`` rows by the data file's ids: what ``recommend`` leaves out."""
+    from fedrecgel_secure.data.prepare import load_split
+
+    split = load_split(policy.data)
+    users, items = ids.users.tolist(), ids.items.tolist()
+    rows = [
+        f"{users[u]},{items[i]}\n"
+        for u in range(split.n_users)
+        for i in split.train_items[split.train_indptr[u] : split.train_indptr[u + 1]].tolist()
+    ]
+    atomic_write_bytes(path, ("user,item\n" + "".join(rows)).encode(), USERS_MODE)
+    return path
+
+
+def read_seen(path: Path) -> dict[str, list[str]]:
+    """``seen_items.csv`` back: user id -> its items' ids, in file order."""
+    import csv
+
+    seen: dict[str, list[str]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            seen.setdefault(row["user"], []).append(row["item"])
+    return seen
 
 
 def _ids(policy):
