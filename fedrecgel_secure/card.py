@@ -11,6 +11,28 @@ from __future__ import annotations
 from pathlib import Path
 
 METRIC_KEYS = [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]
+METHOD_CITATION = (
+    "FedRecGEL: Generalisable Item Embeddings for federated recommendation. arXiv 2603.11503,"
+    " The ACM Web Conference 2026. https://arxiv.org/abs/2603.11503"
+)
+LICENSE = "MIT"  # the package's (pyproject.toml); the data's own terms apply to what the weights learnt from it
+INTENDED_USE = (
+    "Top-K item recommendation for the dataset's users, and for new users folded in from a few of their items"
+    " (fedrecgel recommend --items); research on federated recommendation under secure aggregation and DP."
+)
+LIMITATIONS = [
+    "Trained on one dataset's implicit feedback: it recommends that catalogue only, and reflects its popularity"
+    " biases; a new item has no embedding until the model is trained again.",
+    "Metrics are sampled (one held-out item against sampled negatives), known to overstate differences between"
+    " models (Krichene and Rendle, KDD 2020); the best round is selected on the test items by default.",
+    "Client-level DP bounds what the shared model reveals about any one user's participation; it does not cover"
+    " a user's own embedding, nor seen items, when they are exported.",
+    "Scores are logits of an implicit-feedback model: a ranking signal, not calibrated probabilities.",
+]
+USAGE = """from fedrecgel_secure.serving import open_served
+
+served = open_served("EXPORT_DIR")
+print(served.recommend_new([["ITEM_ID", "ITEM_ID"]], k=10)[0])   # a new user, folded in from two items"""
 
 
 def _privacy(summary) -> dict:
@@ -98,7 +120,19 @@ def model_card(
         "privacy": _privacy(summary),
         "secure_aggregation": "none" if secagg is None else secagg.describe(),
         "contents": contents,
+        "usage": USAGE,
+        "intended_use": INTENDED_USE,
+        "limitations": LIMITATIONS,
+        "license": LICENSE,
+        "citation": {"method": METHOD_CITATION, "dataset": _dataset_citation(d.dataset)},
     }
+
+
+def _dataset_citation(dataset: str) -> str:
+    from fedrecgel_secure.data.datasets import DATASETS
+
+    info = DATASETS.get(dataset)
+    return info.citation if info is not None else f"{dataset}: a local file; cite its source"
 
 
 def _metric_rows(metrics: dict) -> list[str]:
@@ -153,6 +187,33 @@ def _architecture_lines(m: dict) -> list[str]:
     ]
 
 
+def _front_matter(card: dict) -> list[str]:
+    """YAML metadata, as model hubs read it: every value a JSON scalar, which YAML reads as written."""
+    import json
+
+    p, exported = card["privacy"], card["metrics"]["exported"] or {}
+    meta = {
+        "license": card["license"].lower(),
+        "library_name": "fedrecgel-secure",
+        "pipeline_tag": "recommendation",
+        "datasets": [card["data"]["dataset"]],
+        "tags": ["federated-learning", "recommendation", "neumf", card["method"]]
+        + (["differential-privacy"] if p["dp"] else []),
+        "metrics": {k: exported[k] for k in ("hr@10", "ndcg@10") if k in exported},
+        "epsilon_release": p["epsilon"]["release"] if p["dp"] else None,
+        "epsilon_server": p["epsilon"]["server"] if p["dp"] else None,
+    }
+    lines = ["---"]
+    for key, value in meta.items():
+        if isinstance(value, dict):
+            lines += [f"{key}:", *[f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]]
+        elif isinstance(value, list):
+            lines += [f"{key}:", *[f"- {json.dumps(v)}" for v in value]]
+        else:
+            lines.append(f"{key}: {json.dumps(value)}")
+    return [*lines, "---", ""]
+
+
 def card_markdown(card: dict) -> str:
     """The model card as Markdown: the same facts as the JSON."""
     d, contents = card["data"], card["contents"]
@@ -168,6 +229,7 @@ def card_markdown(card: dict) -> str:
         else "**not included** (they are the users' own data; `--include-seen-items` exports them)"
     )
     lines = [
+        *_front_matter(card),
         f"# Model card: {card['method']} on {d['dataset']}",
         "",
         f"Exported by fedrecgel-secure {card['package']['version']} from `{card['run']}`"
@@ -200,6 +262,27 @@ def card_markdown(card: dict) -> str:
         f"- item ids: `{contents['item_ids']}`" if contents["item_ids"] else "- item ids: indices 0 .. n-1",
         f"- user embeddings: {users}",
         f"- seen items: {seen}",
+        "",
+        "## Usage",
+        "",
+        "```python",
+        card["usage"],
+        "```",
+        "",
+        "## Intended use and limitations",
+        "",
+        card["intended_use"],
+        "",
+        *[f"- {line}" for line in card["limitations"]],
+        "",
+        "## License",
+        "",
+        f"{card['license']}; the training data's own terms apply.",
+        "",
+        "## Citation",
+        "",
+        f"- method: {card['citation']['method']}",
+        f"- dataset: {card['citation']['dataset']}",
         "",
     ]
     return "\n".join(lines)

@@ -107,3 +107,32 @@ def test_the_card_headlines_the_metrics_of_the_exported_round_and_names_the_best
     markdown = card_markdown(card)
     assert "The best round by hr@10 was round 66 (other weights, not exported)." in markdown
     assert f"| round | {state['round']} | 66 |" in markdown
+
+
+def test_the_card_has_the_sections_people_expect_and_yaml_metadata_with_both_epsilons(dp_run, tmp_path):
+    yaml = pytest.importorskip("yaml")
+    from fedrecgel_secure.export import export_run
+
+    export_run(dp_run, tmp_path / "export")
+    markdown = (tmp_path / "export" / "model_card.md").read_text()
+    card = json.loads((tmp_path / "export" / "model_card.json").read_text())
+    summary = json.loads((dp_run / "summary.json").read_text())
+    _, front, body = markdown.split("---\n", 2)
+    meta = yaml.safe_load(front)
+    assert meta["epsilon_release"] == summary["privacy"]["epsilon"]
+    assert meta["epsilon_server"] == summary["privacy"]["epsilon_server"]
+    assert meta["metrics"]["hr@10"] == summary["final"]["hr@10"] and meta["license"] == "mit"
+    headings = [line[3:] for line in body.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "Architecture",
+        "Data",
+        "Metrics",
+        "Privacy",
+        "Contents",
+        "Usage",
+        "Intended use and limitations",
+        "License",
+        "Citation",
+    ]
+    assert "arXiv 2603.11503" in card["citation"]["method"] and "IJCAI 2013" in card["citation"]["dataset"]
+    assert card["limitations"] and card["intended_use"] and card["usage"] in markdown
