@@ -76,11 +76,12 @@ class Run:
 
         return evaluate_run(self.dir)
 
-    def export(self, out_dir: str | Path, include_user_embeddings: bool = False) -> list[Path]:
-        """The shared model in safetensors and its model card (:mod:`fedrecgel_secure.export`); the files."""
+    def export(self, out_dir: str | Path, include_user_embeddings: bool = False, overwrite: bool = False) -> list[Path]:
+        """The shared model in safetensors and its model card (:mod:`fedrecgel_secure.export`); the files.
+        ``out_dir`` must be new or empty unless ``overwrite``."""
         from fedrecgel_secure.export import export_run
 
-        return export_run(self.dir, Path(out_dir), include_user_embeddings=include_user_embeddings)
+        return export_run(self.dir, Path(out_dir), include_user_embeddings=include_user_embeddings, overwrite=overwrite)
 
 
 def open_run(run_dir: str | Path) -> Run:

@@ -5,14 +5,20 @@
 ==============================  ===============================================================
 ``model.safetensors``           the shared model: ``item_embeddings`` ([GMF | MLP] per item), the MLP tower
                                 (``mlp.0.weight`` ...) and ``predict.weight/bias``; its metadata holds the
-                                architecture (:func:`load_export` rebuilds :class:`~fedrecgel_secure.model.NeuMF`)
+                                architecture (:func:`fedrecgel_secure.model.architecture`: dims, activation,
+                                the [GMF | MLP] halves, each layer's input order), enough to score in any
+                                framework; :func:`load_export` rebuilds :class:`~fedrecgel_secure.model.NeuMF`
 ``items.txt``                   the data file's id of item ``i`` on line ``i + 1`` (when the data file is here)
 ``user_embeddings.safetensors`` only with ``--include-user-embeddings``: ``theta``, one private row per user
                                 (0600), and ``users.txt`` their file ids
-``model_card.json``, ``.md``    the model card (:func:`model_card`): data and split, policy digest, best and
-                                final metrics, the privacy guarantee against each observer, what the export holds
+``seen_items.csv``              only with ``--include-seen-items``: ``user,item``, each user's training items
+                                (0600: users' own data), so an app can leave them out with no training data
+``model_card.json``, ``.md``    the model card (:mod:`fedrecgel_secure.card`): architecture, data and split, the
+                                exported round's metrics and the best round's, the privacy guarantee against
+                                each observer, what the export holds
 ==============================  ===============================================================
 
+An export goes into a new or empty folder; ``overwrite`` replaces an earlier export there.
 The private user embeddings are not exported unless asked for: they are each user's own parameters, which
 client-level DP does not cover (it protects what the shared model reveals, not a user's own row).
 ONNX is not written: NeuMF is a few matrix products over these tensors (:func:`~fedrecgel_secure.model.head`),
@@ -31,149 +37,50 @@ MODEL = "model.safetensors"
 USERS = "user_embeddings.safetensors"
 ITEM_IDS = "items.txt"
 USER_IDS = "users.txt"
+SEEN = "seen_items.csv"
 CARD_JSON = "model_card.json"
 CARD_MD = "model_card.md"
-EXPORT_FORMAT = "1"
+EXPORT_FORMAT = "2"  # 2: the architecture in full (activation, halves, input orders) in the metadata and card
 USERS_MODE = 0o600  # every user's private row: readable by the owner only, as the checkpoint is
 
 
-def model_card(run_dir: Path, policy, summary, *, users_included: bool, item_ids: bool) -> dict:
-    """What a reader of an export must know: where the model came from, how good it is, what privacy it has."""
-    from fedrecgel_secure import __version__
-    from fedrecgel_secure.tracking import WITHHELD, seeded_noise
-
-    d = policy.data
-    p = summary.privacy
-    if p is None:
-        privacy = {"dp": False, "guarantee": "none: trained without differential privacy"}
-    else:
-        privacy = {
-            "dp": True,
-            "epsilon": {"release": p.epsilon, "server": p.epsilon_server},
-            "delta": p.delta,
-            "noise": p.noise,
-            "seeded": p.noise == "seeded",
-            "guarantee": p.guarantee,
-            "mode": p.mode,
-            "accountant": p.accountant,
-            "sampler": p.sampler,
-            "noise_multiplier": p.noise_multiplier,
-            "sample_rate": p.sample_rate,
-            "clip_norm": p.clip_norm,
-            "server_rounds": p.server_rounds,
-        }
-    secagg = summary.secure_aggregation
-    return {
-        "format": EXPORT_FORMAT,
-        "package": {"name": "fedrecgel-secure", "version": __version__},
-        "run": str(run_dir),
-        "method": summary.method,
-        "model": {
-            "architecture": "NeuMF",
-            "gmf_dim": policy.model.gmf_dim,
-            "mlp_dim": policy.model.mlp_dim,
-            "tower": list(policy.model.tower),
-            "dtype": policy.model.dtype,
-        },
-        "data": {
-            "dataset": d.dataset,
-            "protocol": d.protocol,
-            "split": "leave-one-out (latest interaction held out for test"
-            + (", second-latest for validation)" if d.validation else ")"),
-            "min_interactions": d.min_interactions,
-            "test_negatives": d.test_negatives,
-            "seed": WITHHELD if seeded_noise(policy) else d.seed,
-            **summary.data.model_dump(),
-        },
-        # under seeded noise a hash of the policy, whose only unknown is a small seed, gives the noise seed away
-        "policy_digest": WITHHELD if seeded_noise(policy) else summary.policy_digest,
-        "rounds": {"done": summary.rounds_done, "planned": summary.rounds_planned},
-        "select_by": summary.select_by,
-        "best": summary.best,
-        "final": summary.final,
-        "privacy": privacy,
-        "secure_aggregation": "none" if secagg is None else secagg.describe(),
-        "contents": {
-            "shared_model": MODEL,
-            "item_ids": ITEM_IDS if item_ids else None,
-            "user_embeddings": USERS if users_included else None,
-        },
-    }
+EXPORT_FILES = (MODEL, USERS, ITEM_IDS, USER_IDS, SEEN, CARD_JSON, CARD_MD)
 
 
-def _metric_rows(card: dict) -> list[str]:
-    keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]
-    best, final = card["best"] or {}, card["final"] or {}
-    rows = ["| metric | best | final |", "| --- | ---: | ---: |"]
-    rows.append(f"| round | {best.get('round', '-')} | {final.get('round', '-')} |")
-    rows += [f"| {k.upper()} | {best.get(k, float('nan')):.4f} | {final.get(k, float('nan')):.4f} |" for k in keys]
-    return rows
+def check_export_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse, before any work, an ``--out`` that holds files already, unless ``overwrite``: an export written over
+    another silently mixes two models' files."""
+    from fedrecgel_secure.runs.directory import check_run_dir
+
+    out_dir = Path(out_dir)
+    if not overwrite and out_dir.is_dir() and any(out_dir.iterdir()):
+        raise BadInputError(f"--out {out_dir}: exists and is not empty; pass --overwrite to replace the export there")
+    check_run_dir(out_dir)
 
 
-def card_markdown(card: dict) -> str:
-    """The model card as Markdown: the same facts as the JSON."""
-    d, p = card["data"], card["privacy"]
-    if p["dp"]:
-        server = "no bound (it sees the clipped uploads)" if p["epsilon"]["server"] is None else p["epsilon"]["server"]
-        privacy = [
-            f"- client-level DP ({p['mode']} noise, {p['accountant']}, sampler {p['sampler']}):"
-            f" ε = {p['epsilon']['release']} against anyone who sees the released models,"
-            f" ε = {server} against the server; δ = {p['delta']}",
-            f"- noise: **{p['noise']}**" + (" (SEEDED: research mode)" if p["seeded"] else ""),
-            f"- guarantee: {p['guarantee']}",
-        ]
-    else:
-        privacy = [f"- {p['guarantee']}"]
-    contents = card["contents"]
-    users = (
-        f"`{contents['user_embeddings']}`: every user's private embedding (0600; not covered by DP)"
-        if contents["user_embeddings"]
-        else "**not included** (each user's private embedding stays in the run's checkpoint)"
-    )
-    lines = [
-        f"# Model card: {card['method']} on {d['dataset']}",
-        "",
-        f"Exported by fedrecgel-secure {card['package']['version']} from `{card['run']}`"
-        f" (round {card['rounds']['done']} of {card['rounds']['planned']}).",
-        "",
-        "## Data",
-        "",
-        f"- dataset `{d['dataset']}`, protocol {d['protocol']}: {d['users']:,} users, {d['items']:,} items"
-        + ("" if d.get("interactions") is None else f", {d['interactions']:,} interactions"),
-        f"- split: {d['split']}; users with at least {d['min_interactions']} interactions,"
-        f" {d['test_negatives']} test negatives, seed {d['seed']}",
-        f"- policy digest: `{card['policy_digest']}`",
-        "",
-        f"## Metrics (best by {card['select_by']}, and final)",
-        "",
-        *_metric_rows(card),
-        "",
-        "## Privacy",
-        "",
-        *privacy,
-        f"- secure aggregation: {card['secure_aggregation']}",
-        "",
-        "## Contents",
-        "",
-        f"- `{contents['shared_model']}`: the shared model (item embeddings, MLP tower, prediction layer)",
-        f"- item ids: `{contents['item_ids']}`" if contents["item_ids"] else "- item ids: indices 0 .. n-1",
-        f"- user embeddings: {users}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def export_run(run_dir: Path, out_dir: Path, *, include_user_embeddings: bool = False) -> list[Path]:
-    """Write the export of ``run_dir`` into ``out_dir``; the files written."""
+def export_run(
+    run_dir: Path,
+    out_dir: Path,
+    *,
+    include_user_embeddings: bool = False,
+    include_seen_items: bool = False,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write the export of ``run_dir`` into ``out_dir`` (new or empty, or any with ``overwrite``); the files
+    written. With ``overwrite``, an earlier export's files that this one does not write are removed (a stale
+    ``user_embeddings.safetensors`` would be read back as this model's); no other file is touched."""
     from safetensors.torch import save
 
+    from fedrecgel_secure.card import card_markdown, model_card
+    from fedrecgel_secure.model import architecture
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
-    from fedrecgel_secure.runs.directory import check_run_dir
+    from fedrecgel_secure.runs.directory import read_metrics
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if not (run_dir / RESOLVED).is_file():
         raise BadInputError(f"{run_dir}: not a run directory (no {RESOLVED})")
+    check_export_dir(out_dir, overwrite)
     policy = load_policy(run_dir / RESOLVED)
     state = load_checkpoint(run_dir / CHECKPOINT, "export")
     summary = read_summary(run_dir)
@@ -184,19 +91,17 @@ def export_run(run_dir: Path, out_dir: Path, *, include_user_embeddings: bool = 
             f"{run_dir}: a deployment's run directory holds no user embeddings (they never leave their nodes);"
             " export without --include-user-embeddings"
         )
-    check_run_dir(out_dir)
-    model = {k: v.contiguous() for k, v in state["model"].items()}
-    n_items = int(model["item_embeddings"].shape[0])
-    architecture = {
-        "format": EXPORT_FORMAT,
-        "n_items": str(n_items),
-        "gmf_dim": str(policy.model.gmf_dim),
-        "mlp_dim": str(policy.model.mlp_dim),
-        "tower": json.dumps(list(policy.model.tower)),
-    }
-    written = [out_dir / MODEL]
-    atomic_write_bytes(out_dir / MODEL, save(model, metadata=architecture))
     ids = _ids(policy)
+    if include_seen_items and (state.get("clients") is None or ids is None):
+        raise BadInputError(
+            f"{run_dir}: no data file here to read the users' items from (a deployment's server holds none);"
+            " export without --include-seen-items"
+        )
+    model = {k: v.contiguous() for k, v in state["model"].items()}
+    m = policy.model
+    arch = architecture(int(model["item_embeddings"].shape[0]), m.gmf_dim, m.mlp_dim, tuple(m.tower))
+    written = [out_dir / MODEL]
+    atomic_write_bytes(out_dir / MODEL, save(model, metadata=safetensors_metadata(arch)))
     if ids is not None:
         written.append(out_dir / ITEM_IDS)
         atomic_write_bytes(out_dir / ITEM_IDS, "".join(f"{i}\n" for i in ids.items.tolist()).encode())
@@ -207,10 +112,53 @@ def export_run(run_dir: Path, out_dir: Path, *, include_user_embeddings: bool = 
         if ids is not None:
             written.append(out_dir / USER_IDS)
             atomic_write_bytes(out_dir / USER_IDS, "".join(f"{u}\n" for u in ids.users.tolist()).encode(), USERS_MODE)
-    card = model_card(run_dir, policy, summary, users_included=include_user_embeddings, item_ids=ids is not None)
+    if include_seen_items:
+        written.append(_write_seen(out_dir / SEEN, policy, ids))
+    contents = {
+        "shared_model": MODEL,
+        "item_ids": ITEM_IDS if ids is not None else None,
+        "user_embeddings": USERS if include_user_embeddings else None,
+        "seen_items": SEEN if include_seen_items else None,
+    }
+    records = read_metrics(run_dir)
+    card = model_card(run_dir, policy, summary, arch, int(state["round"]), records, contents, EXPORT_FORMAT)
     atomic_write_json(out_dir / CARD_JSON, card)
     atomic_write_bytes(out_dir / CARD_MD, card_markdown(card).encode())
-    return [*written, out_dir / CARD_JSON, out_dir / CARD_MD]
+    written += [out_dir / CARD_JSON, out_dir / CARD_MD]
+    for stale in set(EXPORT_FILES) - {p.name for p in written}:
+        (out_dir / stale).unlink(missing_ok=True)
+    return written
+
+
+def safetensors_metadata(arch: dict) -> dict[str, str]:
+    """The architecture as safetensors metadata, whose values are strings: lists as JSON."""
+    return {"format": EXPORT_FORMAT, **{k: v if isinstance(v, str) else json.dumps(v) for k, v in arch.items()}}
+
+
+def _write_seen(path: Path, policy, ids) -> Path:
+    """Each user's training items, ``user,item`` rows by the data file's ids: what ``recommend`` leaves out."""
+    from fedrecgel_secure.data.prepare import load_split
+
+    split = load_split(policy.data)
+    users, items = ids.users.tolist(), ids.items.tolist()
+    rows = [
+        f"{users[u]},{items[i]}\n"
+        for u in range(split.n_users)
+        for i in split.train_items[split.train_indptr[u] : split.train_indptr[u + 1]].tolist()
+    ]
+    atomic_write_bytes(path, ("user,item\n" + "".join(rows)).encode(), USERS_MODE)
+    return path
+
+
+def read_seen(path: Path) -> dict[str, list[str]]:
+    """``seen_items.csv`` back: user id -> its items' ids, in file order."""
+    import csv
+
+    seen: dict[str, list[str]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            seen.setdefault(row["user"], []).append(row["item"])
+    return seen
 
 
 def _ids(policy):
@@ -238,6 +186,11 @@ def load_export(out_dir: Path):
         meta = f.metadata()
     tensors = load_file(out_dir / MODEL)
     model = NeuMF(int(meta["n_items"]), int(meta["gmf_dim"]), int(meta["mlp_dim"]), tuple(json.loads(meta["tower"])))
+    differs = sorted(k for k, v in safetensors_metadata(model.architecture()).items() if meta.get(k, v) != v)
+    if differs:  # an export whose metadata describes another scorer than this version's NeuMF: never guess
+        raise BadInputError(
+            f"{out_dir / MODEL}: metadata {', '.join(differs)} differ from the NeuMF this version scores"
+        )
     model = model.to(tensors["item_embeddings"].dtype)
     model.load_state_dict(tensors)
     model.eval()

@@ -51,6 +51,14 @@ class NeuMF(nn.Module):
             0.0, 0.01, generator=generator
         )
 
+    def architecture(self) -> dict:
+        """How :func:`head` scores, as data: what an export's metadata and model card state, so that a scorer
+        written in any framework from the tensors and these fields alone equals this one (tests/cli check it)."""
+        return architecture(self.item_embeddings.shape[0], self.gmf_dim, self.mlp_dim, self.mlp_widths())
+
+    def mlp_widths(self) -> tuple[int, ...]:
+        return tuple(layer.out_features for layer in self.mlp if isinstance(layer, nn.Linear))
+
     def tower(self) -> dict[str, torch.Tensor]:
         """The shared parameters other than the item table, by name (the dense part of phi)."""
         return {n: p for n, p in self.named_parameters() if n != "item_embeddings"}
@@ -68,6 +76,32 @@ class NeuMF(nn.Module):
         """
         gmf_rows, z_item = item_side(self.tower(), self.item_embeddings)
         return head(self.tower(), theta, (gmf_rows[candidates], z_item[candidates]))
+
+
+FORMULA = (
+    "logit(u, i) = predict.weight · [u_gmf ⊙ v_gmf | h] + predict.bias, where h = relu(mlp.2k.weight · ... relu("
+    "mlp.0.weight · [u_mlp | v_mlp] + mlp.0.bias) ... + mlp.2k.bias); u = [u_gmf | u_mlp] is the user's row,"
+    " v = [v_gmf | v_mlp] is item_embeddings[i]; sigmoid(logit) is the modelled probability of an interaction"
+)
+
+
+def architecture(n_items: int, gmf_dim: int, mlp_dim: int, tower: tuple[int, ...]) -> dict:
+    """NeuMF's layout as :func:`head` computes it, every field a plain value."""
+    return {
+        "name": "NeuMF",
+        "n_items": n_items,
+        "gmf_dim": gmf_dim,
+        "mlp_dim": mlp_dim,
+        "tower": list(tower),
+        # the halves of a row of item_embeddings and of a user's row, in column order
+        "embedding_halves": ["gmf", "mlp"],
+        "mlp_input": ["user_mlp", "item_mlp"],  # mlp.0 acts on [user MLP half | item MLP half]
+        "tower_layers": [[f"mlp.{2 * k}.weight", f"mlp.{2 * k}.bias"] for k in range(len(tower))],
+        "activation": "relu",  # after every tower layer, the last one too; none after predict
+        "predict_input": ["gmf_product", "tower_output"],  # predict acts on [u_gmf ⊙ v_gmf | h]
+        "output": "logit",
+        "formula": FORMULA,
+    }
 
 
 # NeuMF as pure functions of the tower parameters. Shapes: a user row theta is

@@ -54,19 +54,42 @@ def top_k(
     step = users_per_pass(model)
     for s in range(0, users.size, step):
         batch = users[s : s + step]
-        scores = head(model.tower(), theta[torch.from_numpy(batch)], side)  # (B, n_items)
-        if not include_seen:
-            indptr, seen = csr_rows(split.train_indptr, split.train_items, batch)
-            rows = np.repeat(np.arange(batch.size), np.diff(indptr))
-            scores[torch.from_numpy(rows), torch.from_numpy(seen)] = -torch.inf
-        best = torch.topk(scores, k, dim=1)
-        items = best.indices.numpy().astype(np.int64)
-        items[torch.isinf(best.values).numpy()] = -1
+        seen = None if include_seen else csr_rows(split.train_indptr, split.train_items, batch)
+        items, scores = rank_rows(model, theta[torch.from_numpy(batch)], k, seen, side=side)
         items_out.append(items)
-        scores_out.append(best.values.double().numpy())
+        scores_out.append(scores)
     if not items_out:
         return np.empty((0, k), dtype=np.int64), np.empty((0, k))
     return np.concatenate(items_out), np.concatenate(scores_out)
+
+
+@torch.no_grad()
+def rank_rows(
+    model: NeuMF,
+    rows: torch.Tensor,
+    k: int,
+    excluded: tuple[np.ndarray, np.ndarray] | None = None,
+    candidates: np.ndarray | None = None,
+    side: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best items (indices, logits; best first) of each user row of ``rows`` (B, d), in one pass:
+    ``excluded`` (a CSR ``(indptr, items)`` over the rows) never listed, only ``candidates`` (item indices; None:
+    every item) listed. Where fewer than ``k`` items are left, the row ends in item -1, score -inf.
+    ``side``: :func:`~fedrecgel_secure.model.item_side` when the caller computed it once for many passes."""
+    side = item_side(model.tower(), model.item_embeddings) if side is None else side
+    scores = head(model.tower(), rows, side)  # (B, n_items)
+    if candidates is not None:
+        allowed = torch.zeros(scores.shape[1], dtype=torch.bool)
+        allowed[torch.from_numpy(np.asarray(candidates, dtype=np.int64))] = True
+        scores[:, ~allowed] = -torch.inf
+    if excluded is not None:
+        indptr, items = excluded
+        at = np.repeat(np.arange(rows.shape[0]), np.diff(indptr))
+        scores[torch.from_numpy(at), torch.from_numpy(np.asarray(items, dtype=np.int64))] = -torch.inf
+    best = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+    items = best.indices.numpy().astype(np.int64)
+    items[torch.isinf(best.values).numpy()] = -1
+    return items, best.values.double().numpy()
 
 
 def write_lists(
@@ -157,7 +180,8 @@ class TrainedRun:
         return self._ids
 
     def recommend(self, user: str | int, k: int = 10, include_seen: bool = False) -> list[tuple[object, float]]:
-        """User ``user``'s (its id in the data file) ``k`` best items as (item id, score), best first."""
+        """User ``user``'s (its id in the data file) ``k`` best items as (item id, score), best first; the score
+        is the model's logit."""
         check_k(k, self.split.n_items)
         index = self.ids.user_index(user)
         items, scores = top_k(self.model, self.theta, self.split, np.array([index]), k, include_seen)

@@ -15,26 +15,6 @@ from helpers.cli import bad, fedrecgel
 K = 10
 
 
-@pytest.fixture(scope="module")
-def dp_run(tmp_path_factory):
-    """One round on the bundled FilmTrust under masking (arithmetic) with distributed, seeded DP: an ε against the
-    release and another against the server, and a noise mode to mark."""
-    out = tmp_path_factory.mktemp("recommend") / "run"
-    settings = [
-        "federation.rounds=1",
-        "federation.fraction=0.05",
-        "privacy.dp.enabled=true",
-        "privacy.dp.noise_multiplier=1.0",
-        "privacy.dp.noise=seeded",
-        "privacy.dp.mode=distributed",
-        "privacy.secure_aggregation.scheme=masking",
-        "privacy.secure_aggregation.simulation=arithmetic",
-    ]
-    result = fedrecgel("train", "--out", out, *[a for s in settings for a in ("--set", s)])
-    assert result.returncode == 0, result.stderr
-    return out
-
-
 def brute_force(run_dir, user_raw: str, include_seen: bool = False) -> list[tuple[str, float]]:
     """The top K of one user, from the checkpoint's tensors and the data file alone: one forward pass over every
     item, the user's training items (read from the split) dropped, a full sort."""
@@ -134,7 +114,8 @@ def test_an_export_read_back_scores_as_the_checkpoint_and_its_card_states_summar
     }
     assert card["privacy"]["epsilon"]["server"] is not None
     assert card["privacy"]["delta"] == summary["privacy"]["delta"]
-    assert card["privacy"]["seeded"] and card["best"] == summary["best"] and card["final"] == summary["final"]
+    assert card["privacy"]["seeded"] and card["metrics"]["best"] == summary["best"]
+    assert card["metrics"]["exported"] == summary["final"] and card["metrics"]["exported_round"] == 1
     assert card["policy_digest"].startswith("withheld")  # under seeded noise the digest gives the seed away
     assert card["secure_aggregation"] == "masking (arithmetic)"
     markdown = (tmp_path / "export" / "model_card.md").read_text()
