@@ -21,7 +21,7 @@ from fedrecgel_secure.federation.summers import PlainSum, SecureSum
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import SecureAggregationPolicy
 from fedrecgel_secure.policy.dp import DPSettings
-from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+from fedrecgel_secure.privacy.dp.randomness import DPRandomness, _gaussian_on_host, _gaussian_torch
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 from fedrecgel_secure.privacy.secagg.settings import encoding
 
@@ -132,3 +132,21 @@ def test_a_chunk_of_noise_rows_is_each_clients_own_draw():
         one = r.normal("update-share", 4, int(party), 200_000, 0.7, attempt=2)
         assert torch.equal(rows[i].view(torch.int64), one.view(torch.int64))
     assert r.normal_rows("update-share", 4, parties[:0], 10, 0.7).shape == (0, 10)
+
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), tail_share=st.floats(0, 1))
+@settings(max_examples=60, deadline=None)
+def test_the_host_gaussians_are_the_torch_operators_gaussians(seed, n, tail_share):
+    # words whose low 63 bits are small take the tail path; tail_share of them are forced there
+    rng = np.random.default_rng(seed)
+    words = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64, endpoint=True)
+    tails = rng.random(n) < tail_share
+    words[tails] = (words[tails] & ~((1 << 63) - 1)) | rng.integers(0, 1 << 52, int(tails.sum()), dtype=np.int64)
+    extra = torch.from_numpy(rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64, endpoint=True))
+
+    def tail_words(refine):
+        return extra[: len(refine)]
+
+    host = _gaussian_on_host(torch.from_numpy(words.copy()), tail_words)
+    oracle = _gaussian_torch(torch.from_numpy(words.copy()), tail_words)
+    assert torch.equal(host.view(torch.int64), oracle.view(torch.int64))

@@ -200,17 +200,44 @@ def gaussian_from_words(words: torch.Tensor, tail_words: Callable[[torch.Tensor]
     :math:`p = k\,2^{-64} + (j + \tfrac12)\,2^{-116}` with :math:`j` its top 52 bits, so :math:`p` is
     uniform on a grid of step :math:`2^{-116}` there and keeps a double's relative precision elsewhere.
     """
+    return (_gaussian_on_host if words.device.type == "cpu" else _gaussian_torch)(words, tail_words)
+
+
+def _gaussian_torch(words: torch.Tensor, tail_words: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`gaussian_from_words` in torch's operators, on any device."""
     k = torch.bitwise_and(words, _LOW63)
     refine = torch.nonzero(k < _REFINE_BELOW).squeeze(1)
-    extra = tail_words(refine)
-    if extra.shape != refine.shape:
-        raise ValueError(f"{extra.numel()} tail words for {refine.numel()} tail draws")
+    extra = _checked(tail_words(refine), refine)
     p = k.to(torch.float64).add_(0.5).mul_(2.0**-64)
     j = torch.bitwise_right_shift(extra, 64 - _TAIL_BITS).bitwise_and_((1 << _TAIL_BITS) - 1)
     p[refine] = k[refine].to(torch.float64).mul_(2.0**-64).add_(j.to(torch.float64).add_(0.5).mul_(2.0**-116))
     x = torch.special.ndtri(p)  # <= 0, so its sign bit is set; the word's top bit flips it
     x.view(torch.int64).bitwise_xor_(torch.bitwise_and(words, _SIGN_BIT))
     return x
+
+
+def _gaussian_on_host(words: torch.Tensor, tail_words: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`gaussian_from_words` on the host, the same operations in numpy and in place: torch's int64 operators
+    with a scalar and its fresh buffers took as long again as ndtri itself on a 2-core host; the torch code above
+    is this one's oracle (``tests/federation/test_noised_sum.py``)."""
+    w = words.numpy()
+    k = np.bitwise_and(w, _LOW63)
+    refine = np.flatnonzero(k < _REFINE_BELOW)
+    extra = _checked(tail_words(torch.from_numpy(refine)), refine).numpy()
+    p = np.add(k, 0.5)  # k widened to float64 (rounded to nearest, as torch's .to) plus 1/2
+    p *= 2.0**-64
+    j = np.bitwise_and(np.right_shift(extra, 64 - _TAIL_BITS), (1 << _TAIL_BITS) - 1)
+    p[refine] = k[refine].astype(np.float64) * 2.0**-64 + (j.astype(np.float64) + 0.5) * 2.0**-116
+    x = torch.from_numpy(p)
+    torch.special.ndtri(x, out=x)
+    np.bitwise_xor(p.view(np.int64), np.bitwise_and(w, _SIGN_BIT, out=k), out=p.view(np.int64))
+    return x
+
+
+def _checked(extra, refine):
+    if extra.shape != refine.shape:
+        raise ValueError(f"{len(extra)} tail words for {len(refine)} tail draws")
+    return extra
 
 
 def gapless_bound(std: float, grid_step: float) -> float:
