@@ -155,7 +155,15 @@ class MeanAggregation:
             contributions = Contributions(clients, dim + self.reports, dtype, uploads.vector)
         else:
             contributions = with_reports(
-                Contributions(clients, dim, dtype, uploads.vector, total=uploads.total, grid_total=uploads.grid_total),
+                Contributions(
+                    clients,
+                    dim,
+                    dtype,
+                    uploads.vector,
+                    total=uploads.total,
+                    grid_total=uploads.grid_total,
+                    vector_dtype=uploads.vector_dtype,
+                ),
                 uploads.reports,
             )
         result = self.summer(round_idx, contributions)

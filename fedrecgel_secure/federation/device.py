@@ -1,4 +1,4 @@
-"""Which torch device the simulator runs on, and the determinism settings a GPU run needs.
+"""Which torch device the simulator runs on, the determinism settings a GPU run needs, and its CPU threads.
 
 ``federation.device = "auto"`` takes a CUDA GPU when one is present and the CPU
 otherwise. The CPU path is the same code as before devices existed: every
@@ -37,3 +37,27 @@ def resolve_device(name: str) -> torch.device:
     # float32 matmuls stay float32 (no TF32): the agreement with the float64 oracle is stated for true float32.
     torch.backends.cuda.matmul.allow_tf32 = False
     return torch.device("cuda")
+
+
+_share: int | None = None  # cores this process may use at most: a study's parallel run gets its share of them
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def limit_threads(share: int) -> None:
+    """Cap every later :func:`use_threads` of this process at ``share`` (a study's worker: cores // jobs)."""
+    global _share
+    _share = max(1, share)
+    torch.set_num_threads(_share)
+
+
+def use_threads(setting: int | str) -> int:
+    """Set torch's intra-op threads from ``federation.threads`` (an int, or "auto": every core this process may
+    use), at most this process's share; returns the count."""
+    n = cores() if setting == "auto" else int(setting)
+    n = max(1, n if _share is None else min(n, _share))
+    torch.set_num_threads(n)
+    return n

@@ -166,21 +166,45 @@ class DPMechanism:
             t = clipped.total()
             return t if bits is None else torch.cat([t, bits.sum().reshape(1).to(t.dtype)])
 
-        noise = None
+        def add_grid_values(grid: FixedPoint, positions: np.ndarray, g: torch.Tensor) -> None:
+            clipped.add_grid_values(grid, positions, g)
+            if bits is not None:  # vector()'s last value, cast as it casts it
+                bit = bits[torch.as_tensor(positions, device=bits.device)].to(clipped.vector_dtype)
+                g[:, dim] += torch.round(bit.to(torch.float64) * grid.scale).cpu()
+
+        def grid_total(grid: FixedPoint, positions: np.ndarray, stop: int):  # the uploads' own, and the bits
+            if bits is None or stop <= dim:
+                return clipped.grid_total(grid, positions, stop)
+            fast = clipped.grid_total(grid, positions, dim)
+            if fast is None:
+                return None
+            picked = bits[torch.as_tensor(positions, device=bits.device)].to(clipped.vector_dtype)
+            ints, over = grid.encode(picked.double().cpu().numpy())
+            return np.concatenate([fast[0], ints.sum(keepdims=True)]), fast[1] + over
+
+        noise = noises = None
         if self.dp.mode == "distributed":
-            share = self.update_noise_std(clip_norm, participants)
-            count_share = None if bits is None else self.count_noise_std(participants)
-            report_share = self.report_noise_std(participants) if self.dp.reports else None
+            draws = [("update-share", dim, self.update_noise_std(clip_norm, participants))]
+            if bits is not None:
+                draws.append(("count-share", 1, self.count_noise_std(participants)))
+            if self.dp.reports:
+                draws.append(("report-share", self.dp.reports, self.report_noise_std(participants)))
 
             def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
                 cid = int(clients[pos])
-                parts = [self.randomness.normal("update-share", round_idx, cid, dim, share, attempt=attempt)]
-                for draw, n, std in (("count-share", 1, count_share), ("report-share", self.dp.reports, report_share)):
-                    if std is not None:
-                        parts.append(self.randomness.normal(draw, round_idx, cid, n, std, attempt=attempt))
+                parts = [self.randomness.normal(d, round_idx, cid, n, std, attempt=attempt) for d, n, std in draws]
                 return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-        own = Contributions(clients, dim + self.extra - self.dp.reports, dtype, vector, noise, total)
+            def noises(positions: np.ndarray) -> torch.Tensor:  # noise's rows, drawn in one pass (the simulator's)
+                cids = np.asarray(clients)[positions]
+                draw = self.randomness.normal_rows
+                parts = [draw(d, round_idx, cids, n, std, attempt=attempt) for d, n, std in draws]
+                return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+        size = dim + self.extra - self.dp.reports
+        own = Contributions(
+            clients, size, dtype, vector, noise, total, grid_total, noises, add_grid_values, clipped.vector_dtype
+        )
         return with_reports(own, uploads.reports)
 
     def central_noise(

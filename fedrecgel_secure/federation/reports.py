@@ -118,8 +118,8 @@ def with_reports(contributions: Contributions, reports: torch.Tensor | None) -> 
             t = contributions.total()
             return torch.cat([t, reports.sum(0).to(t.dtype).to(t.device)])
 
-    grid_total = None
-    if contributions.grid_total is not None:
+    grid_total, dtype = None, contributions.vector_dtype
+    if contributions.grid_total is not None and dtype is not None:
 
         def grid_total(grid, positions: np.ndarray, stop: int):
             if stop <= base:
@@ -127,8 +127,17 @@ def with_reports(contributions: Contributions, reports: torch.Tensor | None) -> 
             fast = contributions.grid_total(grid, positions, base)
             if fast is None:
                 return None
-            ints, over = grid.encode(reports[positions].numpy()[:, : stop - base])
+            # cast as vector() casts them: a client encodes its reports in its vector's dtype
+            ints, over = grid.encode(reports[positions][:, : stop - base].to(dtype).double().numpy())
             return np.concatenate([fast[0], ints.sum(axis=0)]), fast[1] + over
+
+    add_grid_values = None
+    if contributions.add_grid_values is not None and dtype is not None:
+
+        def add_grid_values(grid, positions: np.ndarray, g: torch.Tensor) -> None:
+            contributions.add_grid_values(grid, positions, g)
+            picked = reports[torch.as_tensor(positions)].to(dtype)  # cast as vector() casts them
+            g[:, base : base + extra] += torch.round(picked.to(torch.float64) * grid.scale)
 
     return Contributions(
         contributions.clients,
@@ -138,6 +147,9 @@ def with_reports(contributions: Contributions, reports: torch.Tensor | None) -> 
         contributions.noise,
         total,
         grid_total,
+        contributions.noises,
+        add_grid_values,
+        dtype,
     )
 
 

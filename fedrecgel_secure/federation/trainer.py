@@ -21,7 +21,7 @@ from fedrecgel_secure.data.split import Catalogue, Split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.aggregation import RoundInfo
 from fedrecgel_secure.federation.build import init_model, local_sets, make_aggregation, make_engine, negatives_index
-from fedrecgel_secure.federation.device import resolve_device
+from fedrecgel_secure.federation.device import resolve_device, use_threads
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.reports import ROUND, metrics_of, scope_of, user_reports, zero_reports
 from fedrecgel_secure.federation.server import Server
@@ -76,6 +76,7 @@ class Trainer:
         # The simulator trains on federation.device; a deployment's server keeps its model on the host, where the
         # protocol's bytes are. The initial draws are made on the host, so they are the same on any device.
         self.device = torch.device("cpu") if self.split is None else resolve_device(policy.federation.device)
+        use_threads(policy.federation.threads)
         self.model, init = init_model(policy, self.catalogue.n_items)
         # every client's private state; None where it lives elsewhere (a deployment's nodes)
         self.states = (

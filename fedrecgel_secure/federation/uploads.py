@@ -53,6 +53,19 @@ class Uploads:
         of values clipped, computed faster than one dense vector at a time; None where there is no faster way."""
         return None
 
+    def add_grid_values(self, grid, clients: np.ndarray, g: torch.Tensor) -> None:
+        """Add ``grid.encode_tensor``'s unclipped values of ``vector(clients[i])`` to row i of ``g`` (float64, on the
+        host, at least as wide as a vector): the batched twin of encoding :meth:`vector` client by client (the
+        plain path, and this default)."""
+        for i, c in enumerate(clients):
+            v = self.vector(int(c))
+            g[i, : v.numel()] += torch.round(v.to(torch.float64) * grid.scale).cpu()
+
+    @property
+    def vector_dtype(self) -> torch.dtype:
+        """The dtype of :meth:`vector`."""
+        raise NotImplementedError
+
     def zeroed(self, clients: torch.Tensor) -> Uploads:
         """A copy in which the clients flagged in the boolean mask ``clients`` upload exactly zero (written, not
         multiplied: 0 · inf is NaN), and report zeros."""
@@ -95,6 +108,14 @@ class DenseUploads(Uploads):
 
     def vector(self, c: int) -> torch.Tensor:
         return self.vectors[c]
+
+    @property
+    def vector_dtype(self) -> torch.dtype:
+        return self.vectors.dtype
+
+    def add_grid_values(self, grid, clients: np.ndarray, g: torch.Tensor) -> None:
+        picked = self.vectors[torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)]
+        g[:, : picked.shape[1]] += torch.round(picked.to(torch.float64) * grid.scale).cpu()
 
     def zeroed(self, clients: torch.Tensor) -> DenseUploads:
         return self._zero_reports(
@@ -149,6 +170,25 @@ class RowUploads(Uploads):
         out[:n_item_values].view(self.n_items, width)[self.row_item[mine]] = self.rows[mine].to(out.dtype)
         out[n_item_values:] = self.mlp[c]
         return out
+
+    @property
+    def vector_dtype(self) -> torch.dtype:
+        return torch.promote_types(self.rows.dtype, self.mlp.dtype)
+
+    def add_grid_values(self, grid, clients: np.ndarray, g: torch.Tensor) -> None:
+        # An untouched value is zero, whose grid value adds nothing; a client's rows are distinct items, so each
+        # lands once in its row of g.
+        picked = torch.as_tensor(np.asarray(clients, dtype=np.int64), device=self.device)
+        local = torch.full((self.num_clients,), -1, dtype=torch.int64, device=self.device)
+        local[picked] = torch.arange(picked.numel(), device=self.device)
+        take = local[self.row_owner] >= 0
+        owner, items = local[self.row_owner[take]].cpu(), self.row_item[take].cpu()
+        width, n_item_values = self.rows.shape[1], self.n_items * self.rows.shape[1]
+        rows = self.rows[take].to(self.vector_dtype)  # as vector() has them
+        table = g[:, :n_item_values].view(g.shape[0], self.n_items, width)  # writes through to g
+        table[owner, items] += torch.round(rows.to(torch.float64) * grid.scale).cpu()
+        mlp = self.mlp[picked].to(self.vector_dtype)
+        g[:, n_item_values : n_item_values + mlp.shape[1]] += torch.round(mlp.to(torch.float64) * grid.scale).cpu()
 
     def zeroed(self, clients: torch.Tensor) -> RowUploads:
         rows = self.rows.masked_fill(clients[self.row_owner][:, None], 0.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -29,6 +29,15 @@ class FederationPolicy(Section):
         "auto",
         description="Where the simulator trains and evaluates: auto takes a CUDA GPU when one is present."
         " Local sets are drawn on the host either way, so a run trains on the same examples on any device.",
+    )
+    threads: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="CPU threads for torch's operators. 1: a FilmTrust round's tensors are small, and on a busy"
+        " machine more threads wait on each other (10 rounds: 19 s with two against 5 s with one, load 3.5 on 2"
+        " cores); the sums a thread count splits differently differ in their last bits, so a fixed count also keeps"
+        " a seeded run's records the same on every machine. auto: every core this process may use, for large shapes"
+        " on a quiet machine (with OMP_WAIT_POLICY=PASSIVE set in the environment where other work runs). A study"
+        " with --jobs N gives each run at most its share of the cores.",
     )
 
 

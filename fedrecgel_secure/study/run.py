@@ -104,11 +104,11 @@ def _execute(task: _Task) -> dict:
         return {"status": "failed", "error": message, "seconds": time.perf_counter() - start}
 
 
-def _init_worker() -> None:
-    # Parallel runs share the cores: one thread each instead of every run using them all.
-    import torch
+def _init_worker(share: int) -> None:
+    # Parallel runs share the cores: each gets its share of threads, whatever its policy asks for.
+    from fedrecgel_secure.federation.device import limit_threads
 
-    torch.set_num_threads(1)
+    limit_threads(share)
 
 
 @dataclass
@@ -180,7 +180,11 @@ def run_study(
     else:
         # spawn, not fork: a forked child inherits torch's thread pools in an undefined state.
         context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(max_workers=min(jobs, len(pending)), mp_context=context, initializer=_init_worker)
+        from fedrecgel_secure.federation.device import cores
+
+        workers = min(jobs, len(pending))
+        share = max(1, cores() // workers)
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(share,))
         try:
             futures = {pool.submit(_execute, task(i, os.getpid())): i for i in pending}
             for future in as_completed(futures):

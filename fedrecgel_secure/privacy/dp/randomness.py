@@ -101,19 +101,33 @@ class DPRandomness:
         """Research mode: the secret is a public function of the policy's seed."""
         return cls(hashlib.sha256(_INFO + b"seeded/" + str(int(seed)).encode()).digest(), "seeded")
 
-    def _keystream(
-        self, purpose: str, round_idx: int, party: int, n: int, stream: bytes = b"", attempt: int = 0
-    ) -> np.ndarray:
+    def _key(self, purpose: str, round_idx: int, party: int, stream: bytes, attempt: int) -> bytes:
         if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
             raise ValueError(f"a draw's attempt must be an integer >= 0, got {attempt!r}")
         bound = b"" if attempt == 0 else b"/attempt" + struct.pack(">q", attempt)
         info = _INFO + purpose.encode() + struct.pack(">qq", round_idx, party) + bound + stream
-        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret)
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._secret)
+
+    def _keystream(
+        self, purpose: str, round_idx: int, party: int, n: int, stream: bytes = b"", attempt: int = 0
+    ) -> np.ndarray:
+        return self._keystreams(purpose, round_idx, [party], n, stream, attempt)[0]
+
+    def _keystreams(
+        self, purpose: str, round_idx: int, parties, n: int, stream: bytes = b"", attempt: int = 0
+    ) -> np.ndarray:
+        """(len(parties), n) uint64: row i is party i's stream of the draw, each under its own key."""
+        zeros = bytes(8 * n)
         # into a bytearray (zero-filled up front), viewed by numpy afterwards: the cipher writing into a fresh numpy
-        # array's untouched pages took five times as long (page faults)
-        out = bytearray(8 * n + 15)  # update_into wants a block's slack
-        Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor().update_into(bytes(8 * n), out)
-        return np.frombuffer(out, dtype=np.uint64, count=n)
+        # array's untouched pages took five times as long (page faults). update_into wants a block's slack past
+        # each row; the row after it overwrites that slack, the last row's is the buffer's own 15 bytes.
+        out = bytearray(8 * n * len(parties) + 15)
+        view = memoryview(out)
+        for i, party in enumerate(parties):
+            key = self._key(purpose, round_idx, int(party), stream, attempt)
+            encryptor = Cipher(algorithms.AES(key), modes.CTR(_ZERO_NONCE)).encryptor()
+            encryptor.update_into(zeros, view[8 * n * i : 8 * n * (i + 1) + 15])
+        return np.frombuffer(out, dtype=np.uint64, count=n * len(parties)).reshape(len(parties), n)
 
     def uniform(self, purpose: str, round_idx: int, party: int, n: int) -> torch.Tensor:
         """``n`` independent uniforms in (0, 1), float64, 53 random bits each."""
@@ -130,16 +144,38 @@ class DPRandomness:
         ``attempt``: which attempt of the round the draw protects; every attempt draws independent noise.
         ``device``: where the draws are made from the keystream's words (default: the host, where the words are);
         a GPU computes the Gaussians of a large model's noise in a fraction of the host's time."""
-        if not (np.isfinite(std) and std >= 0):
-            raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
+        _check_std(std)
         keystream = self._keystream(purpose, round_idx, party, n, attempt=attempt)
         words = torch.from_numpy(keystream.view(np.int64)).to(device)
 
-        def tail_words(count: int) -> torch.Tensor:  # the second words, from a stream of their own
-            keystream = self._keystream(purpose, round_idx, party, count, b"/tail", attempt)
+        def tail_words(refine: torch.Tensor) -> torch.Tensor:  # the second words, from a stream of their own
+            keystream = self._keystream(purpose, round_idx, party, refine.numel(), b"/tail", attempt)
             return torch.from_numpy(keystream.view(np.int64)).to(device)
 
         return gaussian_from_words(words, tail_words).mul_(std)
+
+    def normal_rows(
+        self, purpose: str, round_idx: int, parties: np.ndarray, n: int, std: float, *, attempt: int = 0
+    ) -> torch.Tensor:
+        """(len(parties), n) float64 on the host: row i is ``normal(purpose, round_idx, parties[i], n, std)``, bit
+        for bit (each party's keys and streams), with the Gaussians of all rows made in one pass: the simulator
+        draws a round's noise shares this way, a chunk of clients at a time, instead of one client at a time."""
+        _check_std(std)
+        rows = len(parties)
+        words = torch.from_numpy(self._keystreams(purpose, round_idx, parties, n, attempt=attempt).view(np.int64))
+
+        def tail_words(refine: torch.Tensor) -> torch.Tensor:
+            # refine holds flat positions in row order, so each row's tail words follow the previous row's
+            counts = torch.bincount(refine // max(n, 1), minlength=rows).tolist()
+            streams = [
+                self._keystream(purpose, round_idx, int(party), count, b"/tail", attempt)
+                for party, count in zip(parties, counts, strict=True)
+                if count
+            ]
+            joined = np.concatenate(streams) if streams else np.zeros(0, dtype=np.uint64)
+            return torch.from_numpy(joined.view(np.int64))
+
+        return gaussian_from_words(words.reshape(-1), tail_words).mul_(std).reshape(rows, n)
 
     def state_dict(self) -> dict[str, str]:
         """What a checkpoint keeps: the secret (which is why checkpoints are 0600) and the source."""
@@ -150,25 +186,58 @@ class DPRandomness:
         return cls(bytes.fromhex(state["secret"]), state["source"])
 
 
-def gaussian_from_words(words: torch.Tensor, tail_words: Callable[[int], torch.Tensor]) -> torch.Tensor:
+def _check_std(std: float) -> None:
+    if not (np.isfinite(std) and std >= 0):
+        raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
+
+
+def gaussian_from_words(words: torch.Tensor, tail_words: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     r"""Standard normal draws from uniform 64-bit ``words`` (int64), deterministic and monotone in the code.
 
     Word :math:`w`: sign = its top bit, :math:`k` = its low 63 bits, :math:`p = (k + \tfrac12)\,2^{-64}`.
-    Where :math:`k < 2^{52}`, one more word (``tail_words(count)`` gives them, in order) refines it to
+    Where :math:`k < 2^{52}`, one more word (``tail_words(positions)`` gives them, one per position of such a
+    word, in order) refines it to
     :math:`p = k\,2^{-64} + (j + \tfrac12)\,2^{-116}` with :math:`j` its top 52 bits, so :math:`p` is
     uniform on a grid of step :math:`2^{-116}` there and keeps a double's relative precision elsewhere.
     """
+    return (_gaussian_on_host if words.device.type == "cpu" else _gaussian_torch)(words, tail_words)
+
+
+def _gaussian_torch(words: torch.Tensor, tail_words: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`gaussian_from_words` in torch's operators, on any device."""
     k = torch.bitwise_and(words, _LOW63)
     refine = torch.nonzero(k < _REFINE_BELOW).squeeze(1)
-    extra = tail_words(refine.numel())
-    if extra.shape != refine.shape:
-        raise ValueError(f"{extra.numel()} tail words for {refine.numel()} tail draws")
+    extra = _checked(tail_words(refine), refine)
     p = k.to(torch.float64).add_(0.5).mul_(2.0**-64)
     j = torch.bitwise_right_shift(extra, 64 - _TAIL_BITS).bitwise_and_((1 << _TAIL_BITS) - 1)
     p[refine] = k[refine].to(torch.float64).mul_(2.0**-64).add_(j.to(torch.float64).add_(0.5).mul_(2.0**-116))
     x = torch.special.ndtri(p)  # <= 0, so its sign bit is set; the word's top bit flips it
     x.view(torch.int64).bitwise_xor_(torch.bitwise_and(words, _SIGN_BIT))
     return x
+
+
+def _gaussian_on_host(words: torch.Tensor, tail_words: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`gaussian_from_words` on the host, the same operations in numpy and in place: torch's int64 operators
+    with a scalar and its fresh buffers took as long again as ndtri itself on a 2-core host; the torch code above
+    is this one's oracle (``tests/federation/test_noised_sum.py``)."""
+    w = words.numpy()
+    k = np.bitwise_and(w, _LOW63)
+    refine = np.flatnonzero(k < _REFINE_BELOW)
+    extra = _checked(tail_words(torch.from_numpy(refine)), refine).numpy()
+    p = np.add(k, 0.5)  # k widened to float64 (rounded to nearest, as torch's .to) plus 1/2
+    p *= 2.0**-64
+    j = np.bitwise_and(np.right_shift(extra, 64 - _TAIL_BITS), (1 << _TAIL_BITS) - 1)
+    p[refine] = k[refine].astype(np.float64) * 2.0**-64 + (j.astype(np.float64) + 0.5) * 2.0**-116
+    x = torch.from_numpy(p)
+    torch.special.ndtri(x, out=x)
+    np.bitwise_xor(p.view(np.int64), np.bitwise_and(w, _SIGN_BIT, out=k), out=p.view(np.int64))
+    return x
+
+
+def _checked(extra, refine):
+    if extra.shape != refine.shape:
+        raise ValueError(f"{len(extra)} tail words for {len(refine)} tail draws")
+    return extra
 
 
 def gapless_bound(std: float, grid_step: float) -> float:

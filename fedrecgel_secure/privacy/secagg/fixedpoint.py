@@ -86,6 +86,15 @@ class FixedPoint:
             g.clamp_(-self.limit, self.limit)
         return g.to(torch.int64), over
 
+    def clip_sum(self, g: np.ndarray) -> tuple[np.ndarray, int]:
+        """The int64 sum over the rows of ``g`` (float64 grid values, one client a row, as :meth:`encode` has them
+        before clipping), each value clipped as :meth:`encode` clips it; and how many were clipped."""
+        over = 0
+        if g.size and (g.max() > self.limit or g.min() < -self.limit):
+            over = int(np.count_nonzero(np.abs(g) > self.limit))
+            np.clip(g, -self.limit, self.limit, out=g)
+        return g.astype(np.int64).sum(axis=0), over
+
     def encode_noise(self, noise: np.ndarray) -> np.ndarray:
         """Noise on the grid (float64 holding integers), never clipped: it is part of what protects the sum."""
         return np.rint(np.asarray(noise, dtype=np.float64) * self.scale)
