@@ -111,8 +111,8 @@ class Policy(Section):
         only resumes under the same digest.
 
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
-        computed) and ``dpf.device`` (where), and settings still at the value that predates them
-        (``[privacy.audit]`` without canaries, ``tampered = 0``, ``bfv.max_refusals = 3``,
+        computed), ``dpf.device`` (where) and ``federation.threads`` (how many), and settings still at the value
+        that predates them (``[privacy.audit]`` without canaries, ``tampered = 0``, ``bfv.max_refusals = 3``,
         ``[privacy.secure_aggregation.dpf]`` at its defaults, ``evaluation.scope`` unset,
         ``dp.evaluation_share = 0.1``), so runs started before they existed keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
@@ -136,6 +136,9 @@ class Policy(Section):
             del dump["evaluation"]["scope"]
         if dump["federation"]["server_optimizer"] == "adam":  # likewise
             del dump["federation"]["server_optimizer"]
+        # how many threads compute it (the last bits of a sum may differ, as between machines before the setting
+        # existed), not what: a run may resume with another count, and runs started before it keep their digest
+        del dump["federation"]["threads"]
         defaults = (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1))
         for field, default in (*defaults, ("correlation", "independent")):
             if dump["privacy"]["dp"][field] == default:
