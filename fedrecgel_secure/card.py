@@ -59,7 +59,10 @@ def _privacy(summary) -> dict:
 def _metrics(policy, summary, exported_round: int, records: list[dict]) -> dict:
     """The exported round's evaluation (None where that round was not evaluated), the best round's, and how both
     were measured."""
-    exported = next((r for r in records if r.get("round") == exported_round), None)
+    from fedrecgel_secure.runs.directory import evaluated
+
+    # a record without metrics is a round that was not evaluated: under evaluation scope "round" the last one's
+    exported = next((r for r in evaluated(records, summary.select_by) if r.get("round") == exported_round), None)
     if exported is None and summary.final is not None and summary.final.get("round") == exported_round:
         exported = summary.final
     validation = policy.data.validation
