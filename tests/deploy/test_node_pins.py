@@ -135,3 +135,42 @@ def test_deploy_identity_prints_the_key_the_node_signs_with(tmp_path):
     assert again.output == result.output  # the same key, not a new one
     claim = check_hello(1, signed_hello(tmp_path / "node", 0, "d", b"n" * 32), b"n" * 32, "d")
     assert claim.identity == result.output.strip()
+
+
+def _grid_busy_at_first_hello(policy_file, state_dirs):
+    """The in-process grid, its last node missing the first hello sent to it: a SuperNode still busy with an
+    interrupted run's message (it handles one at a time) lets that hello expire."""
+    from helpers.inprocess_grid import InProcessGrid
+
+    class Busy(InProcessGrid):
+        missed = 0
+
+        def push_messages(self, messages):
+            ids = []
+            for m in messages:
+                if m.metadata.group_id == "hello" and m.metadata.dst_node_id == max(self.configs) and not self.missed:
+                    self.missed, ids = 1, [*ids, "expired"]  # accepted by the SuperLink, never answered
+                else:
+                    ids += super().push_messages([m])
+            return ids
+
+    return Busy(policy_file, state_dirs)
+
+
+def test_a_node_that_missed_the_first_hello_is_asked_again_and_keeps_its_shard(tmp_path):
+    """CI once lost a shard for a whole resumed run: the node answered only after its first hello expired."""
+    pytest.importorskip("flwr")
+    from fedrecgel_secure.deploy.server.stages import FlowerStages
+    from fedrecgel_secure.policy import load_policy
+
+    from helpers.deploy import write_deploy_policy
+
+    policy_file = write_deploy_policy(tmp_path, "", rounds=1, nodes=3, timeout=0.5, heartbeat=0.05)
+    grid = _grid_busy_at_first_hello(policy_file, [tmp_path / "nodes" / str(s) for s in range(3)])
+    policy = load_policy(policy_file)
+    log = []
+    stages = FlowerStages(grid, policy.deployment, policy.digest(), log=log.append, run_dir=tmp_path)
+    stages.connect(wait=2.0)
+    assert grid.missed == 1
+    assert sorted(stages.node_of) == [0, 1, 2], log
+    assert not any("have no node" in line for line in log)

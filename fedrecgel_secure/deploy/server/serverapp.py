@@ -37,7 +37,7 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
     stages = FlowerStages(
         grid, policy.deployment, policy.digest(), with_key_holder, journal=out_dir / STAGES, run_dir=out_dir
     )
-    stages.connect(wait=policy.deployment.stage_timeout)
+    stages.connect(wait=policy.deployment.stage_timeout + (clientapp_lapse() if resume else 0.0))
     trainer = RemoteTrainer(policy, public, stages)
     if resume and (out_dir / CHECKPOINT).exists():
         trainer.resume_from(out_dir)
@@ -47,6 +47,15 @@ def run_server(grid, policy_path: Path, out_dir: Path, resume: bool, catalogue: 
 
         ask_nodes_to_recommend(stages, trainer)
     return result
+
+
+def clientapp_lapse() -> float:
+    """How long a SuperNode may stay busy with an interrupted run's message: Flower frees it (an error reply)
+    only when the message's ClientApp has missed its heartbeats, and a SuperNode handles one message at a time.
+    A resumed ServerApp waits this much longer for its nodes' hellos."""
+    from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+    return float(HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL)
 
 
 @app.main()

@@ -52,16 +52,17 @@ class FlowerStages:
         payloads: dict[int, dict],
         node_of: dict[int, int] | None = None,
         evaluates: int | None = None,
+        timeout: float | None = None,
     ) -> dict[int, dict]:
         """Send ``payloads[shard]`` to each shard's node (``node_of``: shard -> node id, the client nodes' by
         default), as ``message_type`` (or ``message_type[shard]``: one stage may ask different nodes different
-        things); the replies that arrive in time, by shard. ``evaluates``: the round whose model the stage also
-        evaluates, for the journal."""
+        things); the replies that arrive in time (``timeout``, the stage timeout by default), by shard. ``evaluates``:
+        the round whose model the stage also evaluates, for the journal."""
         from flwr.app import Message
 
         started = time.monotonic()
         node_of = self.node_of if node_of is None else node_of
-        timeout = self.settings.stage_timeout
+        timeout = self.settings.stage_timeout if timeout is None else timeout
         shards = [s for s in payloads if s in node_of]
         type_of = message_type if isinstance(message_type, dict) else dict.fromkeys(shards, message_type)
         message_type = "+".join(sorted(set(type_of.values()), key=list(type_of.values()).index))  # for the log
@@ -122,8 +123,11 @@ class FlowerStages:
         """Wait (bounded) for every shard's node and the key holder's; bind each to the node whose signed hello
         carries its pinned key (:mod:`.pins`; pins read from and written to ``nodes.json`` in ``run_dir``).
 
-        A refused node is logged with its reason and left out; a shard without a node is absent, its users drop
-        out of every round. Fails if no shard has a node, or the key holder (BFV) has none.
+        A node that has not answered is asked again while ``wait`` lasts: a SuperNode handles one message at a
+        time, and one still holding an interrupted run's message (a ServerApp killed mid-stage) is busy until
+        its ClientApp's heartbeat lapses, after the first hello may have expired. A refused node is logged with
+        its reason and left out; a shard without a node is absent, its users drop out of every round. Fails if
+        no shard has a node, or the key holder (BFV) has none.
         """
         from fedrecgel_secure.deploy.messages import KEY_HOLDER as HOLDER  # its name among the pins
         from fedrecgel_secure.deploy.server.pins import bind, read_pins, write_pins
@@ -133,11 +137,12 @@ class FlowerStages:
         pins = read_pins(self.run_dir, self.settings.node_keys) if self.run_dir else dict(self.settings.node_keys)
         while len(list(self.grid.get_node_ids())) < len(expected) and time.monotonic() <= deadline:
             time.sleep(self.settings.heartbeat)
-        asked, claims = set(), []
-        while True:  # a node that connects later is asked too: a pinned shard's own node may be late
-            new = [nid for nid in self.grid.get_node_ids() if nid not in asked]
-            asked.update(new)
-            claims += self._hello(new) if new else []
+        claims = []
+        while True:  # a node that connects later, or answers later, is asked (again): a pinned shard's node may be
+            answered = {c.node_id for c in claims}
+            ask = [nid for nid in self.grid.get_node_ids() if nid not in answered]
+            left = deadline - time.monotonic()
+            claims += self._hello(ask, min(self.settings.stage_timeout, max(left, 1.0))) if ask else []
             if len(bind(claims, dict(pins), expected)[0]) == len(expected) or time.monotonic() > deadline:
                 break
             time.sleep(self.settings.heartbeat)
@@ -156,13 +161,13 @@ class FlowerStages:
         self.key_holder_node = bound.get(HOLDER)
         self.node_of = {int(w): nid for w, nid in bound.items() if w != HOLDER}
 
-    def _hello(self, node_ids: list[int]) -> list:
-        """Ask ``node_ids`` who they are, each over a fresh nonce; their checked claims."""
+    def _hello(self, node_ids: list[int], timeout: float) -> list:
+        """Ask ``node_ids`` who they are, each over a fresh nonce, within ``timeout``; their checked claims."""
         from fedrecgel_secure.deploy.server.pins import check_hello, check_registration, new_nonce
 
         nonces = {nid: new_nonce() for nid in node_ids}
         payloads = {nid: {"digest": self.digest, "nonce": nonce} for nid, nonce in nonces.items()}
-        replies = self.exchange(query(HELLO), "hello", payloads, {nid: nid for nid in node_ids})
+        replies = self.exchange(query(HELLO), "hello", payloads, {nid: nid for nid in node_ids}, timeout=timeout)
         claims = [check_hello(nid, rep, nonces[nid], self.digest) for nid, rep in replies.items()]
         if self.settings.tls.node_authentication:  # the SuperLink knows which registered key each node id holds
             names = {info.node_id: info.name for info in self.grid.get_nodes()}
