@@ -17,12 +17,9 @@ import pytest
 pytest.importorskip("flwr")
 
 from helpers.deploy import (
-    BFV,
     MASKING,
-    open_to_others,
     process_policy,
     run_records,
-    seeded_dp,
     simulate,
     summed_per_node,
     wait_until,
@@ -32,60 +29,9 @@ pytestmark = pytest.mark.slow
 TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process per message, even as a relay)
 
 
-# Plaintext and central DP without secure aggregation are checked in one process (test_deploy_inprocess.py) and
-# by the TLS and resume tests here; these two runs show that the protocols' stages work across real processes.
-@pytest.mark.parametrize("privacy", ["masking-seeded-distributed-dp", "bfv-seeded-central-dp", "dpf-seeded-central-dp"])
-def test_deployment_equals_the_simulator_exactly(tmp_path, privacy):
-    import torch
-
-    from fedrecgel_secure.deploy.launch.layout import resolve_policy
-    from fedrecgel_secure.deploy.launch.local import Deployment
-    from fedrecgel_secure.runs.checkpoint import load_checkpoint
-
-    extra = {
-        "masking-seeded-distributed-dp": MASKING + seeded_dp("distributed"),
-        "bfv-seeded-central-dp": BFV + seeded_dp("central"),
-        "dpf-seeded-central-dp": BFV.replace("bfv", "dpf") + seeded_dp("central"),
-    }[privacy]
-    # One round shows each protocol's stages across processes (masking's five take about 23 s a round here); later
-    # rounds run the same node code, checked over several rounds in test_deploy_inprocess.py, and a round's
-    # evaluation riding on the next train stage across processes is in the resume test below.
-    policy_file = process_policy(tmp_path, rounds=1, extra=extra)
-    sim = simulate(policy_file, tmp_path / "sim")
-    out = tmp_path / "deployed"
-    dep = Deployment(resolve_policy(out, policy_file, [], None, False), out)
-    try:
-        dep.start()
-        dep.wait(dep.launch(False), 1)
-    finally:
-        dep.stop()
-    assert run_records(out) == summed_per_node(run_records(tmp_path / "sim"), policy_file)
-    model = load_checkpoint(out / "checkpoint.pt")["model"]
-    assert all(torch.equal(model[k], v) for k, v in sim.model.state_dict().items())
-    # another account reads nothing of the run: every folder 0700, every file 0600, also what the SuperLink, the
-    # nodes and the ServerApp wrote (before: the directory 0755, metrics, stages, pins, logs and policy 0644)
-    assert open_to_others(out) == []
-    for shard in range(3):  # each node made its own identity key, readable by it alone
-        key = out / "nodes" / str(shard) / "identity.pem"
-        assert key.stat().st_mode & 0o777 == 0o600
-        if privacy.startswith("masking"):  # and one per hosted user, the protocol client; with the attempt secrets
-            secrets_ = list((out / "nodes" / str(shard) / "secagg").iterdir())
-            assert any(p.name.startswith("user-") for p in secrets_)
-            assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets_)
-    if privacy.startswith("bfv"):  # the secret key was made by the key holder's own node, 0600, and stayed there
-        assert (out / "nodes" / "keyholder" / "keyholder.key").stat().st_mode & 0o777 == 0o600
-        assert len(list(out.rglob("keyholder.key"))) == 1
-    if privacy.startswith("dpf"):  # the launcher started the key holder's node, which made its sealing key, 0600
-        assert (out / "nodes" / "keyholder" / "dpf-seal.key").stat().st_mode & 0o777 == 0o600
-        assert len(list(out.rglob("dpf-seal.key"))) == 1
-        stages = [json.loads(line)["stage"] for line in (out / "stages.jsonl").read_text().splitlines()]
-        assert stages.count("keyholder-check") == stages.count("keyholder-release") == 1
-    assert not dep.procs.procs
-    # across real processes each stage is split by the nodes' timestamps; Flower's 3 s node poll is in pull_wait
-    from fedrecgel_secure.deploy.timing import PARTS
-
-    last = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()][-1]["parts"]
-    assert set(last) == set(PARTS) and all(v >= -0.05 for v in last.values()) and last["work"] > 0
+# Each protocol's stages across real processes, equal to the simulator, are in test_deploy_cli.py (masking with
+# distributed DP, BFV and DPF with central DP, as `deploy local` runs them); plaintext and central DP without secure
+# aggregation in one process (test_deploy_inprocess.py) and by the TLS test and the resume test here.
 
 
 def _took_part_in_key_sharing(secagg_dir: Path) -> bool:
