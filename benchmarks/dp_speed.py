@@ -2,15 +2,16 @@
 
     python benchmarks/dp_speed.py [--rounds 5] [--policies secagg-dp ...] [--out FILE]
 
-For each DP policy, four trainers in one process: the default policy at the DP policy's ``federation.fraction``
+For each DP policy, four or five trainers in one process: the default policy at the DP policy's ``federation.fraction``
 (plaintext, the same number of clients a round); the DP policy as the simulator runs it (noise shares drawn and
 encoded a chunk of clients at a time, ``summers.noised_grid_sum``, Gaussians made in numpy); the DP policy on
 the per-client path (each client's dense vector, noise share and encoding one at a time: the batched path's
 oracle); and "before": the per-client path with the Gaussians made by torch's operators, which is what the
-simulator ran before the batched path (central DP then had no grid_total either). Each trains a warm-up round
-(start-up, imports, the accountant's set-up), then the four take turns, one timed round each, ``--rounds``
+simulator ran before the batched path (central DP then had no grid_total either); and, for distributed noise, the
+study mode ``privacy.dp.simulate_shares = "summed"`` (a round's shares as one draw). Each trains a warm-up round
+(start-up, imports, the accountant's set-up), then they take turns, one timed round each, ``--rounds``
 times (training and aggregation, ``Trainer.train_round``, no evaluation): on a machine shared with other work,
-taking turns spreads its load over the four alike. A configuration's time is its median round. The DP runs use
+taking turns spreads its load over them alike. A configuration's time is its median round. The DP runs use
 seeded noise and a secure sum's arithmetic simulation (the protocol's exact sum without its cryptography). One
 torch thread. Then cProfile splits ``--rounds`` rounds of each DP policy into where its time goes, beside the
 ndtri floor: what torch's inverse normal CDF alone takes for a round's expected shares (clients x coordinates),
@@ -79,11 +80,13 @@ def torch_gaussians(train_round):
 
 
 def seconds_per_round(name: str, rounds: int, splits: dict) -> dict[str, float]:
-    """The median timed round of each configuration, the four taking turns."""
-    fraction = load_policy(POLICY_DIR / f"{name}.toml").federation.fraction
-    configs = {"plaintext": trainer("default", [f"federation.fraction={fraction}"], splits)}
+    """The median timed round of each configuration, taking turns."""
+    policy = load_policy(POLICY_DIR / f"{name}.toml")
+    configs = {"plaintext": trainer("default", [f"federation.fraction={policy.federation.fraction}"], splits)}
     for label in ("batched", "per client", "before"):
         configs[label] = trainer(name, DP, splits)
+    if policy.privacy.dp.mode == "distributed":  # the study mode: a round's shares drawn as their sum
+        configs["summed"] = trainer(name, [*DP, "privacy.dp.simulate_shares=summed"], splits)
     for label in ("per client", "before"):
         configs[label].aggregation.summer = per_client(configs[label].aggregation.summer)
     steps = {label: t.train_round for label, t in configs.items()}
@@ -140,23 +143,26 @@ def main() -> None:
     for name in args.policies:
         s = seconds_per_round(name, args.rounds, splits)
         fraction = load_policy(POLICY_DIR / f"{name}.toml").federation.fraction
-        cells = [f"{s[label]:.3f}" for label in ("plaintext", "batched", "per client", "before")]
+        labels = ("plaintext", "batched", "per client", "before", "summed")
+        cells = [f"{s[label]:.3f}" if label in s else "" for label in labels]
         ratios = [f"**{s['batched'] / s['plaintext']:.1f}×**"]
-        ratios += [f"{s[label] / s['plaintext']:.1f}×" for label in ("per client", "before")]
+        ratios += [f"{s[label] / s['plaintext']:.1f}×" if label in s else "" for label in labels[2:]]
         rows.append([f"`{name}.toml`", fraction, *cells, *ratios])
         print(rows[-1], flush=True)
         prof.append([f"`{name}.toml`", *profile(name, args.rounds, splits)])
         print(prof[-1], flush=True)
     head = (
         f"FilmTrust, s/round: the median of {args.rounds} timed rounds after a warm-up round (training and"
-        " aggregation, no evaluation), the four configurations of a policy taking turns in one process, one torch"
+        " aggregation, no evaluation), the configurations of a policy taking turns in one process, one torch"
         f" thread (`python benchmarks/dp_speed.py --rounds {args.rounds}`, {time.strftime('%Y-%m-%d')}, a 2-core"
         " machine shared with other work: the ratios within a row are the measurement, the seconds move with the"
         " load). Ratio: DP over plaintext at the same fraction. Per client: the batched path's oracle. Before:"
-        " the per-client path with torch's Gaussians, what the simulator ran before.\n\n"
+        " the per-client path with torch's Gaussians, what the simulator ran before. Summed: the study mode"
+        ' `privacy.dp.simulate_shares = "summed"` (distributed noise only): a round\'s shares drawn as one Gaussian of'
+        " their summed variance, the same distribution, not the protocol's bits.\n\n"
     )
-    header = ["policy", "fraction", "plaintext s/round", "DP s/round", "per client", "before", "ratio"]
-    header += ["ratio, per client", "ratio, before"]
+    header = ["policy", "fraction", "plaintext s/round", "DP s/round", "per client", "before", "summed", "ratio"]
+    header += ["ratio, per client", "ratio, before", "ratio, summed (study mode)"]
     where = table(["policy", "s/round (profiled)", *[f"{p}: s (share)" for p in PARTS], "ndtri floor s"], prof)
     text = head + table(header, rows) + "\nWhere a DP round's time goes (cProfile, mean s per round):\n\n" + where
     print(text)

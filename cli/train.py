@@ -75,6 +75,14 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
             highlight=False,
             soft_wrap=True,
         )
+    if dp.enabled and dp.simulate_shares == "summed":
+        err.print(
+            "[bold yellow]warning:[/] privacy.dp.simulate_shares = 'summed': a study mode; the clients' noise shares"
+            " are drawn as one Gaussian of their summed variance (the same distribution, not the protocol's bits); its"
+            " records and summary say so",
+            highlight=False,
+            soft_wrap=True,
+        )
     small_cohort = trainer.policy.privacy.secure_aggregation.small_cohort_warning()
     if small_cohort is not None:
         err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)

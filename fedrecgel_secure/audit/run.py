@@ -40,6 +40,11 @@ def audit_rounds(
     first ``imia_clients`` clients of each round on individual views.
     """
     policy, split = trainer.policy, trainer.split
+    if policy.privacy.dp.enabled and policy.privacy.dp.simulate_shares == "summed":
+        raise BadInputError(
+            "privacy.dp.simulate_shares = 'summed': the audit attacks each client's noised upload, which the study"
+            " mode never draws (the shares come as one sum); audit a run with simulate_shares = 'per_client'"
+        )
     primary = server_view(policy)
     views = list(views) if views is not None else [primary, "released"]
     for view in views:

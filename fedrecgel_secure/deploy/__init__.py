@@ -62,6 +62,11 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
+    if dp.enabled and dp.simulate_shares == "summed":
+        raise BadInputError(
+            "privacy.dp.simulate_shares = 'summed' is a simulation's study mode: a deployment's clients each draw"
+            " their own noise share; set it to 'per_client'"
+        )
     banded = dp.enabled and dp.correlation == "banded"
     if banded and scheme_of(secagg).key_holder and dp.adaptive_clipping is not None:
         raise BadInputError(

@@ -50,6 +50,7 @@ class RoundInfo:
     epsilon_server: float | None = None  # against the server, for its most exposed user
     delta: float | None = None
     dp_noise: str | None = None  # "secure" or "seeded"
+    dp_shares: str | None = None  # "summed": the study mode privacy.dp.simulate_shares, not the protocol's bits
 
     @classmethod
     def of(cls, result: SumResult, sampled: int) -> RoundInfo:

@@ -238,6 +238,7 @@ class DPFedAvg:
         info.epsilon, info.epsilon_rdp = spent_now["epsilon"], spent_now["epsilon_rdp"]
         info.epsilon_server = spent_now["epsilon_server"]
         info.delta, info.dp_noise = spent_now["delta"], self.randomness.source
+        info.dp_shares = "summed" if self.dp.simulate_shares == "summed" and self.dp.mode == "distributed" else None
 
     def privacy_spent(self) -> PrivacySpent:
         """What the run has spent and the settings it spent it under, as its summary records them."""
@@ -256,6 +257,7 @@ class DPFedAvg:
             max_epsilon=r.max_epsilon,
             max_epsilon_against=r.max_epsilon_against,
             shares=r.shares,
+            simulate_shares=r.simulate_shares,
             sampler=r.sampler,
             correlation=r.correlation,
         )

@@ -201,10 +201,22 @@ class DPMechanism:
                 parts = [draw(d, round_idx, cids, n, std, attempt=attempt) for d, n, std in draws]
                 return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
+        summed_noise = None
+        if noise is not None and self.dp.simulate_shares == "summed":  # a study mode: not the protocol's bits
+            noise = noises = None
+
+            def summed_noise(positions: np.ndarray) -> torch.Tensor:  # k shares of std s sum to one of std s·sqrt(k)
+                k = float(np.asarray(positions).size) ** 0.5
+                parts = [
+                    self.randomness.normal(f"{d}-sum", round_idx, 0, n, s * k, attempt=attempt) for d, n, s in draws
+                ]
+                return parts[0] if len(parts) == 1 else torch.cat(parts)
+
         size = dim + self.extra - self.dp.reports
         own = Contributions(
             clients, size, dtype, vector, noise, total, grid_total, noises, add_grid_values, clipped.vector_dtype
         )
+        own.summed_noise = summed_noise
         return with_reports(own, uploads.reports)
 
     def central_noise(

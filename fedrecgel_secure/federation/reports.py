@@ -150,6 +150,7 @@ def with_reports(contributions: Contributions, reports: torch.Tensor | None) -> 
         contributions.noises,
         add_grid_values,
         dtype,
+        contributions.summed_noise,
     )
 
 

@@ -62,6 +62,13 @@ class Contributions:
     noises: Callable[[np.ndarray], torch.Tensor] | None = None
     add_grid_values: Callable[[FixedPoint, np.ndarray, torch.Tensor], None] | None = None
     vector_dtype: torch.dtype | None = None  # vector's dtype, which the values appended to it are cast to
+    # study mode (privacy.dp.simulate_shares = "summed"): positions -> one draw of their shares' sum, for grid_sum alone
+    summed_noise: Callable[[np.ndarray], torch.Tensor] | None = None
+
+    @property
+    def noised(self) -> bool:
+        """Whether the clients' contributions carry noise shares (each its own, or drawn as their sum)."""
+        return self.noise is not None or self.summed_noise is not None
 
     def batched(self) -> bool:
         """Whether :func:`noised_grid_sum` can encode these contributions a chunk of clients at a time."""
@@ -150,6 +157,11 @@ def grid_sum(
     """
     total, clipped = None, 0
     start, stop, step = part.indices(contributions.dim)
+    if contributions.summed_noise is not None:  # the study mode: the shares' sum is one more draw, like central noise
+        positions = np.asarray(positions, dtype=np.int64)
+        summed = contributions.summed_noise(positions) if positions.size else torch.zeros(contributions.dim)
+        summed = summed if central_noise is None else summed + central_noise.double().cpu()
+        return grid_sum(grid, dataclasses.replace(contributions, summed_noise=None), positions, summed, part, restrict)
     fast = None
     plain = restrict is None and contributions.noise is None  # each client's integers are its vector's, as encoded
     if plain and contributions.grid_total is not None and start == 0 and step == 1:
@@ -190,7 +202,7 @@ class PlainSum:
         reason = _refused(admit, [int(c) for c in contributions.clients])
         if reason is not None:
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=reason)
-        if contributions.noise is not None:
+        if contributions.noised:
             total, clipped = grid_sum(self.grid, contributions, positions, central_noise, slice(None))
             return SumResult(total, positions, clipped_values=clipped)
         if contributions.total is not None:
@@ -309,7 +321,7 @@ class SecureSum:
         position = {int(cid): pos for pos, cid in enumerate(clients)}
         contributors = np.array(sorted(position[c] for c in ids), dtype=np.int64)
         if self.covered < contributions.dim:  # the uncovered part, summed in the clear over the same contributors
-            if contributions.noise is None and central_noise is None:
+            if not contributions.noised and central_noise is None:
                 rest = sum(
                     (contributions.vector(int(c))[self.covered :].cpu() for c in contributors),
                     torch.zeros(contributions.dim - self.covered, dtype=contributions.dtype),
@@ -329,6 +341,8 @@ class SecureSum:
 
     def _protocol(self, round_idx, contributions, central_noise, admit, dropped, tampered, round_seed):
         clients = contributions.clients
+        if contributions.summed_noise is not None:  # refused by the policy: never drop the noise silently
+            raise ValueError("privacy.dp.simulate_shares = 'summed' needs secure_aggregation.simulation = 'arithmetic'")
         shares = None if contributions.noise is None else _LazyVectors(clients, contributions.noise, self.covered)
         central = None if central_noise is None else central_noise[: self.covered].cpu().numpy()
 

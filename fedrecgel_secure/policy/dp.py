@@ -97,6 +97,14 @@ class DPSettings(Section):
         description="Distributed noise shares sized for everyone sampled (a dropout lowers the noise), or for the"
         " masking protocol's survivor threshold (any round that completes carries at least the planned noise).",
     )
+    simulate_shares: Literal["per_client", "summed"] = Field(
+        "per_client",
+        description="How a simulation draws distributed noise. per_client: each client its own share, as the"
+        " protocol does (the released sum bit for bit). summed: a STUDY MODE: the contributors' shares drawn as one"
+        " Gaussian of their summed variance, the same distribution but not the protocol's bits (the per-client"
+        " rounding onto the grid is one rounding), several times faster; every record and summary says so. Only"
+        " in simulation, with secure aggregation simulated as 'arithmetic'; a deployment refuses it.",
+    )
     sample_rate: float | None = Field(None, description="Poisson sampling rate q; unset uses federation.fraction.")
     sampler: Literal["poisson", "cyclic", "fixed"] = Field(
         "poisson",
@@ -163,6 +171,11 @@ class DPSettings(Section):
                 f"{DP}.correlation = 'banded' needs {DP}.sampler = 'cyclic' (its sensitivity, sqrt(k) times the clip"
                 f" norm, holds for rounds b apart) and {DP}.mode = 'central' (one party keeps the noise state); got"
                 f" sampler = {self.sampler!r}, mode = {self.mode!r}"
+            )
+        if self.simulate_shares == "summed" and self.mode != "distributed":
+            raise BadInputError(
+                f"{DP}.simulate_shares = 'summed' draws distributed noise shares as one: it needs {DP}.mode ="
+                f" 'distributed', got {self.mode!r}"
             )
         if self.sampler == "fixed":
             raise BadInputError(

@@ -90,6 +90,13 @@ class Policy(Section):
                 " share is dense and would touch every row the scheme keeps sparse; use mode = 'central' (the key"
                 " holder adds the noise, which the aggregator never learns)"
             )
+        summed = dp.enabled and dp.simulate_shares == "summed"
+        if summed and scheme != "none" and self.privacy.secure_aggregation.simulation != "arithmetic":
+            raise BadInputError(
+                "privacy.dp.simulate_shares = 'summed' with privacy.secure_aggregation.simulation = 'protocol': the"
+                " protocol's clients each draw their own share; set simulation = 'arithmetic' (the same sum without"
+                " cryptography) or simulate_shares = 'per_client'"
+            )
         if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
             raise BadInputError(
                 "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
@@ -114,7 +121,8 @@ class Policy(Section):
         computed), ``dpf.device`` (where) and ``federation.threads`` (how many), and settings still at the value
         that predates them (``[privacy.audit]`` without canaries, ``tampered = 0``, ``bfv.max_refusals = 3``,
         ``[privacy.secure_aggregation.dpf]`` at its defaults, ``evaluation.scope`` unset,
-        ``dp.evaluation_share = 0.1``), so runs started before they existed keep their digest."""
+        ``dp.evaluation_share = 0.1``, ``dp.simulate_shares = "per_client"``), so runs started before they existed
+        keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
         # run may move machines or trackers and still resume
         dump = self.model_dump(mode="json", exclude={"deployment", "tracking"})
@@ -140,6 +148,7 @@ class Policy(Section):
         # existed), not what: a run may resume with another count, and runs started before it keep their digest
         del dump["federation"]["threads"]
         defaults = (("max_epsilon_against", "release"), ("shares", "sampled"), ("evaluation_share", 0.1))
+        defaults += (("simulate_shares", "per_client"),)
         for field, default in (*defaults, ("correlation", "independent")):
             if dump["privacy"]["dp"][field] == default:
                 del dump["privacy"]["dp"][field]

@@ -173,6 +173,17 @@ def plan_study(spec_path: str | Path, out_dir: str | Path, *, check_dirs: bool =
             )
         overrides = (*spec.overrides, *setting_overrides(setting), f"seed={seed}")
         policy = _validated(base, list(overrides), f"{spec_path}: run {name} seed={seed}")
+        if spec.audit and policy.privacy.dp.enabled and policy.privacy.dp.simulate_shares == "summed":
+            raise study_error(
+                spec_path,
+                [
+                    (
+                        "audit",
+                        f"true, but run {name} draws its noise shares summed (privacy.dp.simulate_shares), and"
+                        " the audit attacks each client's noised upload: use simulate_shares = 'per_client'",
+                    )
+                ],
+            )
         runs.append(
             PlannedRun(setting, seed, name, out_dir / "runs" / name / f"seed={seed}", overrides, policy.digest())
         )

@@ -124,8 +124,12 @@ def draw_run(run_dir: str | Path) -> Path | None:
         delta = next(r["delta"] for r in records if "delta" in r)
         seeded = any(r.get("dp_noise") == "seeded" for r in records)
         axes[2].set_ylabel(f"ε (δ = {delta:g})" + (" — seeded noise: no guarantee" if seeded else ""))
-        if seeded:
-            axes[2].set_title("seeded noise: predictable from the policy", color="tab:red", fontsize="small")
+        summed = any(r.get("dp_shares") == "summed" for r in records)
+        marks = ["seeded noise: predictable from the policy"] * seeded + [
+            "noise shares drawn summed (study mode)"
+        ] * summed
+        if marks:
+            axes[2].set_title("; ".join(marks), color="tab:red", fontsize="small")
     for ax in axes:
         ax.set_xlabel("round")
         _integer_rounds(ax)

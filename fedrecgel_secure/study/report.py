@@ -187,6 +187,14 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
             " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
             "",
         ]
+    summed = [r for r in finished if r.summary.privacy and r.summary.privacy.simulate_shares == "summed"]
+    if summed:
+        lines += [
+            f"**Noise shares drawn summed in {len(summed)} of {len(runs)} runs**"
+            ' (`privacy.dp.simulate_shares = "summed"`, a study mode): each round\'s distributed noise is one Gaussian'
+            " of the shares' summed variance, the same distribution as the protocol's, not its bits.",
+            "",
+        ]
     for plot in plots:
         lines += [f"![{TITLES[plot.name]}]({plot.name})", ""]
     failed = [r for r in runs if r.status == "failed"]

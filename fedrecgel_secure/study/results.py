@@ -134,6 +134,7 @@ def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
             "epsilon_server": r.epsilon_server,
             "delta": privacy.delta if privacy else None,
             "dp_noise": privacy.noise if privacy else None,
+            "dp_shares": privacy.simulate_shares if privacy else None,
             "secure_aggregation": s.secure_aggregation.describe() if s and s.secure_aggregation else None,
             "rounds_done": s.rounds_done if s else None,
             "rounds_planned": s.rounds_planned if s else None,

@@ -58,6 +58,8 @@ class ResolvedDP:
     """privacy.secure_aggregation.scheme: whether the server sees only the sum (masking, bfv, dpf) or each upload."""
     shares: str = "sampled"
     """What sizes a distributed noise share: everyone sampled, or the masking protocol's survivor threshold."""
+    simulate_shares: str = "per_client"
+    """privacy.dp.simulate_shares: each client's share drawn as the protocol draws it, or their sum as one draw."""
     min_clients: int = 1
     consistency: float | None = None
     """f of the masking protocol's consistency check (shares = "threshold" only)."""
@@ -277,6 +279,7 @@ def validate_against_population(
         max_epsilon_against=settings.max_epsilon_against,
         secure_sum=secagg.scheme,
         shares=settings.shares,
+        simulate_shares=settings.simulate_shares,
         min_clients=secagg.min_clients,
         consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
         sampler=settings.sampler,
