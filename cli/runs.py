@@ -15,6 +15,11 @@ def _metric(record: dict | None, key: str) -> str:
     return f"{record[key]:.4f}" if record else "-"
 
 
+def _epsilon(epsilon: float | None) -> str:
+    """ε as the README's tables print it; ∞ where there is no bound, - where it is not known yet."""
+    return "-" if epsilon is None else ("∞" if epsilon == float("inf") else f"{epsilon:.2f}")
+
+
 @user_errors
 def list_runs(
     root: Annotated[Path, typer.Argument(help="Folder to search for run directories (recursively).")] = Path("runs"),
@@ -41,15 +46,14 @@ def list_runs(
         name = str(r.dir.relative_to(root)) if r.dir != root else str(root)
         planned = "?" if r.rounds_planned is None else r.rounds_planned
         best = "-" if r.best is None else f"{r.select_by.upper()} {r.best[r.select_by]:.4f} (r{r.best['round']})"
-        eps = "-" if r.epsilon is None else ("∞" if r.epsilon == float("inf") else f"{r.epsilon:.3f}")
         table.add_row(
             name,
             r.status if r.problem is None else f"{r.status}: {r.problem}",
             f"{r.rounds_done}/{planned}",
             best,
             "-" if r.final is None else _metric(r.final, r.select_by),
-            eps,
-            "-" if r.epsilon_server is None else f"{r.epsilon_server:.3g}",
+            _epsilon(r.epsilon),
+            _epsilon(r.epsilon_server),
             r.policy,
         )
     out.print(table)

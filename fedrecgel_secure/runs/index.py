@@ -36,7 +36,7 @@ class RunListing:
     best: Evaluation | None
     final: Evaluation | None
     epsilon: float | None  # the budget spent; inf without DP; None when unknown
-    epsilon_server: float | None  # against the server (privacy.dp against the server); None: no bound or unknown
+    epsilon_server: float | None  # against the server; inf: no bound (no DP, or it sees each upload); None: unknown
     policy: str  # what the resolved policy trains: method, dataset, DP, secure aggregation
     problem: str | None = None  # why the directory could not be read
 
@@ -49,8 +49,8 @@ class RunListing:
             "select_by": self.select_by,
             "best": self.best,
             "final": self.final,
-            "epsilon": None if self.epsilon is None else (self.epsilon if self.epsilon != float("inf") else "inf"),
-            "epsilon_server": self.epsilon_server,
+            "epsilon": _json_epsilon(self.epsilon),
+            "epsilon_server": _json_epsilon(self.epsilon_server),
             "policy": self.policy,
             "problem": self.problem,
         }
@@ -110,7 +110,7 @@ def read_listing(run_dir: Path) -> RunListing:
             summary.best,
             summary.final,
             summary.epsilon,
-            None if summary.privacy is None else summary.privacy.epsilon_server,
+            _unbounded(None if summary.privacy is None else summary.privacy.epsilon_server),
             describe_policy(policy),
         )
     # No summary yet: training now, or killed before it stopped; the metrics written so far are all there is.
@@ -133,7 +133,8 @@ def read_listing(run_dir: Path) -> RunListing:
         best,
         final,
         epsilon if epsilon is not None else (None if policy.privacy.dp.enabled else float("inf")),
-        last.get("epsilon_server") if last else None,
+        # a record states the server's epsilon only where there is a bound; before any record only no DP is known
+        _unbounded(last.get("epsilon_server")) if last else (None if policy.privacy.dp.enabled else float("inf")),
         describe_policy(policy),
     )
 
@@ -145,3 +146,12 @@ def find_runs(root: str | Path) -> list[RunListing]:
         raise BadInputError(f"{root}: no such directory")
     dirs = sorted({p.parent for p in root.rglob(RESOLVED)})
     return [read_listing(d) for d in dirs]
+
+
+def _unbounded(epsilon: float | None) -> float:
+    """A known run's epsilon against the server: ``None`` in its records and summary means no bound."""
+    return float("inf") if epsilon is None else epsilon
+
+
+def _json_epsilon(epsilon: float | None) -> float | str | None:
+    return "inf" if epsilon == float("inf") else epsilon

@@ -62,10 +62,12 @@ def test_runs_lists_each_run_with_its_best_and_final_metrics_epsilon_and_policy(
         summary = json.loads((root / name / "summary.json").read_text())
         assert run["status"] == "finished" and (run["rounds_done"], run["rounds_planned"]) == (2, 2)
         assert run["best"] == summary["best"] and run["final"] == summary["final"]
-    assert listed[str(root / "plain")]["epsilon"] == "inf"
+    assert listed[str(root / "plain")]["epsilon"] == listed[str(root / "plain")]["epsilon_server"] == "inf"
     private = listed[str(root / "dp" / "masking")]
-    spent = json.loads((root / "dp" / "masking" / "summary.json").read_text())["privacy"]["epsilon"]
-    assert private["epsilon"] == spent
+    spent = json.loads((root / "dp" / "masking" / "summary.json").read_text())["privacy"]
+    assert private["epsilon"] == spent["epsilon"]
+    # no bound against the server is infinite, not unknown (it was listed as "-")
+    assert private["epsilon_server"] == ("inf" if spent["epsilon_server"] is None else spent["epsilon_server"])
     assert "DP ε≤8" in private["policy"] and "masking" in private["policy"]
     broken = listed[str(root / "broken")]
     assert broken["status"] == "unreadable" and "method" in broken["problem"]
@@ -76,6 +78,8 @@ def test_runs_prints_a_table_and_refuses_a_missing_root(root, tmp_path):
     table = fedrecgel("runs", root, env={"COLUMNS": "160"})
     assert table.returncode == 0, table.stderr
     assert "dp/masking" in table.stdout and "finished" in table.stdout and "unreadable" in table.stdout
+    plain_row = next(line for line in table.stdout.splitlines() if " plain " in line)
+    assert plain_row.count("∞") == 2  # no DP: no bound against the release nor the server
     missing = fedrecgel("runs", tmp_path / "none")
     assert missing.returncode == 2 and "none: no such directory" in missing.stderr
 
