@@ -40,6 +40,19 @@ TITLES = {
     PLOT_EMPIRICAL: "empirical ε against accounted ε",
 }
 PLOTS_DIGEST = ".plots.sha256"  # what the study's figures were drawn from
+# beside each study figure's PNG (what report.md shows): vector copies for a paper
+VECTOR_FORMATS = ("pdf", "svg")
+# a grid key's words in a legend; another key is named by its last part
+KEY_NAMES = {
+    EPSILON_KEY: "ε",
+    "privacy.dp.noise_multiplier": "z",
+    "privacy.dp.clip_norm": "C",
+    "privacy.dp.sampler": "sampler",
+    "privacy.secure_aggregation.scheme": "secure sum",
+    "federation.fraction": "fraction",
+    "federation.server_lr": "server lr",
+    "method": "method",
+}
 
 
 def figure(width: float, height: float, ncols: int = 1, layout: str | None = "constrained"):
@@ -148,8 +161,29 @@ def draw_run(run_dir: str | Path) -> Path | None:
 # -- a study ------------------------------------------------------------------------
 
 
+def key_name(key: str) -> str:
+    """A grid key as a reader would say it: ``privacy.dp.target_epsilon`` is ε, ``federation.server_lr`` server lr."""
+    return KEY_NAMES.get(key, key.rsplit(".", 1)[-1].replace("_", " "))
+
+
 def _line_label(setting: dict[str, str], keys: list[str]) -> str:
-    return ", ".join(f"{k}={setting[k]}" for k in keys) or "all runs"
+    return ", ".join(f"{key_name(k)} = {setting[k]}" for k in keys) or "all runs"
+
+
+def _fit(title: str, figure_width: float) -> str:
+    """``title`` wrapped to the figure's width (about 11 characters an inch at the default title size), so a long
+    study name is never clipped at the figure's edges."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, max(20, int(figure_width * 11))))
+
+
+def _save(fig, path: Path) -> Path:
+    """The figure as ``path`` (PNG) and its vector copies beside it; ``path``."""
+    fig.savefig(path, dpi=110)
+    for fmt in VECTOR_FORMATS:
+        fig.savefig(path.with_suffix(f".{fmt}"))
+    return path
 
 
 def _epsilon_axis(ax, xs: list[float]) -> Callable[[float], float]:
@@ -213,13 +247,17 @@ def plot_study(out_dir: Path, plan: dict, records: list[RunRecord]) -> list[Path
     digest = _inputs_digest(plan, done)
     try:
         previous = json.loads((out_dir / PLOTS_DIGEST).read_text())
-        if previous["digest"] == digest and all((out_dir / name).is_file() for name in previous["plots"]):
+        drawn = [
+            out_dir / Path(name).with_suffix(f".{f}") for name in previous["plots"] for f in ("png", *VECTOR_FORMATS)
+        ]
+        if previous["digest"] == digest and all(path.is_file() for path in drawn):
             return [out_dir / name for name in previous["plots"]]
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no usable record: draw
     (out_dir / PLOTS_DIGEST).unlink(missing_ok=True)  # a crash while drawing leaves no false record
-    for name in TITLES:
-        (out_dir / name).unlink(missing_ok=True)  # no stale plot survives a rebuild
+    for name in TITLES:  # no stale plot survives a rebuild, nor its vector copies
+        for stale in (out_dir / name, *(out_dir / Path(name).with_suffix(f".{f}") for f in VECTOR_FORMATS)):
+            stale.unlink(missing_ok=True)
     written = _draw_study(out_dir, plan, records, done)
     atomic_write_bytes(
         out_dir / PLOTS_DIGEST, json.dumps({"digest": digest, "plots": [p.name for p in written]}).encode()
@@ -243,9 +281,8 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
         ax.set_ylabel(f"best {metric.upper()}")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
-    fig.suptitle(f"{plan['name']}: utility against privacy (mean ± std over seeds)")
-    fig.savefig(out_dir / PLOT_EPSILON, dpi=110)
-    written.append(out_dir / PLOT_EPSILON)
+    fig.suptitle(_fit(f"{plan['name']}: utility against privacy (mean ± std over seeds)", 10))
+    written.append(_save(fig, out_dir / PLOT_EPSILON))
 
     fig, (ax,) = figure(8, 4.5)
     for setting, runs in settings:
@@ -267,9 +304,8 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
     ax.set_ylabel("test HR@10 (mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    ax.set_title(f"{plan['name']}: HR@10 per round")
-    fig.savefig(out_dir / PLOT_ROUNDS, dpi=110)
-    written.append(out_dir / PLOT_ROUNDS)
+    ax.set_title(_fit(f"{plan['name']}: HR@10 per round", 8))
+    written.append(_save(fig, out_dir / PLOT_ROUNDS))
 
     if any(r.audit for r in done):
         fig, axes = figure(10, 4.2, ncols=2)
@@ -291,9 +327,8 @@ def _draw_study(out_dir: Path, plan: dict, records: list[RunRecord], done: list[
             ax.set_ylabel(key.replace("_", " "))
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize="small")
-        fig.suptitle(f"{plan['name']}: attack success against ε (mean ± std over seeds)")
-        fig.savefig(out_dir / PLOT_ATTACK, dpi=110)
-        written.append(out_dir / PLOT_ATTACK)
+        fig.suptitle(_fit(f"{plan['name']}: attack success against ε (mean ± std over seeds)", 10))
+        written.append(_save(fig, out_dir / PLOT_ATTACK))
 
     estimated = [r for r in done if r.audit and isinstance(r.audit.get("empirical_epsilon"), (int, float))]
     if estimated:
@@ -336,9 +371,8 @@ def _plot_empirical(out_dir: Path, plan: dict, settings, other: list[str], estim
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     ax.set_title(
-        f"{plan['name']}: empirical against accounted ε\n"
-        "(above the diagonal beyond the CI: a bug in the noise or accounting)",
+        _fit(f"{plan['name']}: empirical against accounted ε", 6 * 1.2)
+        + "\n(above the diagonal beyond the CI: a bug in the noise or accounting)",
         fontsize="small",
     )
-    fig.savefig(out_dir / PLOT_EMPIRICAL, dpi=110)
-    return out_dir / PLOT_EMPIRICAL
+    return _save(fig, out_dir / PLOT_EMPIRICAL)

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from PIL import Image
@@ -186,6 +187,9 @@ def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
         with Image.open(out / name) as image:
             image.verify()
             assert image.size[0] > 0 and image.size[1] > 0
+        # vector copies for a paper: a PDF and an SVG beside each figure
+        assert (out / name).with_suffix(".pdf").read_bytes().startswith(b"%PDF")
+        assert ElementTree.parse((out / name).with_suffix(".svg")).getroot().tag.endswith("svg")
     assert not (out / "attack_vs_epsilon.png").exists() and "attack" not in report  # no audit in this study
     # the runs opted into seeded noise: the report says what that costs, and results.csv marks each private run
     assert "Seeded DP noise in 2 of 4 runs" in report and "no privacy guarantee" in report
@@ -459,3 +463,19 @@ def test_the_shipped_example_studies_are_valid(tmp_path, name, runs, rounds):
         secagg = [load_policy(None, list(r.overrides)).privacy.secure_aggregation for r in plan.runs]
         assert plan.spec.audit and {s.scheme for s in secagg} == {"none", "masking", "bfv"}
         assert {s.simulation for s in secagg} == {"arithmetic"}
+
+
+def test_study_figures_speak_the_readers_words_and_fit_their_titles():
+    from fedrecgel_secure.study.plots import _fit, _line_label, key_name
+
+    assert key_name(EPSILON_KEY) == "ε" and key_name("federation.server_lr") == "server lr"
+    assert key_name("privacy.dp.some_new_knob") == "some new knob"  # any key: its last part, in words
+    label = _line_label(
+        {EPSILON_KEY: "8.0", "privacy.secure_aggregation.scheme": "masking"},
+        [EPSILON_KEY, "privacy.secure_aggregation.scheme"],
+    )
+    assert label == "ε = 8.0, secure sum = masking"
+    title = _fit(
+        "a-study-with-a-long-descriptive-name-for-its-paper: utility against privacy (mean ± std over seeds)", 6
+    )
+    assert max(map(len, title.splitlines())) <= 66 and title.replace("\n", " ").startswith("a-study-with")
