@@ -62,3 +62,22 @@ def test_data_list_piped_at_80_columns_prints_every_url_whole():
     assert result.returncode == 0, result.stderr
     urls = [info.url for info in DATASETS.values() if info.url]
     assert urls and all(url in result.stdout.split() for url in urls), result.stdout
+
+
+def test_piped_every_round_has_its_own_line_with_the_time_left():
+    # a logged run showed nothing until it ended, then only the last frame
+    buffer = io.StringIO()
+    with RoundProgress(Console(file=buffer, width=200, force_terminal=False), rounds=3, done=0) as progress:
+        for r in (1, 2, 3):
+            progress.on_round(dp_secagg_event(r))
+    lines = [line for line in buffer.getvalue().splitlines() if line.startswith("round")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"], buffer.getvalue()
+    assert all("left " in line for line in lines) and lines[-1].rstrip().endswith("left 0:00:00")
+
+
+def test_the_time_left_is_the_mean_round_of_this_process_times_the_rounds_to_go():
+    from fedrecgel_secure.cli.progress import time_left
+
+    assert time_left(100.0, 0, 10, now=130.0) == "-:--:--"  # before the first round: nothing to go by
+    assert time_left(100.0, 2, 10, now=130.0) == "0:02:30"  # 15 s a round, 10 to go
+    assert time_left(100.0, 4, 200, now=3700.0) == "50:00:00"
