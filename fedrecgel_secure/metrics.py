@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 KS = (5, 10, 15, 20)
+FULL_KS = (10, 20)  # full ranking's cut-offs (evaluation.full_ranking)
 
 
 def rank_of_target(scores: torch.Tensor) -> torch.Tensor:
@@ -34,6 +35,20 @@ def ranking_values(scores: torch.Tensor, ks: tuple[int, ...] = KS) -> torch.Tens
     gain = 1.0 / torch.log2(rank + 2.0)
     hits = [(rank < k).to(torch.float64) for k in ks]
     return torch.stack(hits + [torch.where(rank < k, gain, 0.0) for k in ks], dim=1)
+
+
+def full_ranking_sums(scores: torch.Tensor, seen: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+    """Full-ranking HR@K, NDCG@K and the reciprocal rank, summed over the rows: the ``target`` column of each row of
+    ``scores`` (users x every item) ranked among the items the row has not ``seen`` (True: interacted with; the
+    target's own entry is ignored), ties counted in its favour as in :func:`rank_of_target`."""
+    rows = torch.arange(scores.shape[0])
+    mine = scores[rows, target].unsqueeze(1)
+    rank = ((scores > mine) & ~seen).sum(dim=1).to(torch.float64)
+    gain = 1.0 / torch.log2(rank + 2.0)
+    out = {f"full_hr@{k}": (rank < k).to(torch.float64).sum().item() for k in FULL_KS}
+    out.update({f"full_ndcg@{k}": torch.where(rank < k, gain, 0.0).sum().item() for k in FULL_KS})
+    out["full_mrr"] = (1.0 / (rank + 1.0)).sum().item()
+    return out
 
 
 def means(sums: dict[str, float], count: int) -> dict[str, float]:

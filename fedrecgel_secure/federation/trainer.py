@@ -174,7 +174,12 @@ class Trainer:
         self.states.commit(update.private.select(torch.from_numpy(positions).to(self.device)))
 
     def evaluate(self) -> dict[str, float]:
-        return self.engine.evaluate(self.model, self.states.theta, self.split)
+        metrics = self.engine.evaluate(self.model, self.states.theta, self.split)
+        if self.policy.evaluation.full_ranking:  # beside the sampled protocol's metrics, never in their place
+            from fedrecgel_secure.federation.evaluation import full_ranking
+
+            metrics.update(full_ranking(self.model, self.states.theta, self.split))
+        return metrics
 
     def close(self) -> None:
         """Stop the summer's worker processes, if it has any (they also stop when the trainer is collected)."""

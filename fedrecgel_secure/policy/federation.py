@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy.section import Section
 
 
@@ -55,6 +56,23 @@ class EvaluationPolicy(Section):
         " sum, noised under DP (privacy.dp.evaluation_share); means over the round's contributors. Unset: round in a"
         " deployment with secure aggregation or DP (which refuses all), all otherwise.",
     )
+    full_ranking: bool = Field(
+        False,
+        description="Also rank each user's test item among every item the user has not interacted with: full_hr@K,"
+        " full_ndcg@K (K = 10, 20; Recall@K is HR@K with one held-out item), full_mrr and full_coverage@K, beside"
+        " the sampled protocol's metrics (1 item against data.test_negatives, the authors' protocol), which can"
+        " order models differently (Krichene and Rendle, KDD 2020). Scores users x items at each evaluation: costly"
+        " on a large catalogue. Not with scope 'round' (the users report the sampled metrics inside the sum).",
+    )
+
+    @model_validator(mode="after")
+    def _full_ranking_needs_every_user(self) -> EvaluationPolicy:
+        if self.full_ranking and self.scope == "round":
+            raise BadInputError(
+                "evaluation.full_ranking = true with evaluation.scope = 'round': the round's users report the sampled"
+                " metrics inside the secure sum; full ranking needs scope = 'all'"
+            )
+        return self
 
 
 class CheckpointPolicy(Section):

@@ -142,6 +142,8 @@ class Policy(Section):
             del secagg["dpf"]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]
+        if not dump["evaluation"]["full_ranking"]:  # likewise
+            del dump["evaluation"]["full_ranking"]
         if dump["federation"]["server_optimizer"] == "adam":  # likewise
             del dump["federation"]["server_optimizer"]
         # how many threads compute it (the last bits of a sum may differ, as between machines before the setting
