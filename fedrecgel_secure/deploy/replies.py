@@ -19,6 +19,7 @@ from fnmatch import fnmatchcase
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import DeploymentError, UndeclaredField
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
@@ -96,7 +97,7 @@ REASONS: dict[str, str] = {
 REASONS.update({str(r): f"a protocol check refused the payload ({r.name})" for r in Reason})
 
 
-class Refused(RuntimeError):
+class Refused(DeploymentError):
     """A message the node will not answer, with its reason class (:data:`REASONS`) and, for the node's own log
     only, the details. The error reply carries the class alone (:func:`reason_of`)."""
 
@@ -107,7 +108,7 @@ class Refused(RuntimeError):
         self.reason, self.detail = reason, detail
 
 
-class NodeError(RuntimeError):
+class NodeError(DeploymentError):
     """What the SuperNode's relay raises for an error reply: its text, which Flower sends to the server as the
     error's reason, is one of :data:`REASONS` and nothing else."""
 
@@ -161,10 +162,10 @@ def undeclared(policy, payload: dict) -> list[str]:
 
 
 def check(policy, payload: dict) -> dict:
-    """``payload``, refused (RuntimeError) if it holds a field a node of ``policy`` may not send."""
+    """``payload``, refused (:class:`~.errors.UndeclaredField`) if it has a field a node of ``policy`` may not send."""
     bad = undeclared(policy, payload)
     if bad:
-        raise RuntimeError(f"a reply field not declared in deploy.replies.FIELDS for this policy: {bad}")
+        raise UndeclaredField(f"a reply field not declared in deploy.replies.FIELDS for this policy: {bad}")
     return payload
 
 

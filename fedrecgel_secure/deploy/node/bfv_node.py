@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import SetupError
 from fedrecgel_secure.deploy.messages import SESSION_TAG, STAGE, START, user_keys
 from fedrecgel_secure.deploy.node.keyholder import NoiseFor, key_holder_population
 from fedrecgel_secure.deploy.node.users import UserIdentities
@@ -243,7 +244,7 @@ class KeyHolderNode:
             from fedrecgel_secure.deploy.node.pinned import sign_public
 
             if self.pins is None:
-                raise RuntimeError("a BFV key holder node needs its policy's pinned keys to start a session")
+                raise SetupError("a BFV key holder node needs its policy's pinned keys to start a session")
             tag = bytes(request[SESSION_TAG])
             d = self.pins.directory(request)
             seal = {n: fields["seal"] for n, fields in d.fields.items()}

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import DeploymentError, SetupError
 from fedrecgel_secure.deploy.messages import DPF_UPLOAD, SESSION_TAG, STAGE, START, user_keys
 from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 from fedrecgel_secure.deploy.node.users import UserIdentities
@@ -91,7 +92,7 @@ class DPFNode(UserIdentities):
         from fedrecgel_secure.privacy.secagg.dpf.wire import Binding
 
         if shares is not None:  # the policy refuses distributed DP under dpf; a node never sends a dense share
-            raise RuntimeError("scheme 'dpf' takes no noise shares: the key holder adds the central noise")
+            raise DeploymentError("scheme 'dpf' takes no noise shares: the key holder adds the central noise")
         # every envelope is signed over the model and DP settings this node was sent, and the clip norm its users
         # clipped to: neither server sums users sent another model, and the key holder adds noise for that C
         clip_norm = request.get("clip_norm")
@@ -160,7 +161,7 @@ class DPFKeyHolderNode:
         try:
             if stage == START:  # the directory the nodes signed; its sealing key signed by its identity key
                 if self.pins is None:
-                    raise RuntimeError("a DPF key holder node needs its policy's pinned keys to start a session")
+                    raise SetupError("a DPF key holder node needs its policy's pinned keys to start a session")
                 tag = bytes(request[SESSION_TAG])
                 public = self.start(self.pins.directory(request).keys, tag)
                 return {"seal": public, "signed": sign_public(self.dir, public, tag)}
@@ -172,7 +173,7 @@ class DPFKeyHolderNode:
         except RejectedPayload as exc:
             log.warning("DPF key holder refused a %s request: %s", stage, exc)
             return {"refused": exc.reason.value}
-        raise RuntimeError(f"the DPF key holder has no stage {stage!r}")
+        raise DeploymentError(f"the DPF key holder has no stage {stage!r}")
 
     def sealing_key(self) -> bytes:
         """The raw private half of the key holder's X25519 sealing key: made here on first use, 0600, never sent."""

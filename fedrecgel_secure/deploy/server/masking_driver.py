@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import DeploymentError
 from fedrecgel_secure.deploy.messages import request
 from fedrecgel_secure.deploy.server.summer import Exchange
 from fedrecgel_secure.privacy.secagg.clients import Reply
@@ -83,7 +84,7 @@ class NodeClients:
         if method == "advertise":
             # nodes answer an announcement only inside the train message, bound to the model it carries
             if self.adverts is None:
-                raise RuntimeError("a deployed masking attempt's adverts come with its round's train replies")
+                raise DeploymentError("a deployed masking attempt's adverts come with its round's train replies")
             replies, self.adverts = self.adverts, None
         else:
             payloads = {}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from fedrecgel_secure.deploy.errors import DeploymentError, SetupError
 from fedrecgel_secure.deploy.messages import JOIN, KEYS, SESSION_TAG, STAGE, START, entries, keys_of
 from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.federation.summers import Summer
@@ -67,7 +68,7 @@ def reported_keys(keys_by_node: Mapping[int, Mapping], users_of: Mapping[int, li
     for node, reported in keys_by_node.items():
         got = keys_of(reported)
         if sorted(got) != sorted(users_of[node]):
-            raise RuntimeError(f"node {node} reported keys for other users than the ones it hosts")
+            raise SetupError(f"node {node} reported keys for other users than the ones it hosts")
         keys.update(got)
     return keys
 
@@ -104,7 +105,7 @@ class SealedSummer:
         if self.key_holder is not None:
             holder = self.key_holder(START, {STAGE: START, SESSION_TAG: tag, **signed})
             if holder is None or any(field not in holder for field in self.holder_fields):
-                raise RuntimeError(f"{self.label} setup: {self.holder_silent}")
+                raise SetupError(f"{self.label} setup: {self.holder_silent}")
         session = self.open_session(public, tag, holder)
         joined = self.exchange(
             JOIN,
@@ -119,12 +120,12 @@ class SealedSummer:
     def _all_answered(self, replies: dict[int, dict], otherwise: str) -> None:
         missing = sorted(set(self.users_of) - set(replies))
         if missing:
-            raise RuntimeError(f"{self.label} setup: nodes {missing} {otherwise}")
+            raise SetupError(f"{self.label} setup: nodes {missing} {otherwise}")
 
     def no_noise_shares(self, contributions) -> None:
         """Refuse noise shares drawn by the server: under a deployed scheme they are drawn on the nodes."""
         if contributions.noise is not None:
-            raise RuntimeError(f"the server holds no client's noise share under deployed {self.label}")
+            raise DeploymentError(f"the server holds no client's noise share under deployed {self.label}")
 
     # -- the scheme's own parts -----------------------------------------------------------------------------
     def open_session(self, public: dict[int, bytes], tag: bytes, holder: dict | None) -> Any:
