@@ -14,8 +14,9 @@ code it loads:
 ``launch/``   what starts and plans the processes: ``deploy local``, ``deploy plan``, TLS files, the SuperLink
 top level     what both roles read: the wire formats (:mod:`.wire`, :mod:`.replies`, and :mod:`.messages`:
               every message type, node-config key and shared format, declared once), the stage timing
-              (:mod:`.timing`), the scheme table (:mod:`.schemes`) and :func:`check_deployable`; the server never
-              imports node code, nor a node server code (tests/test_import_layers.py)
+              (:mod:`.timing`), the deployment's errors (:mod:`.errors`), the scheme table (:mod:`.schemes`) and
+              :func:`check_deployable`; the server never imports node code, nor a node server code
+              (tests/test_import_layers.py)
 
 Flower is imported only by :mod:`.server.serverapp`, :mod:`.server.stages`, :mod:`.node.clientapp`,
 :mod:`.node.handlers`, :mod:`.node.engine`, :mod:`.launch.superlink` and, when called, the record

@@ -1,7 +1,8 @@
 """What the server and the nodes say to each other, declared once for both sides (as Flower's
 ``secaggplus_constants.py`` declares SecAgg+'s keys): the message types and stage groups, the node-config keys,
-the key holder's name, and the formats both sides build or read: the masking stage messages, the model binding
-of a round's train message, and the signed hello's statement.
+the key holder's name, the session set-up's stages and request fields, and the formats both sides build or read:
+the keys replies' user key map, the masking stage messages, the model binding of a round's train message, and the
+signed hello's statement.
 
 Server code (:mod:`.server`) and node code (:mod:`.node`) import this module and :mod:`.replies`, never each
 other (tests/test_import_layers.py).
@@ -34,6 +35,33 @@ KEY_HOLDER = "keyholder"
 SHARD, ROLE, STATE_DIR, POLICY, DATA, CATALOGUE = "shard", "role", "state-dir", "policy", "data", "catalogue"
 
 HELLO_VERSION = 1
+
+# a secure-aggregation request's fields: its stage (each node or key holder stage message names one) and the
+# session's tag (the set-up's ``join`` and the key holder's ``start``)
+STAGE, SESSION_TAG = "stage", "session_tag"
+# the session's set-up stages (deploy/server/summer.py sends them): each node's ``keys`` reply, each node's ``join``
+# of the session (its reply: ``joined``), and, for a scheme with a key holder, the key holder's ``start``
+KEYS, JOIN, JOINED, START = "keys", "join", "joined", "start"
+
+# the key map of a ``keys`` reply (and of a node's signed entry of it): each user's public identity key as
+# ``k:U``; :func:`user_keys` builds it, :func:`keys_of` reads it back, :func:`other_fields` the reply's other keys
+USER_KEY = "k:"
+
+
+def user_keys(public: Mapping[int, bytes]) -> dict[str, bytes]:
+    """The ``k:U`` fields of a keys reply: user U's public identity key, for each user of ``public``."""
+    return {f"{USER_KEY}{u}": key for u, key in public.items()}
+
+
+def keys_of(fields: Mapping) -> dict[int, bytes]:
+    """The users' public identity keys in ``fields`` (its ``k:U`` entries; inverse of :func:`user_keys`)."""
+    return {int(k[len(USER_KEY) :]): v for k, v in fields.items() if k.startswith(USER_KEY)}
+
+
+def other_fields(fields: Mapping) -> dict:
+    """The fields of ``fields`` that are not a user's key (under BFV, a node's ``seal``)."""
+    return {k: v for k, v in fields.items() if not k.startswith(USER_KEY)}
+
 
 # the set-up's signed public keys (deploy/node/pinned.py): a node's keys reply carries ``entry``, its identity
 # key's signature over the reply's public keys; the server forwards node K's entry as ``e:K`` to every node and the
@@ -81,7 +109,7 @@ def request(stage: str, messages: Mapping[int, bytes], broadcast: bytes | None =
     No round travels beside them: a node acts on the round of its users'
     signed announcement only (``deploy/node/masking_node.py``).
     """
-    out: dict = {"stage": stage, "users": np.asarray(sorted(messages), dtype=np.int64)}
+    out: dict = {STAGE: stage, "users": np.asarray(sorted(messages), dtype=np.int64)}
     if broadcast is not None:
         out["broadcast"] = broadcast
     else:

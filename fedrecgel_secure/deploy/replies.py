@@ -1,5 +1,6 @@
 """What a node sends back to the server, in one place for both sides: the train reply, the evaluation reply, and
-the declaration of every field any reply may carry (:data:`FIELDS`).
+the declaration of every field any reply may carry (:data:`FIELDS`; a scheme's own, from its row of the scheme
+table, :mod:`.schemes`).
 
 The rule (docs/privacy/threat-model.md): a node sends the server its share of a secure sum, and protocol messages
 that carry no function of its users' data; nothing else. Under secure aggregation or DP a train reply carries no
@@ -19,6 +20,9 @@ from fnmatch import fnmatchcase
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import DeploymentError, UndeclaredField
+from fedrecgel_secure.deploy.messages import ENTRY, JOINED, USER_KEY
+from fedrecgel_secure.deploy.schemes import DEPLOYED
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 
 VECTORS = ("rows", "row_item", "row_owner", "mlp")  # the plaintext uploads, absent under secure aggregation
@@ -26,37 +30,34 @@ REPORTS = ("reports",)  # their metrics summed over them (evaluation scope "roun
 LOSS = ("bce", "examples")  # the summed loss and number of examples, only where reports_in_clear
 EVALUATION = ("evaluation", "users", "sums")  # a node's HR/NDCG sums over all its users, only where reports_in_clear
 
+
+def _of_schemes(part: str) -> tuple[str, ...]:
+    """The field patterns the deployed schemes' rows add (:data:`.schemes.DEPLOYED`: ``shares`` or
+    ``protocol_fields``), each once, in the rows' order."""
+    return tuple(dict.fromkeys(p for row in DEPLOYED.values() for p in getattr(row, part)))
+
+
 # Every field of every reply a node (or the key holder) sends, by what it is; ``*`` stands for a user or node id.
+# What a scheme adds is declared in its row of the scheme table (:mod:`.schemes`), the rest here.
 # A node refuses to send a field that is not here (:func:`check`), and tests/attacks/test_deploy_reply_fields.py
 # runs each scheme and fails on any field it sees that is not declared and allowed for that policy.
 FIELDS: dict[str, tuple[str, ...]] = {
     # a share of the secure sum, or (the key holder) its release: what secure aggregation and DP cover
-    "secure sum": (
-        "group",  # masking: the node's users' masked inputs, summed
-        "partial",  # BFV: the node's users' vectors as one ciphertext
-        "total",  # the BFV key holder's release
-        "dpf:*",  # DPF: a user's upload, its rows as DPF keys and its dense values padded, sealed to each server
-        "share",  # the DPF key holder's share of the checked sum, plus its central noise
-    ),
+    "secure sum": _of_schemes("shares"),
     # signed protocol messages and public keys: their contents are fixed by the protocol (fresh keys, encrypted
     # shares, signatures over what the server sent) and by the policy, not by the users' data
     "protocol": (
-        "r:*",  # a user's signed reply to a masking stage (advert, encrypted shares, confirmation, unmasking shares)
-        "x:*",  # a user's refusal: a reason class (``wrong_round``, ``inconsistent``, ...)
-        "k:*",  # a user's public identity key (set-up)
-        "entry",  # a node's signature over the public keys of its keys reply (deploy/node/pinned.py)
+        f"{USER_KEY}*",  # a user's public identity key (set-up)
+        ENTRY,  # a node's signature over the public keys of its keys reply (deploy/node/pinned.py)
         "signed",  # the key holder's signature over its public set-up material (deploy/node/pinned.py)
-        "seal",  # a public sealing key: the node's (BFV set-up), the DPF key holder's (its set-up)
-        "joined",
-        "context",  # the BFV public context (the key holder)
-        "sealed:*",  # tag keys sealed to a node (the key holder)
+        JOINED,
         "refused",  # the key holder's refusal: a reason class
-        "answer",  # the DPF key holder's check: per user, its digest of the keys' leaf proofs, or a reason class
         "shard",  # hello: who the node says it is, signed over the server's nonce
         "role",
         "digest",
         "identity",
         "hello",
+        *_of_schemes("protocol_fields"),
     ),
     # the users that trained: the server's own sample, echoed back (a node answers for exactly the users asked)
     "sample": ("clients",),
@@ -96,7 +97,7 @@ REASONS: dict[str, str] = {
 REASONS.update({str(r): f"a protocol check refused the payload ({r.name})" for r in Reason})
 
 
-class Refused(RuntimeError):
+class Refused(DeploymentError):
     """A message the node will not answer, with its reason class (:data:`REASONS`) and, for the node's own log
     only, the details. The error reply carries the class alone (:func:`reason_of`)."""
 
@@ -107,7 +108,7 @@ class Refused(RuntimeError):
         self.reason, self.detail = reason, detail
 
 
-class NodeError(RuntimeError):
+class NodeError(DeploymentError):
     """What the SuperNode's relay raises for an error reply: its text, which Flower sends to the server as the
     error's reason, is one of :data:`REASONS` and nothing else."""
 
@@ -137,7 +138,7 @@ def declared_reason(reason: str) -> bool:
 
 def reports_in_clear(policy) -> bool:
     """Whether a node reports its users' summed loss, examples and evaluation sums: only where the server sees their
-    uploads in the clear and no DP bounds what it learns (scheme ``none``, DP off)."""
+    uploads in the clear and no DP bounds what it learns (no secure aggregation, DP off)."""
     from fedrecgel_secure.federation.reports import protects_uploads
 
     return not protects_uploads(policy)
@@ -161,10 +162,10 @@ def undeclared(policy, payload: dict) -> list[str]:
 
 
 def check(policy, payload: dict) -> dict:
-    """``payload``, refused (RuntimeError) if it holds a field a node of ``policy`` may not send."""
+    """``payload``, refused (:class:`~.errors.UndeclaredField`) if it has a field a node of ``policy`` may not send."""
     bad = undeclared(policy, payload)
     if bad:
-        raise RuntimeError(f"a reply field not declared in deploy.replies.FIELDS for this policy: {bad}")
+        raise UndeclaredField(f"a reply field not declared in deploy.replies.FIELDS for this policy: {bad}")
     return payload
 
 

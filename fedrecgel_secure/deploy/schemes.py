@@ -2,8 +2,9 @@
 read instead of comparing the scheme's name.
 
 A row adds to the scheme's shared facts (:class:`~fedrecgel_secure.privacy.secagg.schemes.Scheme`: sealed uploads,
-a key holder) where its server and node code live. They are named as ``"module:attribute"`` and imported only by
-the role that runs them (``part``): the launcher and the node's relay read this table without loading torch
+a key holder) where its server and node code live, and the fields its replies add to those every scheme sends
+(:data:`.replies.FIELDS`). The code is named as ``"module:attribute"`` and imported only by
+the role that runs it (``part``): the launcher and the node's relay read this table without loading torch
 or a protocol, and a server never imports a node's code. :class:`Setup` is what every party of a session derives
 from the policy, so the server and the nodes agree on it without sending it.
 """
@@ -14,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.schemes import SCHEMES, Scheme, scheme_of
 from fedrecgel_secure.privacy.secagg.settings import encoding
@@ -67,6 +69,9 @@ class Deployed:
     its stages; ``key_holder_state``: the files it keeps, as the plan states them.
     The launcher reads :attr:`Scheme.key_holder` (one more SuperNode, ``role=keyholder``), ``round_stages`` (to
     bound how long a run may take) and ``server_sees`` (for the line it prints on start).
+    ``shares`` and ``protocol_fields``: the fields its nodes' and key holder's replies add to those every scheme
+    sends, as :data:`.replies.FIELDS` declares them (``*`` a user or node id): its shares of the secure sum, and
+    its protocol messages and public keys, which carry no function of the users' data.
     """
 
     scheme: Scheme
@@ -76,6 +81,8 @@ class Deployed:
     node_role: str | None = None
     key_holder_role: str | None = None
     key_holder_state: tuple[str, ...] = ()
+    shares: tuple[str, ...] = ()
+    protocol_fields: tuple[str, ...] = ()
 
 
 _ROLES = "fedrecgel_secure.deploy"
@@ -87,6 +94,10 @@ DEPLOYED = {
         round_stages=4,  # share, masked, confirm, unmask (the adverts ride on the train stage)
         server_summer=f"{_ROLES}.server.masking_summer:NodeMaskingSum.for_deployment",
         node_role=f"{_ROLES}.node.masking_node:MaskingNode",
+        shares=("group",),  # the node's users' masked inputs, summed
+        # a user's signed reply to a masking stage (advert, encrypted shares, confirmation, unmasking shares), and
+        # a user's refusal: a reason class (``wrong_round``, ``inconsistent``, ...)
+        protocol_fields=("r:*", "x:*"),
     ),
     "bfv": Deployed(
         SCHEMES["bfv"],
@@ -99,6 +110,10 @@ DEPLOYED = {
             "keyholder.key (the BFV secret key and tag master key, made on first use, 0600),",
             "session.json (the last round it released)",
         ),
+        shares=("partial", "total"),  # the node's users' vectors as one ciphertext; the key holder's release
+        # the node's public sealing key (its keys reply), the key holder's public context and the tag keys it
+        # sealed to each node (its start reply)
+        protocol_fields=("seal", "context", "sealed:*"),
     ),
     "dpf": Deployed(
         SCHEMES["dpf"],
@@ -111,6 +126,12 @@ DEPLOYED = {
             "dpf-seal.key (its X25519 sealing key, made on first use, 0600),",
             "dpf-session.json (the last round it released), dpf-pending.npz (the share it checked, until released)",
         ),
+        # a user's upload, its rows as DPF keys and its dense values padded, sealed to each server; the key
+        # holder's share of the checked sum, plus its central noise
+        shares=(f"{DPF_UPLOAD}*", "share"),
+        # the key holder's public sealing key (its start reply), and its check: per user, its digest of the keys'
+        # leaf proofs, or a reason class
+        protocol_fields=("seal", "answer"),
     ),
 }
 

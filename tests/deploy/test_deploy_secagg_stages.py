@@ -15,7 +15,7 @@ import pytest
 
 from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.node.masking_node import MaskingNode
-from fedrecgel_secure.deploy.server.masking_driver import reported_keys
+from fedrecgel_secure.deploy.server.summer import reported_keys
 from fedrecgel_secure.privacy.secagg import (
     RoundSkipped,
     ServerIdentity,

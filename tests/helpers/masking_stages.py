@@ -9,7 +9,8 @@ import numpy as np
 from fedrecgel_secure.deploy.messages import messages_of, reply
 from fedrecgel_secure.deploy.node.masking_node import MaskingNode
 from fedrecgel_secure.deploy.schemes import Setup
-from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
+from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver
+from fedrecgel_secure.deploy.server.summer import reported_keys
 from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg import (
     FixedPoint,

@@ -11,6 +11,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from fedrecgel_secure.deploy.errors import LaunchError
 from fedrecgel_secure.deploy.launch.processes import flower_bin
 
 TIMEOUT = 60.0  # seconds for one flwr call on a loaded machine
@@ -36,7 +37,7 @@ class Control:
                 check=False,
             )
         if done.returncode != 0:
-            raise RuntimeError(f"flwr supernode register {public_key} failed (exit {done.returncode}); see {log}")
+            raise LaunchError(f"flwr supernode register {public_key} failed (exit {done.returncode}); see {log}")
 
     def supernodes(self) -> list[dict]:
         """The SuperLink's node list (``flwr supernode list local --format json``): node-id, status, ..."""

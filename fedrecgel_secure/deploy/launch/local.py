@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fedrecgel_secure.data.shards import MANIFEST, shard_name, write_shards
 from fedrecgel_secure.deploy import private_run_dir
+from fedrecgel_secure.deploy.errors import LaunchError
 from fedrecgel_secure.deploy.launch.control import Control
 from fedrecgel_secure.deploy.launch.layout import (
     CONTROL_TOKEN_FILE,
@@ -230,7 +231,7 @@ class Deployment:
             path = socket_path(state_dir_for(self.policy, self.out, _role(name.removeprefix("engine-"))))
             while not path.exists():
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.procs.log_dir}/{name}.log")
+                    raise LaunchError(f"{name} exited with {proc.returncode}; see {self.procs.log_dir}/{name}.log")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} is not listening after {timeout:g} s; see {self.procs.log_dir}")
                 time.sleep(0.1)
@@ -328,7 +329,7 @@ class Deployment:
             if run.poll() is not None and not self.serverapp_pids():
                 time.sleep(1.0)  # the summary may land just after flwr run returns
                 if not (summary.exists() and summary.stat().st_mtime >= started):
-                    raise RuntimeError(
+                    raise LaunchError(
                         f"the run ended without {SUMMARY}; see {self.out / 'logs'} (flwr run exit {run.returncode})."
                         f" The end of the ServerApp's log:\n{self.procs.log_tail('flwr-run')}"
                     )

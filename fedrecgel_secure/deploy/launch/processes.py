@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedrecgel_secure.deploy.errors import LaunchError
+
 
 def flower_scripts() -> Path | None:
     """The folder of this interpreter's console scripts, where pip put flwr's (``flower-superlink``,
@@ -78,7 +80,7 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen |
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before listening on {host}:{port}")
+            raise LaunchError(f"{proc.args[0]} exited with {proc.returncode} before listening on {host}:{port}")
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import SetupError
+from fedrecgel_secure.deploy.messages import SESSION_TAG, STAGE, START, user_keys
 from fedrecgel_secure.deploy.node.keyholder import NoiseFor, key_holder_population
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
@@ -88,11 +90,11 @@ class HENode:
     # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
     def keys_reply(self) -> dict:
         """The ``keys`` set-up stage: each user's public identity key, and the node's sealing key."""
-        return {**{f"k:{u}": k for u, k in self.keys.public_keys().items()}, "seal": self.sealing_key()}
+        return {**user_keys(self.keys.public_keys()), "seal": self.sealing_key()}
 
     def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
         """The ``join`` set-up stage: the key holder's public context and the tag keys it sealed to this node."""
-        self.join(request["context"], request["session_tag"], request["sealed"], directory)
+        self.join(request["context"], request[SESSION_TAG], request["sealed"], directory)
 
     @staticmethod
     def key_holder_public(request: Mapping) -> bytes:
@@ -236,14 +238,14 @@ class KeyHolderNode:
         the central noise its node draws, :class:`~.keyholder.CentralNoise`; nothing the request says sizes it)."""
         from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 
-        if request["stage"] == "start":
+        if request[STAGE] == START:
             # the users' keys, each node's users and sealing key: only as the nodes signed them; the public
             # context signed by this key holder's identity key, so that no node encrypts to another
             from fedrecgel_secure.deploy.node.pinned import sign_public
 
             if self.pins is None:
-                raise RuntimeError("a BFV key holder node needs its policy's pinned keys to start a session")
-            tag = bytes(request["session_tag"])
+                raise SetupError("a BFV key holder node needs its policy's pinned keys to start a session")
+            tag = bytes(request[SESSION_TAG])
             d = self.pins.directory(request)
             seal = {n: fields["seal"] for n, fields in d.fields.items()}
             public, sealed = self.start(d.keys, tag, seal, d.users_of)

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.messages import DPF_UPLOAD
+from fedrecgel_secure.deploy.errors import DeploymentError, SetupError
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD, SESSION_TAG, STAGE, START, user_keys
 from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
@@ -64,7 +65,7 @@ class DPFNode(UserIdentities):
     # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
     def keys_reply(self) -> dict:
         """The ``keys`` set-up stage: each user's public identity key."""
-        return {f"k:{u}": k for u, k in self.public_keys().items()}
+        return user_keys(self.public_keys())
 
     def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
         """The ``join`` set-up stage: the session tag and the two servers' public sealing keys (the server's,
@@ -73,7 +74,7 @@ class DPFNode(UserIdentities):
         keys = bytes(request["seal_keys"])
         if len(keys) != 64:
             raise ValueError("the session's seal_keys must be the two servers' X25519 public keys, 32 bytes each")
-        facts = {"session_tag": bytes(request["session_tag"]).hex(), "seal_keys": [keys[:32].hex(), keys[32:].hex()]}
+        facts = {"session_tag": bytes(request[SESSION_TAG]).hex(), "seal_keys": [keys[:32].hex(), keys[32:].hex()]}
         write_private_file(self.dir / NODE_SESSION, json.dumps(facts).encode())
 
     @staticmethod
@@ -91,7 +92,7 @@ class DPFNode(UserIdentities):
         from fedrecgel_secure.privacy.secagg.dpf.wire import Binding
 
         if shares is not None:  # the policy refuses distributed DP under dpf; a node never sends a dense share
-            raise RuntimeError("scheme 'dpf' takes no noise shares: the key holder adds the central noise")
+            raise DeploymentError("scheme 'dpf' takes no noise shares: the key holder adds the central noise")
         # every envelope is signed over the model and DP settings this node was sent, and the clip norm its users
         # clipped to: neither server sums users sent another model, and the key holder adds noise for that C
         clip_norm = request.get("clip_norm")
@@ -156,12 +157,12 @@ class DPFKeyHolderNode:
         ``release`` (its noised share); a refusal (``refused``: its reason class) for a request it will not serve."""
         from fedrecgel_secure.deploy.node.pinned import sign_public
 
-        stage = request["stage"]
+        stage = request[STAGE]
         try:
-            if stage == "start":  # the directory the nodes signed; its sealing key signed by its identity key
+            if stage == START:  # the directory the nodes signed; its sealing key signed by its identity key
                 if self.pins is None:
-                    raise RuntimeError("a DPF key holder node needs its policy's pinned keys to start a session")
-                tag = bytes(request["session_tag"])
+                    raise SetupError("a DPF key holder node needs its policy's pinned keys to start a session")
+                tag = bytes(request[SESSION_TAG])
                 public = self.start(self.pins.directory(request).keys, tag)
                 return {"seal": public, "signed": sign_public(self.dir, public, tag)}
             if stage == "check":
@@ -172,7 +173,7 @@ class DPFKeyHolderNode:
         except RejectedPayload as exc:
             log.warning("DPF key holder refused a %s request: %s", stage, exc)
             return {"refused": exc.reason.value}
-        raise RuntimeError(f"the DPF key holder has no stage {stage!r}")
+        raise DeploymentError(f"the DPF key holder has no stage {stage!r}")
 
     def sealing_key(self) -> bytes:
         """The raw private half of the key holder's X25519 sealing key: made here on first use, 0600, never sent."""

@@ -146,27 +146,37 @@ def secagg(msg: Message, context: Context) -> Message:
     """Secure aggregation for this node's users: the session's set-up (``keys``, ``join``; every scheme) and
     masking's stages (:mod:`fedrecgel_secure.deploy.node.masking_node`,
     :mod:`fedrecgel_secure.deploy.node.bfv_node`, :mod:`fedrecgel_secure.deploy.node.dpf_node`)."""
-    from fedrecgel_secure.deploy.messages import ENTRY, HOLDER_SIGNED, messages_of, reply
+    from fedrecgel_secure.deploy.messages import (
+        ENTRY,
+        HOLDER_SIGNED,
+        JOIN,
+        JOINED,
+        KEYS,
+        SESSION_TAG,
+        STAGE,
+        messages_of,
+        reply,
+    )
     from fedrecgel_secure.deploy.node.pinned import Pins, sign_entry
 
     req = from_record(msg.content)
     resident = _node(context, req["digest"])
     node = _role(context, resident, int(req["dim"]))
-    stage = str(req["stage"])
+    stage = str(req[STAGE])
     policy = resident.policy
-    if stage == "keys":  # its entry of the directory: the reply's public keys, signed by the node's identity key
+    if stage == KEYS:  # its entry of the directory: the reply's public keys, signed by the node's identity key
         out = node.keys_reply()
         out[ENTRY] = sign_entry(Path(context.node_config[STATE_DIR]), resident.shard, policy.digest(), out)
-    elif stage == "join":
+    elif stage == JOIN:
         # nothing of the session is taken from the server unsigned: the directory is the one every node signed
         # under the key this node's own policy pins for it, and the key holder's public keys (sealing key,
         # context) are those it signed under its pinned key; otherwise the node refuses, and seals nothing
         pins = Pins(policy)
         directory = pins.directory(req)
         if deployed(policy).scheme.key_holder:
-            pins.key_holder_public(node.key_holder_public(req), req["session_tag"], req.get(HOLDER_SIGNED))
+            pins.key_holder_public(node.key_holder_public(req), req[SESSION_TAG], req.get(HOLDER_SIGNED))
         node.join_session(req, directory.keys)
-        out = {"joined": 1}
+        out = {JOINED: 1}
     else:
         # each user masks its input of the round its attempt's signed announcement names; the payload's round is
         # never read, so a server cannot relabel a released round's inputs for a new attempt

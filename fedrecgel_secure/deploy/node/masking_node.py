@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrecgel_secure.deploy.messages import StageResult
+from fedrecgel_secure.deploy.messages import SESSION_TAG, StageResult, user_keys
 from fedrecgel_secure.deploy.node.masking_client_state import end_attempt, load_attempt, save_attempt
 from fedrecgel_secure.deploy.node.users import UserIdentities
 from fedrecgel_secure.deploy.schemes import Setup
@@ -76,11 +76,11 @@ class MaskingNode(UserIdentities):
     # -- the scheme table's node role (:mod:`fedrecgel_secure.deploy.schemes`) --------------------------
     def keys_reply(self) -> dict:
         """The ``keys`` set-up stage: each user's public identity key."""
-        return {f"k:{u}": k for u, k in self.public_keys().items()}
+        return user_keys(self.public_keys())
 
     def join_session(self, request: Mapping, directory: Mapping[int, bytes]) -> None:
         """The ``join`` set-up stage: the server's signing key and session tag, and every user's key."""
-        self.join(request["server_key"], request["session_tag"], directory)
+        self.join(request["server_key"], request[SESSION_TAG], directory)
 
     def train_reply(self, round_idx: int, clients, vectors, shares, sampled: int | None, request: Mapping) -> dict:
         """What the train reply carries for masking: no vector (they stay here until the masked stage) but the

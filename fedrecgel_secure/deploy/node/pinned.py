@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrecgel_secure.deploy.messages import ENTRY_OF, HOLDER_SIGNED, KEY_HOLDER
+from fedrecgel_secure.deploy.messages import ENTRY_OF, HOLDER_SIGNED, KEY_HOLDER, keys_of, other_fields
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload
 
 ENTRY_CONTEXT = b"fedrecgel/deploy/node-keys/v1\x00"  # + the policy digest: an entry of one policy's deployment
@@ -122,13 +122,13 @@ class Pins:
                 raise RejectedPayload(Reason.GARBAGE, f"node {node}'s entry of the directory is not one") from None
             if body.get("shard") != node:
                 raise RejectedPayload(Reason.INCONSISTENT, f"the entry sent as node {node}'s names another node")
-            users = {int(k[2:]): v for k, v in own.items() if k.startswith("k:")}
+            users = keys_of(own)
             twice = sorted(set(users) & set(keys))
             if twice:
                 raise RejectedPayload(Reason.DUPLICATE_CLIENT, f"users {twice[:10]} are in two nodes' entries")
             keys.update(users)
             users_of[node] = sorted(users)
-            fields[node] = {k: v for k, v in own.items() if not k.startswith("k:")}
+            fields[node] = other_fields(own)
         return Directory(keys, users_of, fields)
 
     def key_holder_public(self, public: bytes, session_tag: bytes, signature: bytes | None) -> bytes:

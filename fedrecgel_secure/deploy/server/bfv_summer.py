@@ -11,7 +11,8 @@ one summed aggregate of the round, checks its proofs and tags, adds the central
 DP noise it draws itself, sized from its own policy (C, under adaptive clipping
 replayed over the released counts the server sends, and N), and returns the sum.
 
-The session is set up once per server process (:meth:`NodeHESum.start`): the
+The session is set up once per server process (:meth:`NodeHESum.start`, the
+sealed schemes' flow of :class:`.summer.SealedSummer`): the
 nodes report their users' identity keys and their sealing keys, the key holder
 makes (or, after a resume, reloads) the BFV keys and seals each node's tag keys
 to it, and every node joins with the public context.
@@ -20,17 +21,15 @@ to it, and every node joins with the public context.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.messages import HOLDER_SIGNED, entries
+from fedrecgel_secure.deploy.messages import HOLDER_SIGNED, STAGE
 from fedrecgel_secure.deploy.schemes import Setup
-from fedrecgel_secure.deploy.server.masking_driver import reported_keys
-from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall
+from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall, SealedSummer
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
@@ -38,7 +37,9 @@ from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 
-class NodeHESum:
+class NodeHESum(SealedSummer):
+    label = "BFV"
+
     def __init__(
         self,
         setup: Setup,
@@ -46,46 +47,30 @@ class NodeHESum:
         key_holder: KeyHolderCall,
         users_of: dict[int, list[int]],
     ):
-        self.setup, self.exchange, self.key_holder, self.users_of = setup, exchange, key_holder, users_of
+        super().__init__(setup, exchange, key_holder, users_of)
         self.aggregator = None
         self.partials: dict[int, bytes] = {}  # this round's summed ciphertexts, by node, from the train replies
 
-    def start(self) -> None:
-        """Users' identity keys and nodes' sealing keys in, the key holder's session out, every node joined."""
+    # -- the set-up's hooks (:meth:`SealedSummer.start`): users' identity keys and nodes' sealing keys in, the key
+    # holder's session out (the public context, with its signature, and each node's tag keys sealed to it) ------
+    def open_session(self, public: dict[int, bytes], tag: bytes, holder: dict):
+        return public, tag, holder["context"]
+
+    def join_fields(self, shard: int, session, holder: dict) -> dict:
+        return {
+            "context": holder["context"],
+            "sealed": holder[f"sealed:{shard}"],
+            HOLDER_SIGNED: holder.get("signed", b""),
+        }
+
+    def opened(self, session) -> None:
         from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
-        keys = self.exchange("keys", {s: {"stage": "keys"} for s in self.users_of})
-        missing = sorted(set(self.users_of) - set(keys))
-        if missing:
-            raise RuntimeError(f"BFV setup: nodes {missing} did not report their users' keys")
-        public, tag = reported_keys(keys, self.users_of), secrets.token_bytes(16)
-        # the users' keys and the nodes' sealing keys travel as the nodes' signed entries, the public context with
-        # the key holder's signature: each receiver checks them under its own policy's pins (node/pinned.py)
-        signed = entries(keys)
-        session = self.key_holder("start", {"stage": "start", "session_tag": tag, **signed})
-        if session is None:
-            raise RuntimeError("BFV setup: the key holder did not answer")
-        joined = self.exchange(
-            "join",
-            {
-                s: {
-                    "stage": "join",
-                    "context": session["context"],
-                    "session_tag": tag,
-                    "sealed": session[f"sealed:{s}"],
-                    HOLDER_SIGNED: session.get("signed", b""),
-                    **signed,
-                }
-                for s in self.users_of
-            },
-        )
-        missing = sorted(set(self.users_of) - set(joined))
-        if missing:
-            raise RuntimeError(f"BFV setup: nodes {missing} did not join the session")
+        public, tag, context = session
         s = self.setup
         self.aggregator = HEAggregator(
-            session["context"], IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
+            context, IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
         )
 
     def announce(self, round_idx: int, clip_norm: float | None, binding: bytes = b"", released_counts=()) -> None:
@@ -108,8 +93,7 @@ class NodeHESum:
                 self.partials[node] = rep["partial"]
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
-        if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
-            raise RuntimeError("the server holds no client's noise share under deployed BFV")
+        self.no_noise_shares(contributions)
         t0 = time.perf_counter()
         agg, rejected = self.aggregator, {}
         agg.begin_round(round_idx)
@@ -128,7 +112,7 @@ class NodeHESum:
             return SumResult(None, np.zeros(0, dtype=np.int64), skipped=str(skipped), rejected=len(rejected))
         # under central DP the key holder draws the noise (the server never learns it) for the aggregate's own
         # round, with the clip norm of the counts it released itself: the request carries the aggregate alone
-        request = {"stage": "decrypt", "aggregate": aggregate.serialize()}
+        request = {STAGE: "decrypt", "aggregate": aggregate.serialize()}
         reply = self.key_holder("decrypt", request)
         if reply is None or "total" not in reply:
             why = "no reply" if reply is None else reply.get("refused", "refused")

@@ -16,7 +16,8 @@ One release per round: the key holder's record refuses a second, across restarts
 trains a released round again takes its sum from the run directory (:class:`.masking_summer.Releases`): new
 uploads' shares would not add up with the key holder's old one.
 
-The session is set up once per server process (:meth:`NodeDPFSum.start`): the nodes report their users' identity
+The session is set up once per server process (:meth:`NodeDPFSum.start`, the sealed schemes' flow of
+:class:`.summer.SealedSummer`): the nodes report their users' identity
 keys, the key holder its public sealing key (made on its node, never moved), the server makes its own and a session
 tag, and every node joins with the directory and both servers' sealing keys: the directory as the nodes signed
 it, the key holder's sealing key with its signature, which the nodes check under their own pins before they seal
@@ -26,7 +27,6 @@ anything (:mod:`fedrecgel_secure.deploy.node.pinned`).
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,11 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.messages import DPF_UPLOAD, HOLDER_SIGNED, entries
+from fedrecgel_secure.deploy.messages import DPF_UPLOAD, HOLDER_SIGNED, STAGE
 from fedrecgel_secure.deploy.schemes import Setup
-from fedrecgel_secure.deploy.server.masking_driver import reported_keys
 from fedrecgel_secure.deploy.server.masking_summer import Releases
-from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall
+from fedrecgel_secure.deploy.server.summer import Exchange, KeyHolderCall, SealedSummer
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.arithmetic import admit_or_skip
 from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload, RoundSkipped
@@ -46,33 +45,27 @@ from fedrecgel_secure.privacy.secagg.errors import Reason, RejectedPayload, Roun
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 
-class NodeDPFSum:
+class NodeDPFSum(SealedSummer):
+    label = "DPF"
+    holder_fields = ("seal",)  # the key holder's public sealing key
+    holder_silent = "the key holder did not answer with its sealing key"
+
     def __init__(self, setup: Setup, exchange: Exchange, key_holder: KeyHolderCall, users_of: dict[int, list[int]]):
-        self.setup, self.exchange, self.key_holder, self.users_of = setup, exchange, key_holder, users_of
+        super().__init__(setup, exchange, key_holder, users_of)
         self.aggregator = None
         self.uploads: dict[int, dict[int, bytes]] = {}  # this round's uploads, by node and user, from the train replies
         self.binding = None  # this round's wire.Binding: what its uploads must be signed under
         self.counts: list[float] = []  # the released counts this round's clip norm follows from (adaptive clipping)
         self.releases: Releases | None = None
 
-    def start(self) -> None:
-        """Users' identity keys in, the key holder's sealing key in, every node joined (bounded stages)."""
+    # -- the set-up's hooks (:meth:`SealedSummer.start`): users' identity keys in, the key holder's sealing key in,
+    # the server's own made (its aggregator's), and every node joined with both -----------------------------
+    def open_session(self, public: dict[int, bytes], tag: bytes, holder: dict):
         from fedrecgel_secure.privacy.secagg.dpf.servers import DPFAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
-        keys = self.exchange("keys", {s: {"stage": "keys"} for s in self.users_of})
-        missing = sorted(set(self.users_of) - set(keys))
-        if missing:
-            raise RuntimeError(f"DPF setup: nodes {missing} did not report their users' keys")
-        public, tag = reported_keys(keys, self.users_of), secrets.token_bytes(16)
-        # the directory travels as the nodes' signed entries, the key holder's sealing key with its signature:
-        # the nodes and the key holder check them under the identity keys their own policies pin (node/pinned.py)
-        signed = entries(keys)
-        session = self.key_holder("start", {"stage": "start", "session_tag": tag, **signed})
-        if session is None or "seal" not in session:
-            raise RuntimeError("DPF setup: the key holder did not answer with its sealing key")
         s = self.setup
-        aggregator = DPFAggregator(
+        return DPFAggregator(
             IdentityDirectory(public),
             params=s.params,
             dim=s.dim,
@@ -80,19 +73,13 @@ class NodeDPFSum:
             session_tag=tag,
             encoding=s.encoding,
         )
-        seal_keys = aggregator.seal_key + bytes(session["seal"])  # party 0's, then party 1's
-        signature = bytes(session.get("signed", b""))
-        joined = self.exchange(
-            "join",
-            {
-                s: {"stage": "join", "session_tag": tag, "seal_keys": seal_keys, HOLDER_SIGNED: signature, **signed}
-                for s in self.users_of
-            },
-        )
-        missing = sorted(set(self.users_of) - set(joined))
-        if missing:
-            raise RuntimeError(f"DPF setup: nodes {missing} did not join the session")
-        self.aggregator = aggregator
+
+    def join_fields(self, shard: int, session, holder: dict) -> dict:
+        seal_keys = session.seal_key + bytes(holder["seal"])  # party 0's, then party 1's
+        return {"seal_keys": seal_keys, HOLDER_SIGNED: bytes(holder.get("signed", b""))}
+
+    def opened(self, session) -> None:
+        self.aggregator = session
 
     def announce(
         self, round_idx: int, clip_norm: float | None, binding: bytes = b"", released_counts: Sequence[float] = ()
@@ -118,8 +105,7 @@ class NodeDPFSum:
             self.uploads[node] = {int(k[len(DPF_UPLOAD) :]): v for k, v in rep.items() if k.startswith(DPF_UPLOAD)}
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
-        if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
-            raise RuntimeError("the server holds no client's noise share under deployed DPF")
+        self.no_noise_shares(contributions)
         clients = contributions.clients
         uploads, self.uploads = self.uploads, {}
         again = None if self.releases is None else self.releases.get(round_idx, clients, contributions.dtype)
@@ -137,13 +123,13 @@ class NodeDPFSum:
                     rejected[user] = exc.reason.value
         try:
             # the key holder sees the envelopes and the server's digests, and keeps its share until the release
-            request = {"stage": "check", "request": agg.finish(), "released_counts": np.asarray(self.counts)}
+            request = {STAGE: "check", "request": agg.finish(), "released_counts": np.asarray(self.counts)}
             answer = self._ask("check", request, "answer", round_idx)
             contributors = agg.settle(answer)
             rejected.update(agg.refused)
             admit_or_skip(admit, contributors, round_idx, rejected)
             # under central DP the key holder draws the noise and adds it to its share: the server never learns it
-            share = self._ask("release", {"stage": "release", "round": round_idx}, "share", round_idx)
+            share = self._ask("release", {STAGE: "release", "round": round_idx}, "share", round_idx)
             grid_total = agg.combine(share)
         except (RoundSkipped, RejectedPayload) as skipped:
             log.warning("round %d skipped: %s", round_idx, skipped)

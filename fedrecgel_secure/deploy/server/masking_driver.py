@@ -11,7 +11,7 @@ stage on, and the protocol's dropout recovery runs, or the round is skipped
 
 The server holds the :class:`MaskingAggregator` and its :class:`ServerIdentity`;
 it never sees a user's secret or unmasked input. The identity directory is
-built from the public keys the nodes report (:func:`reported_keys`).
+built from the public keys the nodes report (:func:`.summer.reported_keys`).
 
 Which stages may share a message. Already merged: the round's first step
 (advertise) rides on the train message, bound to the model it carries
@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import DeploymentError
 from fedrecgel_secure.deploy.messages import request
 from fedrecgel_secure.deploy.server.summer import Exchange
 from fedrecgel_secure.privacy.secagg.clients import Reply
@@ -46,21 +47,6 @@ from fedrecgel_secure.privacy.secagg.session import RoundResult
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 Admit = Callable[[list[int]], "str | None"]
-
-
-def reported_keys(keys_by_node: Mapping[int, Mapping], users_of: Mapping[int, list[int]]) -> dict[int, bytes]:
-    """Every user's public identity key, as its node reported it (``k:U`` entries); a node reports its users only.
-
-    ``IdentityDirectory(reported_keys(...))`` is the server's directory; the nodes and the key holder build theirs
-    from the nodes' signed entries (:func:`~fedrecgel_secure.deploy.messages.entries`), never from this map.
-    """
-    keys: dict[int, bytes] = {}
-    for node, reported in keys_by_node.items():
-        got = {int(k[2:]): v for k, v in reported.items() if k.startswith("k:")}
-        if sorted(got) != sorted(users_of[node]):
-            raise RuntimeError(f"node {node} reported keys for other users than the ones it hosts")
-        keys.update(got)
-    return keys
 
 
 # the protocol's client steps (as :class:`MaskingClient` names them) and the stages that carry them
@@ -98,7 +84,7 @@ class NodeClients:
         if method == "advertise":
             # nodes answer an announcement only inside the train message, bound to the model it carries
             if self.adverts is None:
-                raise RuntimeError("a deployed masking attempt's adverts come with its round's train replies")
+                raise DeploymentError("a deployed masking attempt's adverts come with its round's train replies")
             replies, self.adverts = self.adverts, None
         else:
             payloads = {}

@@ -6,9 +6,10 @@ but the vectors never reach the server: each node masks its users' vectors
 (kept on disk by its train stage) and the server only routes signed, encrypted
 protocol messages and learns the survivors' sum.
 
-The session is set up once per server process (:meth:`NodeMaskingSum.setup`):
-the nodes report their users' public identity keys, the server makes its
-signing key and a session tag, and sends every node the directory. A resumed
+The session is set up once per server process (:meth:`NodeMaskingSum.start`, the
+sealed schemes' flow of :class:`.summer.SealedSummer`): the nodes report their
+users' public identity keys, the server makes its signing key and a session tag,
+and sends every node the directory. A resumed
 server sets up a new session; the nodes drop any attempt of the old one, and
 their users still refuse every round they confirmed. So a resumed server that
 trains a released round again reuses the sum it released (:class:`Releases`,
@@ -19,17 +20,15 @@ one sum, across restarts too.
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedrecgel_secure.deploy.messages import entries
 from fedrecgel_secure.deploy.schemes import Setup
-from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver, reported_keys
-from fedrecgel_secure.deploy.server.summer import Exchange
+from fedrecgel_secure.deploy.server.masking_driver import MaskingDriver
+from fedrecgel_secure.deploy.server.summer import Exchange, SealedSummer
 from fedrecgel_secure.federation.summers import SecAggCost, SumResult
 from fedrecgel_secure.privacy.secagg.errors import RoundSkipped
 from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory, ServerIdentity
@@ -114,9 +113,11 @@ class Releases:
         )
 
 
-class NodeMaskingSum:
+class NodeMaskingSum(SealedSummer):
+    label = "masking"
+
     def __init__(self, setup: Setup, exchange: Exchange, users_of: dict[int, list[int]]):
-        self.setup, self.exchange, self.users_of = setup, exchange, users_of
+        super().__init__(setup, exchange, None, users_of)  # no key holder
         self.driver: MaskingDriver | None = None
         self.adverts: dict[int, dict] | None = None  # this round's adverts, if they came with the train replies
         self.releases: Releases | None = None
@@ -131,25 +132,15 @@ class NodeMaskingSum:
         """Keep each round's release in ``run_dir`` and reuse it when a resumed server trains that round again."""
         self.releases = Releases(run_dir, keep)
 
-    def start(self) -> None:
-        """Collect the users' public keys from their nodes, then give every node the session (bounded stages)."""
-        shards = {s: {"stage": "keys"} for s in self.users_of}
-        keys = self.exchange("keys", shards)
-        missing = sorted(set(self.users_of) - set(keys))
-        if missing:
-            raise RuntimeError(f"masking setup: nodes {missing} did not report their users' keys")
-        public = reported_keys(keys, self.users_of)
-        server, tag = ServerIdentity.generate(), secrets.token_bytes(16)
-        joined = self.exchange(
-            "join",
-            {
-                s: {"stage": "join", "server_key": server.public_bytes, "session_tag": tag, **entries(keys)}
-                for s in self.users_of
-            },
-        )
-        missing = sorted(set(self.users_of) - set(joined))
-        if missing:
-            raise RuntimeError(f"masking setup: nodes {missing} did not join the session")
+    # -- the set-up's hooks (:meth:`SealedSummer.start`): the server makes its signing key, every node gets it ---
+    def open_session(self, public: dict[int, bytes], tag: bytes, holder: None):
+        return public, ServerIdentity.generate(), tag
+
+    def join_fields(self, shard: int, session, holder: None) -> dict:
+        return {"server_key": session[1].public_bytes}
+
+    def opened(self, session) -> None:
+        public, server, tag = session
         self.driver = MaskingDriver(aggregator(self.setup, public, server, tag), self.exchange, self.users_of)
 
     def announce(
@@ -169,8 +160,7 @@ class NodeMaskingSum:
         self.adverts = replies
 
     def __call__(self, round_idx, contributions, *, central_noise=None, admit=None) -> SumResult:
-        if contributions.noise is not None:  # noise shares are drawn on the nodes, never by the server
-            raise RuntimeError("the server holds no client's noise share under deployed masking")
+        self.no_noise_shares(contributions)
         noise = None if central_noise is None else central_noise.double().numpy()
         if self.driver is None:
             self.start()

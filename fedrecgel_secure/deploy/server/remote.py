@@ -27,6 +27,7 @@ from torch.nn.utils import parameters_to_vector
 
 from fedrecgel_secure.data.split import Catalogue
 from fedrecgel_secure.deploy import check_deployable
+from fedrecgel_secure.deploy.errors import DeploymentError
 from fedrecgel_secure.deploy.replies import EvaluationReply, TrainReply, reports_in_clear
 from fedrecgel_secure.deploy.schemes import deployed, setup_of
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
@@ -67,10 +68,10 @@ class SealedUploads(Uploads):
         self.num_clients = num_clients
 
     def vector(self, c: int) -> torch.Tensor:
-        raise RuntimeError("under secure aggregation the server has no client's upload")
+        raise DeploymentError("under secure aggregation the server has no client's upload")
 
     def total(self) -> torch.Tensor:
-        raise RuntimeError("under secure aggregation the server has no client's upload")
+        raise DeploymentError("under secure aggregation the server has no client's upload")
 
 
 class RemoteTrainer(Trainer):
@@ -140,7 +141,9 @@ class RemoteTrainer(Trainer):
         # the round still to be evaluated (defers_evaluation): this round's train stage carries its model
         pending = None if self.pending is None else self.pending.round
         if pending is not None and pending != self.round:
-            raise RuntimeError(f"round {r}: round {pending}'s evaluation is pending, but the model is {self.round}'s")
+            raise DeploymentError(
+                f"round {r}: round {pending}'s evaluation is pending, but the model is {self.round}'s"
+            )
         self.evaluated = None
         if not clients.size:
             if pending is not None and self.scope != ROUND:  # no train stage: the evaluation has a stage of its own
@@ -232,7 +235,7 @@ class RemoteTrainer(Trainer):
     def _metrics(self, replies: dict[int, dict]) -> dict[str, float]:
         """The metrics over every user that answered: the nodes' sums added, divided by their count."""
         if not replies:
-            raise RuntimeError(f"round {self.round}: no node answered the evaluation within the stage timeout")
+            raise DeploymentError(f"round {self.round}: no node answered the evaluation within the stage timeout")
         got = [EvaluationReply.of(replies[s]) for s in sorted(replies)]
         users = sum(rep.users for rep in got)
         sums = {k: sum((rep.sums[k] for rep in got), 0.0) for k in got[0].sums}

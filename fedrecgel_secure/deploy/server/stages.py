@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrecgel_secure.deploy.errors import ConnectError
 from fedrecgel_secure.deploy.messages import EVALUATE, HELLO, KEY_HOLDER_STAGE, SECAGG, TRAIN, query
 from fedrecgel_secure.deploy.timing import mean_parts, reply_parts
 from fedrecgel_secure.deploy.wire import from_record, to_record
@@ -153,11 +154,11 @@ class FlowerStages:
             write_pins(self.run_dir, pins)
         missing = [w for w in expected if w not in bound and w != HOLDER]
         if len(missing) == self.settings.nodes:
-            raise RuntimeError(f"no shard has a node after {wait:g} s ({len(refused)} refused)")
+            raise ConnectError(f"no shard has a node after {wait:g} s ({len(refused)} refused)")
         if missing:
             self.log(f"hello: shards {missing} have no node after {wait:g} s: their users drop out")
         if self.with_key_holder and HOLDER not in bound:
-            raise RuntimeError(f"no key holder (a SuperNode with role=keyholder) connected after {wait:g} s")
+            raise ConnectError(f"no key holder (a SuperNode with role=keyholder) connected after {wait:g} s")
         self.key_holder_node = bound.get(HOLDER)
         self.node_of = {int(w): nid for w, nid in bound.items() if w != HOLDER}
 
