@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.threshold import consistency_threshold
 
 from .. import shamir
 from ..errors import Reason, RejectedPayload
@@ -86,7 +87,7 @@ class MaskingParams:
 
     def consistency_threshold(self, n: int) -> int:
         """T = ⌊f·n⌋ + 1: the signatures on one survivor set a client needs before it releases shares."""
-        return min(n, math.floor(self.consistency * n + 1e-9) + 1)
+        return consistency_threshold(self.consistency, n)
 
 
 RING_BITS = 64
