@@ -86,6 +86,22 @@ def test_importing_the_policy_in_a_fresh_interpreter_loads_no_privacy_module():
     assert not [m for m in loaded if in_package(m, f"{PACKAGE}.privacy")]
 
 
+def test_the_dp_code_imports_no_secure_aggregation_code():
+    # privacy.dp reads a scheme's facts (fedrecgel_secure.scheme_facts) and the survivor threshold
+    # (privacy.threshold), never the protocols' code: a lazy import counts too, and so does one reached through
+    # another module
+    graph = import_graph()
+    dp = {m for m in graph if in_package(m, f"{PACKAGE}.privacy.dp")}
+    assert len(dp) > 5 and any(t == f"{PACKAGE}.scheme_facts" for m in dp for t in graph[m])
+    leaks = sorted(m for m in reachable(graph, dp) if in_package(m, f"{PACKAGE}.privacy.secagg"))
+    assert not leaks, f"fedrecgel_secure.privacy.dp reaches {leaks}"
+
+
+def test_the_scheme_facts_import_nothing_of_the_package():
+    # the table sits below every layer: the policy, the DP code and the protocols all read it
+    assert not import_graph()[f"{PACKAGE}.scheme_facts"]
+
+
 def test_the_server_never_imports_node_code_nor_a_node_server_code():
     # A machine's role names the code it loads (deploy/__init__.py): what both sides read lives at the top of
     # deploy/ (messages, replies, wire, schemes); a lazy import counts too.

@@ -18,6 +18,7 @@ from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.secagg import DpfPolicy
 from fedrecgel_secure.policy.section import Section
 from fedrecgel_secure.policy.tracking import TrackingPolicy
+from fedrecgel_secure.scheme_facts import facts_of
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
@@ -59,7 +60,8 @@ class Policy(Section):
     @model_validator(mode="after")
     def _clipped_bit_is_covered(self) -> Policy:
         dp, secagg = self.privacy.dp, self.privacy.secure_aggregation
-        if dp.enabled and dp.adaptive_clipping is not None and secagg.scheme != "none" and secagg.cover != "shared":
+        sealed = facts_of(secagg.scheme).sealed
+        if dp.enabled and dp.adaptive_clipping is not None and sealed and secagg.cover != "shared":
             raise BadInputError(
                 "privacy.dp.adaptive_clipping with privacy.secure_aggregation.cover = 'item_embeddings': each client's"
                 " clipped bit travels with its upload and would be summed outside the protocol, where the server"
@@ -78,26 +80,26 @@ class Policy(Section):
 
     @model_validator(mode="after")
     def _dp_observers_need_secure_sums(self) -> Policy:
-        dp, scheme = self.privacy.dp, self.privacy.secure_aggregation.scheme
-        if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or scheme != "masking"):
+        dp, scheme = self.privacy.dp, facts_of(self.privacy.secure_aggregation.scheme)
+        if dp.enabled and dp.shares == "threshold" and (dp.mode != "distributed" or not scheme.threshold_shares):
             raise BadInputError(
                 "privacy.dp.shares = 'threshold' sizes distributed noise shares for the masking protocol's survivor"
                 " threshold: it needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
             )
-        if dp.enabled and dp.mode == "distributed" and scheme == "dpf":
+        if dp.enabled and dp.mode == "distributed" and not scheme.noise_shares:
             raise BadInputError(
                 "privacy.dp.mode = 'distributed' with privacy.secure_aggregation.scheme = 'dpf': a client's noise"
                 " share is dense and would touch every row the scheme keeps sparse; use mode = 'central' (the key"
                 " holder adds the noise, which the aggregator never learns)"
             )
         summed = dp.enabled and dp.simulate_shares == "summed"
-        if summed and scheme != "none" and self.privacy.secure_aggregation.simulation != "arithmetic":
+        if summed and scheme.sealed and self.privacy.secure_aggregation.simulation != "arithmetic":
             raise BadInputError(
                 "privacy.dp.simulate_shares = 'summed' with privacy.secure_aggregation.simulation = 'protocol': the"
                 " protocol's clients each draw their own share; set simulation = 'arithmetic' (the same sum without"
                 " cryptography) or simulate_shares = 'per_client'"
             )
-        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or scheme == "none"):
+        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or not scheme.sealed):
             raise BadInputError(
                 "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
                 " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload)"

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy.section import Section
+from fedrecgel_secure.scheme_facts import RETIRED, facts_of
 
 
 class BfvPolicy(Section):
@@ -151,8 +152,9 @@ class SecureAggregationPolicy(Section):
     @model_validator(mode="before")
     @classmethod
     def _no_ckks(cls, data: Any) -> Any:
-        if isinstance(data, dict) and (data.get("scheme") == "ckks" or "ckks" in data):
-            field = 'scheme = "ckks"' if data.get("scheme") == "ckks" else "[privacy.secure_aggregation.ckks]"
+        retired = isinstance(data, dict) and data.get("scheme") in RETIRED
+        if isinstance(data, dict) and (retired or "ckks" in data):
+            field = 'scheme = "ckks"' if retired else "[privacy.secure_aggregation.ckks]"
             raise BadInputError(
                 f"privacy.secure_aggregation: {field} is no longer supported: approximate CKKS decryptions let"
                 " whoever receives them solve for the secret key and decrypt single uploads (Li and Micciancio,"
@@ -162,7 +164,7 @@ class SecureAggregationPolicy(Section):
 
     @model_validator(mode="after")
     def _cohort_floor(self) -> SecureAggregationPolicy:
-        if self.scheme != "none" and self.min_clients < SAFE_MIN_CLIENTS and not self.allow_small_cohort:
+        if facts_of(self.scheme).sealed and self.min_clients < SAFE_MIN_CLIENTS and not self.allow_small_cohort:
             raise BadInputError(
                 f"privacy.secure_aggregation.min_clients = {self.min_clients} is below {SAFE_MIN_CLIENTS}: one"
                 " colluding or invented client would leave a sum of too few others; set"
@@ -172,7 +174,7 @@ class SecureAggregationPolicy(Section):
 
     def small_cohort_warning(self) -> str | None:
         """What the start line says when the policy accepted a cohort below the safe floor, or None."""
-        if self.scheme == "none" or self.min_clients >= SAFE_MIN_CLIENTS:
+        if not facts_of(self.scheme).sealed or self.min_clients >= SAFE_MIN_CLIENTS:
             return None
         return (
             f"privacy.secure_aggregation.min_clients = {self.min_clients} (allow_small_cohort): the server may learn"

@@ -22,6 +22,7 @@ from fedrecgel_secure.runs.directory import (
     read_metrics,
     read_summary,
 )
+from fedrecgel_secure.scheme_facts import facts_of
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def describe_policy(policy) -> str:
         budget = f"ε≤{dp.target_epsilon:g}" if dp.target_epsilon is not None else f"z={dp.noise_multiplier:g}"
         parts.append(f"DP {budget} ({dp.mode}, {dp.noise} noise)")
     scheme = policy.privacy.secure_aggregation.scheme
-    if scheme != "none":
+    if facts_of(scheme).sealed:
         parts.append(scheme)
     return ", ".join(parts)
 

@@ -19,6 +19,8 @@ from fedrecgel_secure.policy import (
     NoiseSource,
     SecureAggregationPolicy,
 )
+from fedrecgel_secure.privacy.threshold import consistency_threshold
+from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts, facts_of
 
 from .adaptive import AdaptiveClipping, effective_update_noise
 from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, reached_noise_multiplier
@@ -54,8 +56,9 @@ class ResolvedDP:
     """Where the sample and the noise come from (see :mod:`.randomness`)."""
     max_epsilon_against: str = "release"
     """Whose epsilon max_epsilon bounds: "release" (the accountant's) or "server" (:mod:`.observers`)."""
-    secure_sum: str = "none"
-    """privacy.secure_aggregation.scheme: whether the server sees only the sum (masking, bfv, dpf) or each upload."""
+    secure_sum: SchemeFacts = FACTS["none"]
+    """The facts of privacy.secure_aggregation.scheme: whether the server sees only the sum or each upload, whether
+    a key holder adds central noise the server never learns."""
     shares: str = "sampled"
     """What sizes a distributed noise share: everyone sampled, or the masking protocol's survivor threshold."""
     simulate_shares: str = "per_client"
@@ -136,15 +139,13 @@ class ResolvedDP:
         planned noise and each dropout lowers it. ``threshold``: the fewest
         survivors with which a masking round can complete,
         :math:`t = \min(|S|, \max(\text{min\_clients}, \lfloor f|S|\rfloor + 1))`
-        (:meth:`~fedrecgel_secure.privacy.secagg.masking.masks.MaskingParams.consistency_threshold`),
+        (:func:`fedrecgel_secure.privacy.threshold.consistency_threshold`, the masking protocol's rule),
         so any round that completes with the whole sample as its cohort carries at least the planned noise,
         more when more than :math:`t` survive. The one rule every party (simulator, node) sizes shares by.
         """
         if self.shares == "sampled" or participants < 1:
             return participants
-        from fedrecgel_secure.privacy.secagg.masking.masks import MaskingParams
-
-        survivors = MaskingParams(consistency=self.consistency).consistency_threshold(participants)
+        survivors = consistency_threshold(self.consistency, participants)
         return min(participants, max(self.min_clients, survivors))
 
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
@@ -159,10 +160,8 @@ class ResolvedDP:
         noise added by a key holder: BFV's, DPF's); one client's own share when distributed uploads arrive in the
         clear; None for central noise the server adds itself."""
         if self.mode == "central":
-            from fedrecgel_secure.privacy.secagg.schemes import SCHEMES  # a table of facts: loads no protocol
-
-            return self.noise_multiplier if SCHEMES[self.secure_sum].key_holder else None
-        if self.secure_sum == "none":
+            return self.noise_multiplier if self.secure_sum.key_holder else None
+        if not self.secure_sum.sealed:
             return self.noise_multiplier / math.sqrt(self.noise_shares(participants))
         return self.reached_noise_multiplier(participants, contributors)
 
@@ -209,57 +208,18 @@ def validate_against_population(
     """
     if not settings.enabled:
         raise ValueError("validate_against_population is for enabled DP settings")
-    if settings.accountant == "gdp" and settings.mode == "distributed":
-        raise BadInputError(
-            f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
-            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
-            " use 'pld' or 'rdp'"
-        )
-    if population < 1:
-        raise ValueError(f"population must be at least 1 client, got {population!r}")
-    if rounds < 1:
-        raise ValueError(f"the planned number of rounds must be at least 1, got {rounds!r}")
+    _check_federation(settings, population, rounds)
     q = sample_rate_of(settings, fraction)
-    if settings.delta >= 1 / population:
-        raise BadInputError(
-            f"{FIELD}.delta = {settings.delta:g} must be below 1/population = 1/{population}"
-            f" = {1 / population:.3g}: a delta of 1/N allows publishing one client's data outright"
-        )
-    m = q * population if settings.sampler != "cyclic" else population / cyclic_period(q)
-    if m < 1:
-        raise BadInputError(
-            f"{FIELD}.sample_rate: q = {q:g} over {population} clients expects {m:.3g} clients per round;"
-            " it must be at least 1"
-        )
-    if settings.noise_multiplier is not None:
-        z = settings.noise_multiplier
-    elif settings.sampler == "cyclic":  # k Gaussian mechanisms per client, nothing amplified
-        from .pld import calibrate_composed_gaussian  # dp-accounting: only when a run is built
-
-        k = cyclic_participations(rounds, cyclic_period(q))
-        z = calibrate_composed_gaussian(settings.target_epsilon, settings.delta, k)
-    else:
-        assert settings.target_epsilon is not None  # the model guarantees exactly one
-        from .accounting import calibrate_noise_multiplier  # opacus: only when a run is built
-
-        z = calibrate_noise_multiplier(settings.target_epsilon, settings.delta, q, rounds, settings.accountant)
-
+    m = _expected_clients(settings, population, q)
+    z = _noise_multiplier(settings, rounds, q)
     secagg = secure_aggregation if secure_aggregation is not None else SecureAggregationPolicy()
-    if settings.shares == "threshold" and (settings.mode != "distributed" or secagg.scheme != "masking"):
+    scheme = facts_of(secagg.scheme)
+    if settings.shares == "threshold" and (settings.mode != "distributed" or not scheme.threshold_shares):
         raise BadInputError(
             f"{FIELD}.shares = 'threshold' needs mode = 'distributed' and privacy.secure_aggregation.scheme = 'masking'"
         )
     adaptive = settings.adaptive_clipping
-    sigma_b = None
-    z_reports = None
-    z_update = z  # the update's share of the round's precision 1/z^2: all of it, less the reports' and the count's
-    if reports:
-        z_reports = z / math.sqrt(settings.evaluation_share)
-        z_update = z / math.sqrt(1 - settings.evaluation_share)
-    if adaptive is not None:
-        sigma_b = adaptive.clipped_count_stddev if adaptive.clipped_count_stddev is not None else m / 20
-        z_update = effective_update_noise(z_update, sigma_b)
-
+    z_update, z_reports, sigma_b = _split_noise(settings, z, m, reports)
     return ResolvedDP(
         mode=settings.mode,
         accountant=settings.accountant,
@@ -277,7 +237,7 @@ def validate_against_population(
         clipped_count_stddev=sigma_b,
         noise=settings.noise,
         max_epsilon_against=settings.max_epsilon_against,
-        secure_sum=secagg.scheme,
+        secure_sum=scheme,
         shares=settings.shares,
         simulate_shares=settings.simulate_shares,
         min_clients=secagg.min_clients,
@@ -287,3 +247,65 @@ def validate_against_population(
         reports=reports,
         report_noise_multiplier=z_reports,
     )
+
+
+def _check_federation(settings: DPSettings, population: int, rounds: int) -> None:
+    """The checks that need neither q nor z: an accountant that can compose the mode's rounds, a federation."""
+    if settings.accountant == "gdp" and settings.mode == "distributed":
+        raise BadInputError(
+            f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
+            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
+            " use 'pld' or 'rdp'"
+        )
+    if population < 1:
+        raise ValueError(f"population must be at least 1 client, got {population!r}")
+    if rounds < 1:
+        raise ValueError(f"the planned number of rounds must be at least 1, got {rounds!r}")
+
+
+def _expected_clients(settings: DPSettings, population: int, q: float) -> float:
+    r"""m, the clients a round expects (:math:`qN`, or :math:`N/b` under cyclic participation), once
+    :math:`\delta < 1/N` and :math:`m \ge 1` are checked."""
+    if settings.delta >= 1 / population:
+        raise BadInputError(
+            f"{FIELD}.delta = {settings.delta:g} must be below 1/population = 1/{population}"
+            f" = {1 / population:.3g}: a delta of 1/N allows publishing one client's data outright"
+        )
+    m = q * population if settings.sampler != "cyclic" else population / cyclic_period(q)
+    if m < 1:
+        raise BadInputError(
+            f"{FIELD}.sample_rate: q = {q:g} over {population} clients expects {m:.3g} clients per round;"
+            " it must be at least 1"
+        )
+    return m
+
+
+def _noise_multiplier(settings: DPSettings, rounds: int, q: float) -> float:
+    """z: the policy's, or calibrated from ``target_epsilon`` over ``rounds``."""
+    if settings.noise_multiplier is not None:
+        return settings.noise_multiplier
+    if settings.sampler == "cyclic":  # k Gaussian mechanisms per client, nothing amplified
+        from .pld import calibrate_composed_gaussian  # dp-accounting: only when a run is built
+
+        k = cyclic_participations(rounds, cyclic_period(q))
+        return calibrate_composed_gaussian(settings.target_epsilon, settings.delta, k)
+    assert settings.target_epsilon is not None  # the model guarantees exactly one
+    from .accounting import calibrate_noise_multiplier  # opacus: only when a run is built
+
+    return calibrate_noise_multiplier(settings.target_epsilon, settings.delta, q, rounds, settings.accountant)
+
+
+def _split_noise(settings: DPSettings, z: float, m: float, reports: int) -> tuple[float, float | None, float | None]:
+    """(z_update, z_reports, sigma_b): the round's precision 1/z^2 shared between the updates, the reports they
+    carry in the sum and the adaptive clipping's clipped count (None where there is none)."""
+    adaptive = settings.adaptive_clipping
+    sigma_b = None
+    z_reports = None
+    z_update = z  # the update's share of the round's precision 1/z^2: all of it, less the reports' and the count's
+    if reports:
+        z_reports = z / math.sqrt(settings.evaluation_share)
+        z_update = z / math.sqrt(1 - settings.evaluation_share)
+    if adaptive is not None:
+        sigma_b = adaptive.clipped_count_stddev if adaptive.clipped_count_stddev is not None else m / 20
+        z_update = effective_update_noise(z_update, sigma_b)
+    return z_update, z_reports, sigma_b

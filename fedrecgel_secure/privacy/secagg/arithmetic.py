@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .errors import RoundSkipped
-from .masking.masks import MaskingParams, neighbour_graph
 
 
 def contributors(
@@ -42,31 +41,26 @@ def contributors(
 
     ``cohort``: every client that takes part (advertises keys, or encrypts);
     ``lost``: those whose upload never counts (silent after masking, or refused).
+    The scheme's own checks are its parameters' ``arithmetic_contributors`` (masking's:
+    :meth:`.masking.masks.MaskingParams.arithmetic_contributors`; BFV's and DPF's: :func:`every_valid_upload`).
     """
     cohort = sorted(cohort)
     survivors = [c for c in cohort if c not in lost]
-    if not isinstance(params, MaskingParams):
-        # BFV: the aggregator sums every valid ciphertext; the key holder decrypts a sum of >= min_clients.
-        # DPF: both servers sum every upload both accepted (an honest client's keys pass the check).
-        if len(survivors) < min_clients:
-            raise RoundSkipped.too_few_clients(round_idx, len(survivors), "valid uploads", min_clients)
-        admit_or_skip(admit, survivors, round_idx)
-        return survivors
-    # Masking, step by step as MaskingAggregator closes them.
-    if len(cohort) < min_clients:
-        raise RoundSkipped.too_few_clients(round_idx, len(cohort), "clients advertised keys", min_clients)
+    return params.arithmetic_contributors(
+        cohort, survivors, min_clients=min_clients, round_idx=round_idx, round_seed=round_seed, admit=admit
+    )
+
+
+def every_valid_upload(
+    survivors: list[int], *, min_clients: int, round_idx: int, admit: Callable[[list[int]], str | None] | None
+) -> list[int]:
+    """A scheme that sums every valid upload: all survivors, if at least ``min_clients`` and admitted.
+
+    BFV: the aggregator sums every valid ciphertext; the key holder decrypts a sum of >= min_clients.
+    DPF: both servers sum every upload both accepted (an honest client's keys pass the check)."""
     if len(survivors) < min_clients:
-        raise RoundSkipped.too_few_clients(round_idx, len(survivors), "masked inputs", min_clients)
-    graph = neighbour_graph(cohort, params, round_seed)
-    t = params.threshold_for(params.neighbour_count(len(cohort)))
-    alive = set(survivors)
-    short = [i for i in cohort if len(set(graph[i]) & alive) < t]
-    if short:  # a survivor's self-mask seed or a dropout's key would have fewer than t holders left
-        raise RoundSkipped.below_threshold(round_idx, t, short)
+        raise RoundSkipped.too_few_clients(round_idx, len(survivors), "valid uploads", min_clients)
     admit_or_skip(admit, survivors, round_idx)
-    need = params.consistency_threshold(len(cohort))
-    if len(survivors) < need:  # only survivors sign the survivor set
-        raise RoundSkipped.inconsistent(round_idx, len(survivors), need)
     return survivors
 
 

@@ -1,10 +1,11 @@
 """What each value of ``privacy.secure_aggregation.scheme`` asks of the parties, in one table.
 
-The simulator (:mod:`fedrecgel_secure.federation.summers`), the deployment's
-server, nodes and launcher (:mod:`fedrecgel_secure.deploy.schemes` adds their
-parts) and the audit read a scheme's facts from here instead of comparing its
-name, so a fact about a scheme is stated once and a new scheme is one new row.
-Importing this module loads no protocol: the parameters are built on demand.
+A row adds behaviour (the protocol's parameters, the simulator's session) to the scheme's facts, which it reads
+from :mod:`fedrecgel_secure.scheme_facts` (sealed uploads, a key holder, sparse uploads) rather than stating them
+again. The simulator (:mod:`fedrecgel_secure.federation.summers`), the deployment's server, nodes and launcher
+(:mod:`fedrecgel_secure.deploy.schemes` adds their parts) and the audit read a scheme from here instead of
+comparing its name, so a new scheme is one new row. Importing this module loads no protocol: the parameters are
+built on demand.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts
 
 from .settings import bfv_params, dpf_params, masking_params
 
@@ -26,47 +29,53 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scheme:
-    """One scheme: whether the server sees the clients' uploads, who holds a key, the protocol's parameters."""
+    """One scheme: its facts (:class:`~fedrecgel_secure.scheme_facts.SchemeFacts`) and the protocol's parameters."""
 
-    name: str
-    # the clients' uploads reach the server only inside the protocol's sum, never one by one
-    sealed: bool
-    # a party of its own holds the secret key and decrypts the sum (in a deployment, one more node)
-    key_holder: bool
+    facts: SchemeFacts
     # the protocol's parameters from the policy section; None when no protocol runs
     params: Callable[[SecureAggregationPolicy], BFVParams | DPFParams | MaskingParams] | None
     # the simulator's session of all its roles in one process (:class:`.session.SecAggSession`), as
     # "module:class", imported only when a session is made (:func:`part`); None when no protocol runs
     session: str | None = None
-    # the upload carries the item-table rows a client touched (its params take the table's shape, ``with_table``)
-    sparse: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def sealed(self) -> bool:
+        """The clients' uploads reach the server only inside the protocol's sum, never one by one."""
+        return self.facts.sealed
+
+    @property
+    def key_holder(self) -> bool:
+        """A party of its own holds the secret key and decrypts the sum (in a deployment, one more node)."""
+        return self.facts.key_holder
+
+    @property
+    def sparse(self) -> bool:
+        """The upload carries the item-table rows a client touched (its params take the table's shape)."""
+        return self.facts.sparse
 
 
 SCHEMES = {
     s.name: s
     for s in (
-        Scheme("none", sealed=False, key_holder=False, params=None),
+        Scheme(FACTS["none"], params=None),
         Scheme(
-            "masking",
-            sealed=True,
-            key_holder=False,
+            FACTS["masking"],
             params=lambda settings: masking_params(settings.masking),
             session=f"{__package__}.masking.session:MaskingSession",
         ),
         Scheme(
-            "bfv",
-            sealed=True,
-            key_holder=True,
+            FACTS["bfv"],
             params=lambda settings: bfv_params(settings.bfv),
             session=f"{__package__}.bfv.session:BFVSession",
         ),
         Scheme(
-            "dpf",
-            sealed=True,
-            key_holder=True,
+            FACTS["dpf"],
             params=lambda settings: dpf_params(settings.dpf),
             session=f"{__package__}.dpf.session:DPFSession",
-            sparse=True,
         ),
     )
 }

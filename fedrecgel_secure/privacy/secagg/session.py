@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.scheme_facts import RETIRED
 
 from .clients import ClientSetup, LocalClients, Reply
 from .errors import RejectedPayload
@@ -247,7 +248,7 @@ def make_session(
 
     >>> s = make_session("masking", 4, [1, 2, 3], min_clients=2, degree="all")
     """
-    if scheme == "ckks":
+    if scheme in RETIRED:
         raise BadInputError(
             "scheme 'ckks' was removed: approximate CKKS decryptions let their recipient solve for the secret key"
             " (Li and Micciancio, Eurocrypt 2021); use 'bfv' (exact) or 'masking'"

@@ -15,6 +15,8 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 
+from ..arithmetic import every_valid_upload
+
 # Largest total coefficient modulus for 128-bit classical security with a ternary
 # secret (HomomorphicEncryption.org standard, Albrecht et al. 2018, Table 1).
 MAX_MODULUS_BITS_128 = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
@@ -98,3 +100,10 @@ class BFVParams:
             coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
             n_threads=1,
         )
+
+    def arithmetic_contributors(
+        self, cohort: list[int], survivors: list[int], *, min_clients: int, round_idx: int, round_seed: bytes, admit
+    ) -> list[int]:
+        """Who a round sums, decided without the cryptography (:func:`..arithmetic.contributors`): the aggregator
+        sums every valid ciphertext, the key holder decrypts a sum of min_clients or more."""
+        return every_valid_upload(survivors, min_clients=min_clients, round_idx=round_idx, admit=admit)

@@ -14,6 +14,7 @@ import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
 
+from ..arithmetic import every_valid_upload
 from ..fixedpoint import FixedPoint
 from .point import MAX_WIDTH
 from .sparse import Layout
@@ -112,3 +113,10 @@ class DPFParams:
         """A sum in the group read back as signed integers (int64): exact while the capacity rule holds."""
         signed = np.int32 if self.value_bits == 32 else np.int64
         return np.asarray(values, dtype=self.group).view(signed).astype(np.int64)
+
+    def arithmetic_contributors(
+        self, cohort: list[int], survivors: list[int], *, min_clients: int, round_idx: int, round_seed: bytes, admit
+    ) -> list[int]:
+        """Who a round sums, decided without the cryptography (:func:`..arithmetic.contributors`): both servers
+        sum every upload both accepted, if min_clients or more."""
+        return every_valid_upload(survivors, min_clients=min_clients, round_idx=round_idx, admit=admit)

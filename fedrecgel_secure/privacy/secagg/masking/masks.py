@@ -19,9 +19,11 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.threshold import consistency_threshold
 
 from .. import shamir
-from ..errors import Reason, RejectedPayload
+from ..arithmetic import admit_or_skip
+from ..errors import Reason, RejectedPayload, RoundSkipped
 
 AUTO_COMPLETE_UP_TO = 32
 SEED_BYTES = 16
@@ -86,7 +88,29 @@ class MaskingParams:
 
     def consistency_threshold(self, n: int) -> int:
         """T = ⌊f·n⌋ + 1: the signatures on one survivor set a client needs before it releases shares."""
-        return min(n, math.floor(self.consistency * n + 1e-9) + 1)
+        return consistency_threshold(self.consistency, n)
+
+    def arithmetic_contributors(
+        self, cohort: list[int], survivors: list[int], *, min_clients: int, round_idx: int, round_seed: bytes, admit
+    ) -> list[int]:
+        """Who a masking round sums, decided without the cryptography (:func:`..arithmetic.contributors`): the
+        protocol's checks, step by step as MaskingAggregator closes them, on the sorted ``cohort`` and its
+        ``survivors``."""
+        if len(cohort) < min_clients:
+            raise RoundSkipped.too_few_clients(round_idx, len(cohort), "clients advertised keys", min_clients)
+        if len(survivors) < min_clients:
+            raise RoundSkipped.too_few_clients(round_idx, len(survivors), "masked inputs", min_clients)
+        graph = neighbour_graph(cohort, self, round_seed)
+        t = self.threshold_for(self.neighbour_count(len(cohort)))
+        alive = set(survivors)
+        short = [i for i in cohort if len(set(graph[i]) & alive) < t]
+        if short:  # a survivor's self-mask seed or a dropout's key would have fewer than t holders left
+            raise RoundSkipped.below_threshold(round_idx, t, short)
+        admit_or_skip(admit, survivors, round_idx)
+        need = self.consistency_threshold(len(cohort))
+        if len(survivors) < need:  # only survivors sign the survivor set
+            raise RoundSkipped.inconsistent(round_idx, len(survivors), need)
+        return survivors
 
 
 RING_BITS = 64
