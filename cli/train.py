@@ -66,26 +66,7 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
     rounds = trainer.policy.federation.rounds
     if trainer.round:
         out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
-    dp = trainer.policy.privacy.dp
-    if dp.enabled and dp.noise == "seeded":
-        err.print(
-            "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
-            " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
-            " against them (research mode, for reproducible studies)",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if dp.enabled and dp.simulate_shares == "summed":
-        err.print(
-            "[bold yellow]warning:[/] privacy.dp.simulate_shares = 'summed': a study mode; the clients' noise shares"
-            " are drawn as one Gaussian of their summed variance (the same distribution, not the protocol's bits); its"
-            " records and summary say so",
-            highlight=False,
-            soft_wrap=True,
-        )
-    small_cohort = trainer.policy.privacy.secure_aggregation.small_cohort_warning()
-    if small_cohort is not None:
-        err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)
+    _warn(trainer.policy)
     secagg = trainer.secure_aggregation_summary()
     if secagg is not None:
         out.print(
@@ -112,10 +93,39 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         )
         raise typer.Exit(130)
     drawer.ask(out_dir)  # the curves are drawn while the results are printed
-    summary = read_summary(out_dir)
+    _print_summary(read_summary(out_dir), trainer.policy.data.dataset)
+    report_written(out_dir, drawer)
+
+
+def _warn(policy) -> None:
+    """The warnings printed before training: seeded noise, summed noise shares, a cohort too small to hide in."""
+    dp = policy.privacy.dp
+    if dp.enabled and dp.noise == "seeded":
+        err.print(
+            "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
+            " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
+            " against them (research mode, for reproducible studies)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if dp.enabled and dp.simulate_shares == "summed":
+        err.print(
+            "[bold yellow]warning:[/] privacy.dp.simulate_shares = 'summed': a study mode; the clients' noise shares"
+            " are drawn as one Gaussian of their summed variance (the same distribution, not the protocol's bits); its"
+            " records and summary say so",
+            highlight=False,
+            soft_wrap=True,
+        )
+    small_cohort = policy.privacy.secure_aggregation.small_cohort_warning()
+    if small_cohort is not None:
+        err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)
+
+
+def _print_summary(summary, dataset: str) -> None:
+    """The finished run's results: its metrics table, an early stop, and the privacy it spent."""
     out.print(
         metrics_table(
-            f"{summary.method} on {trainer.policy.data.dataset}: {summary.wall_time_s:.1f} s",
+            f"{summary.method} on {dataset}: {summary.wall_time_s:.1f} s",
             {
                 f"best ({summary.select_by})": summary.best,
                 "final": summary.final,
@@ -143,7 +153,6 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         )
         if p.noise == "seeded":
             out.print(f"[bold yellow]guarantee:[/] {p.guarantee}", highlight=False, soft_wrap=True)
-    report_written(out_dir, drawer)
 
 
 @user_errors

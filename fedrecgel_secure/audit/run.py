@@ -27,6 +27,82 @@ def _best(attacks: dict) -> str:
     return max(attacks, key=lambda a: (attacks[a]["auc"], attacks[a]["precision_at_k"]))
 
 
+def _audited_views(policy, views: list[str] | None) -> tuple[str, list[str]]:
+    """The server's view under ``policy`` and the views to attack (``views``, or that one and ``released``)."""
+    if policy.privacy.dp.enabled and policy.privacy.dp.simulate_shares == "summed":
+        raise BadInputError(
+            "privacy.dp.simulate_shares = 'summed': the audit attacks each client's noised upload, which the study"
+            " mode never draws (the shares come as one sum); audit a run with simulate_shares = 'per_client'"
+        )
+    primary = server_view(policy)
+    views = list(views) if views is not None else [primary, "released"]
+    for view in views:
+        if not available(policy, view):
+            raise ValueError(f"view {view!r} does not exist under this policy's DP settings")
+    return primary, views
+
+
+def _attack_client(rv, pos, released, ctx, positives, scores, cached, *, views, attacks, imia_clients) -> None:
+    """Every attack on every view of the round's ``pos``-th client, each success appended to ``scores``.
+
+    ``cached`` holds the scores of attacks that read a shared view (the sum, the released step) but not the client,
+    computed once per round for all its clients."""
+    for view in views:
+        shared = view == "released" or rv.shared(view)
+        table = None
+        for attack in attacks:
+            if attack == "imia" and not shared and pos >= imia_clients:
+                continue
+            key = (view, attack)
+            if shared and attack in CLIENT_FREE and key in cached:
+                s = cached[key]
+            else:
+                if table is None:
+                    table = released if view == "released" else rv.table(view, pos)
+                s = ATTACKS[attack](table, ctx)
+                if shared and attack in CLIENT_FREE:
+                    cached[key] = s
+            scores[view][attack].append(success(s, positives))
+
+
+def _summary(
+    scores: dict, views: list[str], primary: str, rounds: int, clients_seen: int, prior_scores, chance
+) -> dict:
+    """The audit's report: each view's mean scores per attack and best attack, headed by the server's view."""
+    per_view = {}
+    for view in views:
+        table = {
+            a: {
+                "auc": float(np.mean([s[0] for s in v])),
+                "precision_at_k": float(np.mean([s[1] for s in v])),
+                "clients": len(v),
+            }
+            for a, v in scores[view].items()
+            if v
+        }
+        per_view[view] = {"attacks": table, "best": _best(table)}
+    prior_auc, prior_p = (float(x) for x in np.mean(prior_scores, axis=0))
+    head_view = primary if primary in per_view else views[0]
+    best = per_view[head_view]["attacks"][per_view[head_view]["best"]]
+    out = {
+        "view": head_view,
+        "clients": clients_seen,
+        "rounds": rounds,
+        "views": per_view,
+        "best_attack": per_view[head_view]["best"],
+        "attack_auc": best["auc"],
+        "attack_precision_at_k": best["precision_at_k"],
+        "chance_auc": 0.5,
+        "chance_precision_at_k": float(np.mean(chance)),
+        "prior_auc": prior_auc,
+        "prior_precision_at_k": prior_p,
+    }
+    if "released" in per_view:
+        r = per_view["released"]["attacks"][per_view["released"]["best"]]
+        out.update(released_auc=r["auc"], released_precision_at_k=r["precision_at_k"])
+    return out
+
+
 def audit_rounds(
     trainer, rounds: int = 3, *, views: list[str] | None = None, attacks: list[str] | None = None, imia_clients: int = 8
 ) -> dict:
@@ -40,16 +116,7 @@ def audit_rounds(
     first ``imia_clients`` clients of each round on individual views.
     """
     policy, split = trainer.policy, trainer.split
-    if policy.privacy.dp.enabled and policy.privacy.dp.simulate_shares == "summed":
-        raise BadInputError(
-            "privacy.dp.simulate_shares = 'summed': the audit attacks each client's noised upload, which the study"
-            " mode never draws (the shares come as one sum); audit a run with simulate_shares = 'per_client'"
-        )
-    primary = server_view(policy)
-    views = list(views) if views is not None else [primary, "released"]
-    for view in views:
-        if not available(policy, view):
-            raise ValueError(f"view {view!r} does not exist under this policy's DP settings")
+    primary, views = _audited_views(policy, views)
     attacks = list(attacks) if attacks is not None else list(ATTACKS)
     rng_state = trainer.rng.bit_generator.state
     agg = trainer.aggregation
@@ -88,59 +155,24 @@ def audit_rounds(
                 chance.append(positives.sum() / split.n_items)
                 clients_seen += 1
                 ctx = Context(prior, round_model, seed=round_idx)
-                for view in views:
-                    shared = view == "released" or rv.shared(view)
-                    table = None
-                    for attack in attacks:
-                        if attack == "imia" and not shared and pos >= imia_clients:
-                            continue
-                        key = (view, attack)
-                        if shared and attack in CLIENT_FREE and key in cached:
-                            s = cached[key]
-                        else:
-                            if table is None:
-                                table = released if view == "released" else rv.table(view, pos)
-                            s = ATTACKS[attack](table, ctx)
-                            if shared and attack in CLIENT_FREE:
-                                cached[key] = s
-                        scores[view][attack].append(success(s, positives))
+                _attack_client(
+                    rv,
+                    pos,
+                    released,
+                    ctx,
+                    positives,
+                    scores,
+                    cached,
+                    views=views,
+                    attacks=attacks,
+                    imia_clients=imia_clients,
+                )
     finally:
         trainer.rng.bit_generator.state = rng_state
         agg.load_state_dict(agg_state)
     if not clients_seen:
         raise ValueError("no client was sampled in the audited rounds")
-    per_view = {}
-    for view in views:
-        table = {
-            a: {
-                "auc": float(np.mean([s[0] for s in v])),
-                "precision_at_k": float(np.mean([s[1] for s in v])),
-                "clients": len(v),
-            }
-            for a, v in scores[view].items()
-            if v
-        }
-        per_view[view] = {"attacks": table, "best": _best(table)}
-    prior_auc, prior_p = (float(x) for x in np.mean(prior_scores, axis=0))
-    head_view = primary if primary in per_view else views[0]
-    best = per_view[head_view]["attacks"][per_view[head_view]["best"]]
-    out = {
-        "view": head_view,
-        "clients": clients_seen,
-        "rounds": rounds,
-        "views": per_view,
-        "best_attack": per_view[head_view]["best"],
-        "attack_auc": best["auc"],
-        "attack_precision_at_k": best["precision_at_k"],
-        "chance_auc": 0.5,
-        "chance_precision_at_k": float(np.mean(chance)),
-        "prior_auc": prior_auc,
-        "prior_precision_at_k": prior_p,
-    }
-    if "released" in per_view:
-        r = per_view["released"]["attacks"][per_view["released"]["best"]]
-        out.update(released_auc=r["auc"], released_precision_at_k=r["precision_at_k"])
-    return out
+    return _summary(scores, views, primary, rounds, clients_seen, prior_scores, chance)
 
 
 def canary_estimate(trainer, *, bootstrap: int = 200) -> dict | None:

@@ -182,28 +182,32 @@ class DPMechanism:
             ints, over = grid.encode(picked.double().cpu().numpy())
             return np.concatenate([fast[0], ints.sum(keepdims=True)]), fast[1] + over
 
-        noise = noises = None
+        noise = noises = summed_noise = None
         if self.dp.mode == "distributed":
-            draws = [("update-share", dim, self.update_noise_std(clip_norm, participants))]
-            if bits is not None:
-                draws.append(("count-share", 1, self.count_noise_std(participants)))
-            if self.dp.reports:
-                draws.append(("report-share", self.dp.reports, self.report_noise_std(participants)))
+            draws = self._share_parts(dim, clip_norm, participants, counted=bits is not None)
+            noise, noises, summed_noise = self._noise_shares(round_idx, clients, attempt, draws)
 
-            def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
-                cid = int(clients[pos])
-                parts = [self.randomness.normal(d, round_idx, cid, n, std, attempt=attempt) for d, n, std in draws]
-                return parts[0] if len(parts) == 1 else torch.cat(parts)
+        size = dim + self.extra - self.dp.reports
+        own = Contributions(
+            clients, size, dtype, vector, noise, total, grid_total, noises, add_grid_values, clipped.vector_dtype
+        )
+        own.summed_noise = summed_noise
+        return with_reports(own, uploads.reports)
 
-            def noises(positions: np.ndarray) -> torch.Tensor:  # noise's rows, drawn in one pass (the simulator's)
-                cids = np.asarray(clients)[positions]
-                draw = self.randomness.normal_rows
-                parts = [draw(d, round_idx, cids, n, std, attempt=attempt) for d, n, std in draws]
-                return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    def _share_parts(
+        self, dim: int, clip_norm: float, participants: int, *, counted: bool
+    ) -> list[tuple[str, int, float]]:
+        """A client's distributed noise share in parts, each (stream, length, std): update, clipped bit, reports."""
+        draws = [("update-share", dim, self.update_noise_std(clip_norm, participants))]
+        if counted:
+            draws.append(("count-share", 1, self.count_noise_std(participants)))
+        if self.dp.reports:
+            draws.append(("report-share", self.dp.reports, self.report_noise_std(participants)))
+        return draws
 
-        summed_noise = None
-        if noise is not None and self.dp.simulate_shares == "summed":  # a study mode: not the protocol's bits
-            noise = noises = None
+    def _noise_shares(self, round_idx: int, clients: np.ndarray, attempt: int, draws: list[tuple[str, int, float]]):
+        """The round's noise shares as ``(noise, noises, summed_noise)``: per client and in rows, or only summed."""
+        if self.dp.simulate_shares == "summed":  # a study mode: not the protocol's bits
 
             def summed_noise(positions: np.ndarray) -> torch.Tensor:  # k shares of std s sum to one of std s·sqrt(k)
                 k = float(np.asarray(positions).size) ** 0.5
@@ -212,12 +216,20 @@ class DPMechanism:
                 ]
                 return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-        size = dim + self.extra - self.dp.reports
-        own = Contributions(
-            clients, size, dtype, vector, noise, total, grid_total, noises, add_grid_values, clipped.vector_dtype
-        )
-        own.summed_noise = summed_noise
-        return with_reports(own, uploads.reports)
+            return None, None, summed_noise
+
+        def noise(pos: int) -> torch.Tensor:  # drawn by the client, with its own key in a deployment
+            cid = int(clients[pos])
+            parts = [self.randomness.normal(d, round_idx, cid, n, std, attempt=attempt) for d, n, std in draws]
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+        def noises(positions: np.ndarray) -> torch.Tensor:  # noise's rows, drawn in one pass (the simulator's)
+            cids = np.asarray(clients)[positions]
+            draw = self.randomness.normal_rows
+            parts = [draw(d, round_idx, cids, n, std, attempt=attempt) for d, n, std in draws]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+        return noise, noises, None
 
     def central_noise(
         self, round_idx: int, dim: int, clip_norm: float, attempt: int | None = None, device=None

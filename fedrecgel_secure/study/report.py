@@ -80,12 +80,40 @@ def _epsilon_cell(values: list[float]) -> str:
 
 
 def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
-    keys = list(plan["grid"])
-    audited = any(r.audit for r in runs)
-    canaries = any(r.audit and "empirical_epsilon" in r.audit for r in runs)
-    finished = [r for r in runs if r.status == "finished"]
+    """The study's report.md: its heading, the results table, how to read it, its warnings, plots and failures."""
+    sections = (
+        _heading(plan, runs),
+        _results_table(plan, runs),
+        _reading_notes(runs),
+        _red_flags(runs),
+        _secure_aggregation(runs),
+        _seeded_noise(runs),
+        _summed_shares(runs),
+        [line for plot in plots for line in (f"![{TITLES[plot.name]}]({plot.name})", "")],
+        _failed_runs(runs),
+    )
+    return "\n".join(line for section in sections for line in section)
+
+
+def _audited(runs: list[RunRecord]) -> bool:
+    """Whether any run was audited (the table and its notes then carry the attack columns)."""
+    return any(r.audit for r in runs)
+
+
+def _with_canaries(runs: list[RunRecord]) -> bool:
+    """Whether any run's audit estimated an empirical ε from canaries."""
+    return any(r.audit and "empirical_epsilon" in r.audit for r in runs)
+
+
+def _finished(runs: list[RunRecord]) -> list[RunRecord]:
+    """The runs that finished, the ones the report's numbers are over."""
+    return [r for r in runs if r.status == "finished"]
+
+
+def _heading(plan: dict, runs: list[RunRecord]) -> list[str]:
+    """The report's title and what was run: study file, base policy, overrides, settings × seeds and statuses."""
     counts = {s: sum(r.status == s for r in runs) for s in STATUSES}
-    lines = [
+    return [
         f"# Study: {plan['name']}",
         "",
         f"Study file `{plan['study_file']}`, base policy `{plan['base']}`"
@@ -98,13 +126,19 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         + ".",
         "",
     ]
+
+
+def _results_table(plan: dict, runs: list[RunRecord]) -> list[str]:
+    """The results table: one row per setting, each cell the mean ± standard deviation over its finished seeds."""
+    keys = list(plan["grid"])
+    audited, canaries = _audited(runs), _with_canaries(runs)
     header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10"]
     header += ["ε", "ε vs server"]
     if audited:
         header += [*AUDIT_COLUMNS, "best attack"]
     if canaries:
         header += list(CANARY_COLUMNS)
-    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for setting, group in groups(runs):
         done = [r for r in group if r.status == "finished"]
         cells = [*(setting[k] for k in keys)] if keys else ["base"]
@@ -123,10 +157,17 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
                 _mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in CANARY_COLUMNS.values()
             ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _reading_notes(runs: list[RunRecord]) -> list[str]:
+    """The paragraph under the table: what its numbers are, ε and ε vs server, and the audit's columns if any."""
+    finished = _finished(runs)
+    audited, canaries = _audited(runs), _with_canaries(runs)
     select_by = finished[0].summary.select_by if finished else "hr@10"
     # each run's delta carries its own tiny tail term (randomness.tail_delta): runs at one policy delta print as one
     deltas = sorted({f"{r.summary.privacy.delta:g}" for r in finished if r.summary.privacy}, key=float)
-    lines += [
+    return [
         "",
         f"Mean ± sample standard deviation over the finished seeds (`seeds` = finished/planned). "
         f"*Best* is the evaluation with the best test {select_by.upper()} (the authors' protocol),"
@@ -157,51 +198,73 @@ def _markdown(plan: dict, runs: list[RunRecord], plots: list[Path]) -> str:
         ),
         "",
     ]
-    flagged = [r for r in finished if r.audit and r.audit.get("red_flag")]
-    if flagged:
-        lines += [
-            f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε"
-            " beyond its confidence interval,"
-            " which means a bug in the noise or the accounting:** "
-            + ", ".join(
-                f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})"
-                for r in flagged
-            ),
-            "",
-        ]
-    modes = Counter(r.summary.secure_aggregation.describe() for r in finished if r.summary.secure_aggregation)
-    if modes:
-        lines += [
-            "Secure aggregation: "
-            + "; ".join(f"{how} in {n} run(s)" for how, n in sorted(modes.items()))
-            + ". Arithmetic mode releases the protocol's exact sum without running its cryptography, so it"
-            " reports no protocol cost (`benchmarks/secagg_cost.py` measures that).",
-            "",
-        ]
-    seeded = [r for r in finished if r.summary.privacy and r.summary.privacy.noise == "seeded"]
-    if seeded:
-        lines += [
-            f'**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = "seeded"`): reproducible,'
-            " but the client sample and the noise follow from the policy's seed,"
-            " so these runs give no privacy guarantee"
-            " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
-            "",
-        ]
-    summed = [r for r in finished if r.summary.privacy and r.summary.privacy.simulate_shares == "summed"]
-    if summed:
-        lines += [
-            f"**Noise shares drawn summed in {len(summed)} of {len(runs)} runs**"
-            ' (`privacy.dp.simulate_shares = "summed"`, a study mode): each round\'s distributed noise is one Gaussian'
-            " of the shares' summed variance, the same distribution as the protocol's, not its bits.",
-            "",
-        ]
-    for plot in plots:
-        lines += [f"![{TITLES[plot.name]}]({plot.name})", ""]
+
+
+def _red_flags(runs: list[RunRecord]) -> list[str]:
+    """The warning naming each run whose empirical ε exceeds its accounted ε: a bug in the noise or the accounting."""
+    flagged = [r for r in _finished(runs) if r.audit and r.audit.get("red_flag")]
+    if not flagged:
+        return []
+    return [
+        f"**RED FLAG in {len(flagged)} run(s): the empirical ε exceeds the accounted ε"
+        " beyond its confidence interval,"
+        " which means a bug in the noise or the accounting:** "
+        + ", ".join(
+            f"`runs/{r.dir.parent.name}/{r.dir.name}` ({r.audit['empirical_epsilon']:.3g} > {r.epsilon:.3g})"
+            for r in flagged
+        ),
+        "",
+    ]
+
+
+def _secure_aggregation(runs: list[RunRecord]) -> list[str]:
+    """The note on how the finished runs aggregated securely, and that arithmetic mode costs nothing."""
+    modes = Counter(r.summary.secure_aggregation.describe() for r in _finished(runs) if r.summary.secure_aggregation)
+    if not modes:
+        return []
+    return [
+        "Secure aggregation: "
+        + "; ".join(f"{how} in {n} run(s)" for how, n in sorted(modes.items()))
+        + ". Arithmetic mode releases the protocol's exact sum without running its cryptography, so it"
+        " reports no protocol cost (`benchmarks/secagg_cost.py` measures that).",
+        "",
+    ]
+
+
+def _seeded_noise(runs: list[RunRecord]) -> list[str]:
+    """The warning that runs with seeded DP noise give no privacy guarantee against whoever has the policy."""
+    seeded = [r for r in _finished(runs) if r.summary.privacy and r.summary.privacy.noise == "seeded"]
+    if not seeded:
+        return []
+    return [
+        f'**Seeded DP noise in {len(seeded)} of {len(runs)} runs** (`privacy.dp.noise = "seeded"`): reproducible,'
+        " but the client sample and the noise follow from the policy's seed,"
+        " so these runs give no privacy guarantee"
+        " against anyone who has the policy file. Their ε is what the noise would give if it were secret.",
+        "",
+    ]
+
+
+def _summed_shares(runs: list[RunRecord]) -> list[str]:
+    """The note that runs in the summed-shares study mode drew the protocol's noise distribution, not its bits."""
+    summed = [r for r in _finished(runs) if r.summary.privacy and r.summary.privacy.simulate_shares == "summed"]
+    if not summed:
+        return []
+    return [
+        f"**Noise shares drawn summed in {len(summed)} of {len(runs)} runs**"
+        ' (`privacy.dp.simulate_shares = "summed"`, a study mode): each round\'s distributed noise is one Gaussian'
+        " of the shares' summed variance, the same distribution as the protocol's, not its bits.",
+        "",
+    ]
+
+
+def _failed_runs(runs: list[RunRecord]) -> list[str]:
+    """The section listing each failed run with its error on one line."""
     failed = [r for r in runs if r.status == "failed"]
-    if failed:
-        lines += (
-            ["## Failed runs", ""]
-            + [f"- `runs/{r.dir.parent.name}/{r.dir.name}`: {' '.join(r.error.split())}" for r in failed]
-            + [""]
-        )
-    return "\n".join(lines)
+    if not failed:
+        return []
+    return (
+        ["## Failed runs", ""]
+        + [f"- `runs/{r.dir.parent.name}/{r.dir.name}`: {' '.join(r.error.split())}" for r in failed]
+        + [""]
+    )
