@@ -11,11 +11,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 80
-# (file, function) pairs another change is cutting, each with the change that removes it from this list.
-LONG_FUNCTIONS_BEING_CUT = {
-    # issue 47: cut in the scheme-facts change
-    ("fedrecgel_secure/privacy/dp/resolution.py", "validate_against_population"),
-}
 SOURCES = sorted([*(ROOT / "fedrecgel_secure").rglob("*.py"), *(ROOT / "cli").rglob("*.py")])
 TESTS = sorted((ROOT / "tests").rglob("*.py"))
 
@@ -30,11 +25,7 @@ def _function_lengths(path: Path) -> list[tuple[str, int]]:
     """Each function or method in the module, at any depth: its file-and-name label and its length in lines."""
     rel = str(path.relative_to(ROOT))
     nodes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return [
-        (f"{rel}::{n.name}", n.end_lineno - n.lineno + 1)
-        for n in nodes
-        if (rel, n.name) not in LONG_FUNCTIONS_BEING_CUT
-    ]
+    return [(f"{rel}::{n.name}", n.end_lineno - n.lineno + 1) for n in nodes]
 
 
 def test_no_function_is_over_80_lines():
