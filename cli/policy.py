@@ -28,10 +28,21 @@ def policy_validate(
 @app.command("show")
 @user_errors
 def policy_show(file: PolicyArg = None, set_: SetOption = []):
-    """Print the resolved policy, every default filled in, as TOML."""
+    """Print the resolved policy, every default filled in, as TOML; under DP also the planned privacy (z, ε against
+    the release and the server over the planned rounds, on the policy's data), as comments."""
     from fedrecgel_secure.policy import load_policy
 
-    print(load_policy(file, set_).to_toml(), end="")
+    policy = load_policy(file, set_)
+    print(policy.to_toml(), end="")
+    if policy.privacy.dp.enabled:
+        from fedrecgel_secure.data.prepare import load_split
+        from fedrecgel_secure.federation.build import resolve_dp
+        from fedrecgel_secure.privacy.dp.plan import plan_privacy
+
+        n_users = load_split(policy.data).n_users
+        plan = plan_privacy(resolve_dp(policy, n_users))
+        print(f"\n# {n_users:,} users in {policy.data.dataset}")
+        print("".join(f"# {line}\n" for line in plan.lines()), end="")
 
 
 @app.command("schema")

@@ -52,19 +52,25 @@ def make_dp_mechanism(policy: Policy, n_users: int, deployed: bool = False) -> D
     node (its users' part) and the BFV key holder (the central noise) run, with ``deployed`` set. Its randomness
     is a fresh CSPRNG secret unless the policy asks for seeded noise."""
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
+
+    seeded = policy.privacy.dp.noise == "seeded"
+    randomness = DPRandomness.from_seed(policy.seed) if seeded else DPRandomness.fresh()
+    return DPMechanism(resolve_dp(policy, n_users, deployed), encoding(policy.privacy.secure_aggregation), randomness)
+
+
+def resolve_dp(policy: Policy, n_users: int, deployed: bool = False):
+    """The policy's DP settings over ``n_users`` clients, z calibrated (:func:`validate_against_population`): what
+    the mechanism runs and what ``fedrecgel policy show`` plans."""
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
-    settings = policy.privacy.dp
-    resolved = validate_against_population(
-        settings,
+    return validate_against_population(
+        policy.privacy.dp,
         n_users,
         policy.federation.rounds,
         policy.federation.fraction,
         policy.privacy.secure_aggregation,
         reports=report_count(policy, deployed),
     )
-    randomness = DPRandomness.from_seed(policy.seed) if settings.noise == "seeded" else DPRandomness.fresh()
-    return DPMechanism(resolved, encoding(policy.privacy.secure_aggregation), randomness)
 
 
 def _with_canaries(policy: Policy, rule, dim: int):

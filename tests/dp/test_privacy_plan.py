@@ -1,0 +1,54 @@
+"""The privacy a policy plans before it trains (``fedrecgel policy show``) is what its run then reports: ε against
+the release over the planned rounds, and against the server for the user the plan names."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedrecgel_secure.federation.build import resolve_dp
+from fedrecgel_secure.privacy.dp.plan import plan_privacy
+
+from helpers.cli import fedrecgel
+from helpers.data import write_ratings
+
+DP = [
+    "privacy.dp.enabled=true",
+    "privacy.dp.noise_multiplier=1.5",
+    "privacy.dp.delta=1e-3",
+    'privacy.dp.noise="seeded"',
+]
+CYCLIC = [*DP, 'privacy.dp.sampler="cyclic"', 'privacy.dp.mode="distributed"']
+CYCLIC += ['privacy.secure_aggregation.scheme="masking"', 'privacy.secure_aggregation.simulation="arithmetic"']
+CYCLIC += ["privacy.secure_aggregation.min_clients=5", "privacy.secure_aggregation.allow_small_cohort=true"]
+
+
+@pytest.mark.parametrize(("name", "sets"), [("poisson-central", DP), ("cyclic-masking", CYCLIC)])
+def test_the_plan_is_what_the_run_reports(tmp_path, name, sets):
+    from fedrecgel_secure.runs.directory import read_summary
+    from fedrecgel_secure.runs.runner import open_run
+
+    data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=80, per_user=(5, 12))
+    sets = [*sets, f"data.dataset={data}", "data.test_negatives=20", "federation.rounds=6", "federation.fraction=0.5"]
+    trainer = open_run(tmp_path / name, None, sets)
+    plan = plan_privacy(resolve_dp(trainer.policy, trainer.split.n_users))
+    trainer.run(tmp_path / name)
+    spent = read_summary(tmp_path / name).privacy
+    assert spent.epsilon == pytest.approx(plan.epsilon, rel=1e-9)  # the same accountant over the same releases
+    if name.startswith("cyclic"):  # every user in ceil(6/2) = 3 rounds: the server's ε is the release's
+        assert plan.server_rounds == 3 and plan.epsilon_server == pytest.approx(plan.epsilon)
+        assert spent.epsilon_server == pytest.approx(plan.epsilon_server, rel=1e-9)
+    else:  # central noise the server adds itself: no bound against it, as the run says
+        assert math.isinf(plan.epsilon_server) and spent.epsilon_server is None
+
+
+def test_policy_show_prints_the_plan_as_comments_after_the_policy():
+    shown = fedrecgel("policy", "show", "secagg-dp")
+    assert shown.returncode == 0, shown.stderr
+    comments = [line for line in shown.stdout.splitlines() if line.startswith("# ")]
+    assert "# 1,227 users in filmtrust" in comments
+    assert any("noise multiplier z = 2.429" in line for line in comments)
+    assert "# ε against the release: 8.00" in comments and any("against the server: 8.00" in c for c in comments)
+    plain = fedrecgel("policy", "show")
+    assert plain.returncode == 0 and "planned privacy" not in plain.stdout  # no DP: nothing to plan
