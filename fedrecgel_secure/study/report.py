@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedrecgel_secure.study.latex import latex_table
 from fedrecgel_secure.study.plan import read_plan
 from fedrecgel_secure.study.plots import TITLES, plot_study
 from fedrecgel_secure.study.results import STATUSES, RunRecord, groups, records, result_rows
 
 RESULTS = "results.csv"
 REPORT = "report.md"
+LATEX = "results.tex"
 AUDIT_COLUMNS = {
     "attack AUC": "attack_auc",
     "prior AUC": "prior_auc",
@@ -36,6 +38,7 @@ class ReportFiles:
     results: Path
     report: Path
     plots: list[Path] = field(default_factory=list)
+    latex: Path | None = None
 
 
 def rebuild_report(out_dir: str | Path) -> ReportFiles:
@@ -52,7 +55,10 @@ def rebuild_report(out_dir: str | Path) -> ReportFiles:
     plots = plot_study(out_dir, plan, runs)
     report = out_dir / REPORT
     report.write_text(_markdown(plan, runs, plots))
-    return ReportFiles(results, report, plots)
+    latex = out_dir / LATEX
+    caption = f"{plan['name']}: mean ± standard deviation over seeds {', '.join(map(str, plan['seeds']))}"
+    latex.write_text(latex_table(*_results(plan, runs), caption))
+    return ReportFiles(results, report, plots, latex)
 
 
 def _csv_value(value: Any) -> Any:
@@ -116,7 +122,8 @@ def _heading(plan: dict, runs: list[RunRecord]) -> list[str]:
     return [
         f"# Study: {plan['name']}",
         "",
-        f"Study file `{plan['study_file']}`, base policy `{plan['base']}`"
+        # the files' names, not where they lay on the machine that ran the study: a report travels
+        f"Study file `{Path(plan['study_file']).name}`, base policy `{Path(plan['base']).name}`"
         + (
             ", with " + ", ".join(f"`{o}`" for o in plan["overrides"]) + " for every run." if plan["overrides"] else "."
         ),
@@ -129,7 +136,15 @@ def _heading(plan: dict, runs: list[RunRecord]) -> list[str]:
 
 
 def _results_table(plan: dict, runs: list[RunRecord]) -> list[str]:
-    """The results table: one row per setting, each cell the mean ± standard deviation over its finished seeds."""
+    """The results table in Markdown (:func:`_results`)."""
+    header, rows = _results(plan, runs)
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
+def _results(plan: dict, runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
+    """The results table's header and rows: one row per setting, each cell the mean ± standard deviation over its
+    finished seeds."""
     keys = list(plan["grid"])
     audited, canaries = _audited(runs), _with_canaries(runs)
     header = [*(keys or ["setting"]), "seeds", "best HR@10", "best NDCG@10", "final HR@10", "final NDCG@10"]
@@ -138,7 +153,7 @@ def _results_table(plan: dict, runs: list[RunRecord]) -> list[str]:
         header += [*AUDIT_COLUMNS, "best attack"]
     if canaries:
         header += list(CANARY_COLUMNS)
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = []
     for setting, group in groups(runs):
         done = [r for r in group if r.status == "finished"]
         cells = [*(setting[k] for k in keys)] if keys else ["base"]
@@ -156,8 +171,8 @@ def _results_table(plan: dict, runs: list[RunRecord]) -> list[str]:
             cells += [
                 _mean_std([r.audit[k] for r in done if r.audit and k in r.audit]) for k in CANARY_COLUMNS.values()
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return header, rows
 
 
 def _reading_notes(runs: list[RunRecord]) -> list[str]:

@@ -193,6 +193,12 @@ def test_report_has_mean_and_std_over_seeds_and_decodable_plots(resumed_study):
     assert not (out / "attack_vs_epsilon.png").exists() and "attack" not in report  # no audit in this study
     # the runs opted into seeded noise: the report says what that costs, and results.csv marks each private run
     assert "Seeded DP noise in 2 of 4 runs" in report and "no privacy guarantee" in report
+    # a report travels: no path of the machine that ran it (the files by name), and the table also as LaTeX
+    assert str(out.parent) not in report and str(REPO) not in report
+    latex = (out / "results.tex").read_text()
+    body = latex[latex.index("\\midrule") : latex.index("\\bottomrule")].splitlines()[1:]
+    assert latex.startswith("\\begin{table}") and "\\toprule" in latex and len(body) == 2  # one row a setting
+    assert all(row.endswith(" \\\\") and "$\\pm$" in row for row in body) and "$\\varepsilon$" in latex
     with open(out / "results.csv") as f:
         assert {row["dp_noise"] for row in csv.DictReader(f)} == {"", "seeded"}
 
@@ -479,3 +485,12 @@ def test_study_figures_speak_the_readers_words_and_fit_their_titles():
         "a-study-with-a-long-descriptive-name-for-its-paper: utility against privacy (mean ± std over seeds)", 6
     )
     assert max(map(len, title.splitlines())) <= 66 and title.replace("\n", " ").startswith("a-study-with")
+
+
+def test_latex_escapes_what_it_must_and_aligns_the_numbers_right():
+    from fedrecgel_secure.study.latex import escape, latex_table
+
+    assert escape("privacy.dp.target_epsilon & 50% #1") == "privacy.dp.target\\_epsilon \\& 50\\% \\#1"
+    assert escape("0.5 ± 0.1, ε ∞ –") == "0.5 $\\pm$ 0.1, $\\varepsilon$ $\\infty$ --"
+    table = latex_table(["scheme", "seeds", "best HR@10"], [["masking", "2/2", "0.8 ± 0.01"]], "a_b")
+    assert "\\begin{tabular}{lrr}" in table and "\\caption{a\\_b}" in table
