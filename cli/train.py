@@ -85,9 +85,13 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
         finally:
             trainer.close()
     if trainer.interrupted:
+        from fedrecgel_secure.study.plots import plot_run
+
+        curves = plot_run(out_dir, drawer.draw)  # the rounds done so far: an interrupted run is looked at too
         err.print(
-            f"[bold yellow]interrupted[/] after round {trainer.round}/{rounds}: its checkpoint is saved;"
-            f" continue with `fedrecgel train --out {out_dir} --resume`",
+            f"[bold yellow]interrupted[/] after round {trainer.round}/{rounds}: its checkpoint is saved"
+            + (f" and its curves so far drawn ({curves.name})" if curves else "")
+            + f"; continue with `fedrecgel train --out {out_dir} --resume`",
             highlight=False,
             soft_wrap=True,
         )

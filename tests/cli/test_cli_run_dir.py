@@ -103,6 +103,8 @@ def test_ctrl_c_keeps_every_finished_round_and_resume_continues_exactly(tmp_path
     assert 3 <= kept < 10  # not the last multiple of checkpoint.every (0): the round the run had finished
     assert f"interrupted after round {kept}/20" in stderr.decode()
     assert len(metrics(out)) == kept
+    # its curves so far are drawn (an interrupted run had none), and said so
+    assert (out / "curves.png").read_bytes().startswith(b"\x89PNG") and "curves so far drawn" in stderr.decode()
 
     resumed = fedrecgel("train", "--out", out, "--resume")
     assert resumed.returncode == 0, resumed.stderr
