@@ -7,7 +7,39 @@ from typing import Annotated
 
 import typer
 
-from .common import JsonOption, RunDirArg, out, user_errors
+from .common import JsonOption, RunDirArg, err, out, user_errors
+
+
+class AuditProgress:
+    """The audit's progress on stderr (stdout may be its JSON): a bar over each round's clients on a terminal, a
+    line a round elsewhere; an audit attacks every client of every round and takes minutes."""
+
+    def __init__(self, console, rounds: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console, self.rounds = console, rounds
+        self.progress = Progress(
+            TextColumn("[bold]auditing[/] round {task.fields[round]}/" + str(rounds) + ": clients"),
+            MofNCompleteColumn(),
+            BarColumn(bar_width=20),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        )
+        self.task = self.progress.add_task("audit", total=None, round=1)
+
+    def on_client(self, round_: int, done: int, total: int) -> None:
+        self.progress.update(self.task, round=round_, completed=done, total=total)
+        if done == total and not self.console.is_terminal:
+            self.console.print(f"audited round {round_}/{self.rounds}: {total} clients attacked", highlight=False)
+
+    def __enter__(self) -> AuditProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
 
 
 @user_errors
@@ -24,7 +56,8 @@ def audit(
         from fedrecgel_secure.audit.report import render_audit
         from fedrecgel_secure.audit.run import audit_run
 
-    report = audit_run(run_dir, rounds)
+    with AuditProgress(err, rounds) as progress:
+        report = audit_run(run_dir, rounds, progress.on_client)
     if as_json:
         print(json.dumps(report))
         return

@@ -28,21 +28,35 @@ def policy_validate(
 @app.command("show")
 @user_errors
 def policy_show(file: PolicyArg = None, set_: SetOption = []):
-    """Print the resolved policy, every default filled in, as TOML; under DP also the planned privacy (z, ε against
-    the release and the server over the planned rounds, on the policy's data), as comments."""
+    """Print the resolved policy, every default filled in, as TOML."""
+    from fedrecgel_secure.policy import load_policy
+
+    print(load_policy(file, set_).to_toml(), end="")
+
+
+@app.command("plan")
+@user_errors
+def policy_plan(file: PolicyArg = None, set_: SetOption = []):
+    """Under DP, the privacy the policy will spend, before training: z, and ε against the release and the server
+    over the planned rounds, on the policy's data."""
     from fedrecgel_secure.policy import load_policy
 
     policy = load_policy(file, set_)
-    print(policy.to_toml(), end="")
-    if policy.privacy.dp.enabled:
+    if not policy.privacy.dp.enabled:
+        out.print("privacy.dp.enabled = false: no DP, no bound (ε = ∞ against the release and the server)")
+        return
+    from .startup import lasting_imports
+
+    with lasting_imports():  # torch, the accountants
         from fedrecgel_secure.data.prepare import load_split
         from fedrecgel_secure.federation.build import resolve_dp
         from fedrecgel_secure.privacy.dp.plan import plan_privacy
 
-        n_users = load_split(policy.data).n_users
-        plan = plan_privacy(resolve_dp(policy, n_users))
-        print(f"\n# {n_users:,} users in {policy.data.dataset}")
-        print("".join(f"# {line}\n" for line in plan.lines()), end="")
+    n_users = load_split(policy.data).n_users
+    plan = plan_privacy(resolve_dp(policy, n_users))
+    out.print(f"{n_users:,} users in {policy.data.dataset}", highlight=False)
+    for line in plan.lines():
+        out.print(line, highlight=False)
 
 
 @app.command("schema")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +105,13 @@ def _summary(
 
 
 def audit_rounds(
-    trainer, rounds: int = 3, *, views: list[str] | None = None, attacks: list[str] | None = None, imia_clients: int = 8
+    trainer,
+    rounds: int = 3,
+    *,
+    views: list[str] | None = None,
+    attacks: list[str] | None = None,
+    imia_clients: int = 8,
+    on_progress: Callable[[int, int, int], None] | None = None,
 ) -> dict:
     """Attack ``rounds`` fresh rounds of a trainer's current model with every attack on every view.
 
@@ -114,6 +121,7 @@ def audit_rounds(
     round to round); the trainer's RNG and aggregation state are restored, so
     auditing a run does not change it. IMIA, the costly attack, is run on the
     first ``imia_clients`` clients of each round on individual views.
+    ``on_progress(round, clients attacked, clients of the round)`` hears of each client attacked (round from 1).
     """
     policy, split = trainer.policy, trainer.split
     primary, views = _audited_views(policy, views)
@@ -167,6 +175,8 @@ def audit_rounds(
                     attacks=attacks,
                     imia_clients=imia_clients,
                 )
+                if on_progress is not None:
+                    on_progress(round_idx - trainer.round, pos + 1, clients.size)
     finally:
         trainer.rng.bit_generator.state = rng_state
         agg.load_state_dict(agg_state)
@@ -216,19 +226,19 @@ def canary_estimate(trainer, *, bootstrap: int = 200) -> dict | None:
     }
 
 
-def audit_run(run_dir: Path, rounds: int = 3) -> dict:
+def audit_run(run_dir: Path, rounds: int = 3, on_progress: Callable[[int, int, int], None] | None = None) -> dict:
     """Audit the model a run directory holds, and write ``RUN_DIR/audit.json``.
 
     The file is written once, atomically, after everything is computed: it is
     either absent or complete, so a crash never leaves a file that a study
-    would take as a finished audit.
+    would take as a finished audit. ``on_progress``: as :func:`audit_rounds`'.
     """
     from fedrecgel_secure.runs.runner import load_run
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BadInputError(f"rounds to audit: expected an integer >= 1, got {rounds!r}")
     _, trainer = load_run(run_dir)
-    result = {"round": trainer.round, **audit_rounds(trainer, rounds)}
+    result = {"round": trainer.round, **audit_rounds(trainer, rounds, on_progress=on_progress)}
     estimate = canary_estimate(trainer)
     if estimate is not None:
         result["canaries"] = estimate

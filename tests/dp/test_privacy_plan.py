@@ -43,12 +43,11 @@ def test_the_plan_is_what_the_run_reports(tmp_path, name, sets):
         assert math.isinf(plan.epsilon_server) and spent.epsilon_server is None
 
 
-def test_policy_show_prints_the_plan_as_comments_after_the_policy():
-    shown = fedrecgel("policy", "show", "secagg-dp")
-    assert shown.returncode == 0, shown.stderr
-    comments = [line for line in shown.stdout.splitlines() if line.startswith("# ")]
-    assert "# 1,227 users in filmtrust" in comments
-    assert any("noise multiplier z = 2.429" in line for line in comments)
-    assert "# ε against the release: 8.00" in comments and any("against the server: 8.00" in c for c in comments)
-    plain = fedrecgel("policy", "show")
-    assert plain.returncode == 0 and "planned privacy" not in plain.stdout  # no DP: nothing to plan
+def test_policy_plan_prints_z_and_both_epsilons_before_training():
+    planned = fedrecgel("policy", "plan", "secagg-dp", env={"COLUMNS": "200"})
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    assert "1,227 users in filmtrust" in lines and any("noise multiplier z = 2.429" in line for line in lines)
+    assert "ε against the release: 8.00" in lines and any("against the server: 8.00" in line for line in lines)
+    plain = fedrecgel("policy", "plan")
+    assert plain.returncode == 0 and "no DP, no bound" in plain.stdout

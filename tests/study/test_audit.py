@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -270,6 +271,8 @@ def test_audit_cli_on_a_run_directory_with_canaries(tmp_path):
     table = subprocess.run([*cmd, "audit", str(out), "--rounds", "1"], capture_output=True, text=True, env=env)
     assert table.returncode == 0, table.stderr
     assert "imia (best)" in table.stdout and "Empirical privacy" in table.stdout and "RED FLAG" not in table.stdout
+    # piped, its progress is a line a round on stderr (an audit was silent for minutes)
+    assert re.search(r"^audited round 1/1: \d+ clients attacked$", table.stderr, re.MULTILINE), table.stderr
     report = json.loads((out / "audit.json").read_text())
     assert report["view"] == "upload" and report["attack_auc"] > 0.8 and 0 < report["prior_auc"] < 1
     assert set(report["views"]) == {"upload", "released"} and report["canaries"]["canaries"] == 20
