@@ -53,19 +53,22 @@ def deploy_local_cmd(
         BarColumn(),
         TextColumn(f"{key.upper()} {{task.fields[metric]}}"),
         TimeElapsedColumn(),
+        TextColumn("[dim]{task.fields[status]}"),
     ]
     try:
         with stop_on_signals():  # SIGTERM and SIGHUP end the deployment as Ctrl-C does: every process stopped
             try:
                 with Progress(*columns, console=out, transient=False) as progress:
-                    task = progress.add_task("deploy", total=rounds, metric="-")
+                    task = progress.add_task("deploy", total=rounds, metric="-", status="starting the processes")
 
                     def on_progress(run: RunProgress):  # the latest metrics may be a round behind (scope "round")
                         metric = "-" if run.latest is None else f"{run.latest[key]:.4f}"
-                        progress.update(task, completed=run.round, metric=metric)
+                        progress.update(task, completed=run.round, metric=metric, status="")
 
                     out.print(dep.describe())
                     dep.start()
+                    # until the first round lands: the ServerApp starts, greets every node, sets up the protocol
+                    progress.update(task, status="the server greets the nodes and sets up the round")
                     dep.wait(dep.launch(resume), rounds, on_progress)
             finally:
                 dep.stop()

@@ -252,6 +252,7 @@ class Deployment:
         d = self.policy.deployment
         # the policy's split, cut into one file per node: each node process is given only its own
         write_shards(self.policy, self.shards)
+        self.say(f"start-up: {d.nodes} shards written to {self.shards}, one a node")
         roles = list(range(d.nodes)) + ([KEY_HOLDER] if deployed(self.policy).scheme.key_holder else [])
         n = len(roles)
         # flwr 1.42 serves the Runtime, Control and Fleet APIs on the one HTTP address --host:--port
@@ -270,6 +271,7 @@ class Deployment:
             self.start_engine(shard)
         link = self.procs.start("superlink", self.superlink_argv(self.port), self.env)
         wait_for_port(self.HOST, self.port, 60, link)
+        self.say(f"start-up: SuperLink listening on {address}")
         self.procs.start("superexec-superlink", self.superexec_argv(self.port, link, tls=True), self.env)
         for shard, port in zip(roles, node_ports):
             state_dir = state_dir_for(self.policy, self.out, shard)
@@ -284,6 +286,7 @@ class Deployment:
             node = self.procs.procs[f"supernode-{shard}"]
             wait_for_port(self.HOST, port, 60, node)
             self.procs.start(f"superexec-{shard}", self.superexec_argv(port, node, tls=False), self.env)
+        self.say(f"start-up: {n} SuperNodes listening" + (", waiting for their engines" if self.resident else ""))
         self.wait_for_engines()
         if d.tls.node_authentication:
             self.say(
