@@ -15,10 +15,10 @@ from fedrecgel_secure.policy.deployment import DeploymentPolicy
 from fedrecgel_secure.policy.federation import CheckpointPolicy, EvaluationPolicy, FederationPolicy
 from fedrecgel_secure.policy.model import ModelPolicy, SamPolicy
 from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
-from fedrecgel_secure.policy.secagg import DpfPolicy
+from fedrecgel_secure.policy.secagg import SecureAggregationPolicy
 from fedrecgel_secure.policy.section import Section
 from fedrecgel_secure.policy.tracking import TrackingPolicy
-from fedrecgel_secure.scheme_facts import facts_of
+from fedrecgel_secure.scheme_facts import FACTS, facts_of
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
@@ -122,7 +122,7 @@ class Policy(Section):
         Left out: ``[deployment]`` and ``[tracking]``, ``simulation`` and ``workers`` (how the exact sum is
         computed), ``dpf.device`` (where) and ``federation.threads`` (how many), and settings still at the value
         that predates them (``[privacy.audit]`` without canaries, ``tampered = 0``, ``bfv.max_refusals = 3``,
-        ``[privacy.secure_aggregation.dpf]`` at its defaults, ``evaluation.scope`` unset,
+        a scheme section newer than masking's and BFV's (``dpf``) at its defaults, ``evaluation.scope`` unset,
         ``dp.evaluation_share = 0.1``, ``dp.simulate_shares = "per_client"``), so runs started before they existed
         keep their digest."""
         # [deployment] says where the roles run and [tracking] where records are logged, not what is computed: a
@@ -140,8 +140,14 @@ class Policy(Section):
         if secagg["bfv"]["max_refusals"] == 3:  # likewise (the key holder's limit of refusals)
             del secagg["bfv"]["max_refusals"]
         del secagg["dpf"]["device"]  # where the servers expand keys (the same bits): not what is computed
-        if secagg["dpf"] == DpfPolicy().model_dump(mode="json", exclude={"device"}):  # as [secure_aggregation.dpf]
-            del secagg["dpf"]
+        # a scheme's section that came after the first digests counts only where it differs from its defaults, so
+        # adding a scheme keeps every earlier run's digest (masking's and BFV's were always there)
+        defaults = SecureAggregationPolicy().model_dump(mode="json")
+        for name in FACTS:
+            if name not in ("masking", "bfv") and isinstance(secagg.get(name), dict):
+                default = {k: v for k, v in defaults[name].items() if k in secagg[name]}
+                if secagg[name] == default:
+                    del secagg[name]
         if dump["evaluation"]["scope"] is None:  # likewise
             del dump["evaluation"]["scope"]
         if not dump["evaluation"]["full_ranking"]:  # likewise
