@@ -32,11 +32,15 @@ app = typer.Typer(no_args_is_help=True)
 def study_group():
     """Privacy-utility studies: a grid of training runs and a report with plots.
 
-    fedrecgel study STUDY.toml --out DIR [--jobs N]   train every run not finished yet, then write the report
-
-    fedrecgel study report DIR                         rebuild results.csv, report.md and the plots, no training
-
-    fedrecgel study validate STUDY.toml                check the study file and every run's policy, no training
+    \b
+    fedrecgel study STUDY.toml --out DIR [--jobs N]
+        train every run not finished yet, then write the report
+        --out DIR   the study directory: runs/, results.csv, report.md, the plots
+        --jobs N    runs trained at once, each in its own process (default 1)
+    fedrecgel study report DIR
+        rebuild results.csv, report.md and the plots, no training
+    fedrecgel study validate STUDY.toml
+        check the study file and every run's policy, no training
     """
 
 

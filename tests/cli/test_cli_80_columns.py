@@ -81,3 +81,22 @@ def test_the_time_left_is_the_mean_round_of_this_process_times_the_rounds_to_go(
     assert time_left(100.0, 0, 10, now=130.0) == "-:--:--"  # before the first round: nothing to go by
     assert time_left(100.0, 2, 10, now=130.0) == "0:02:30"  # 15 s a round, 10 to go
     assert time_left(100.0, 4, 200, now=3700.0) == "50:00:00"
+
+
+def test_study_help_at_80_columns_lists_its_options_with_each_line_whole():
+    # `study --help` did not list --out and --jobs, and its usage lines broke mid-sentence at the terminal's edge
+    result = subprocess.run(
+        [sys.executable, "-m", "fedrecgel_secure.cli.main", "study", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    for whole in (
+        "fedrecgel study STUDY.toml --out DIR [--jobs N]",
+        "train every run not finished yet, then write the report",
+        "--out DIR   the study directory: runs/, results.csv, report.md, the plots",
+        "--jobs N    runs trained at once, each in its own process (default 1)",
+    ):
+        assert whole in lines, result.stdout
