@@ -51,9 +51,12 @@ def metrics_table(title: str, columns: dict[str, dict | None]) -> Table:
     for name in columns:
         table.add_column(name, justify="right")
     table.add_row("round", *[str(r["round"]) if r else "-" for r in columns.values()])
-    for key in [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]:
+    keys = [f"{m}@{k}" for m in ("hr", "ndcg") for k in (5, 10, 15, 20)]
+    keys += [f"full_{m}@{k}" for m in ("hr", "ndcg") for k in (10, 20)] + ["full_mrr"]  # evaluation.full_ranking
+    for key in keys:
         if any(r and key in r for r in columns.values()):  # under evaluation scope "round": select_by's K only
-            table.add_row(key.upper(), *[f"{r[key]:.4f}" if r and key in r else "-" for r in columns.values()])
+            label = key.upper().replace("FULL_", "full ")
+            table.add_row(label, *[f"{r[key]:.4f}" if r and key in r else "-" for r in columns.values()])
     if any(r and r.get("evaluated_by") == "round" for r in columns.values()):
         table.caption = (
             "means over each round's users, reported inside the secure sum (noisy under DP) of the next round:"

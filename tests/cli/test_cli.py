@@ -39,7 +39,9 @@ def tiny_run(tmp_path_factory):
 
 def test_train_writes_metrics_summary_policy_and_checkpoint(tiny_run):
     out, _, result = tiny_run
-    assert "HR@10" in result.stdout
+    assert "HR@10" in result.stdout and "validation-selected" in result.stdout
+    # how the best round was chosen is said every time
+    assert "best: the round with the best HR@10 on the test items" in " ".join(result.stdout.split())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2, 3, 4]
     assert set(records[0]) >= METRIC_KEYS
