@@ -31,7 +31,7 @@ TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process
 
 # Each protocol's stages across real processes, equal to the simulator, are in test_deploy_cli.py (masking with
 # distributed DP, BFV and DPF with central DP, as `deploy local` runs them); plaintext and central DP without secure
-# aggregation in one process (test_deploy_inprocess.py) and by the TLS test and the resume test here.
+# aggregation in one process (test_inprocess_round.py) and by the TLS test and the resume test here.
 
 
 def _took_part_in_key_sharing(secagg_dir: Path) -> bool:

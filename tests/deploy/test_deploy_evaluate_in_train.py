@@ -2,7 +2,7 @@
 stage, one stage less per round. The plain path (``evaluate_in_train = false``: an evaluate stage per round) is
 the oracle: both write the same records and the same model, in process (:mod:`inprocess_grid`). Only where the
 evaluation has stages at all: a deployment with secure aggregation or DP evaluates inside the round's sum
-(evaluation scope "round", tests/federation/test_evaluation_in_sum.py and tests/deploy/test_deploy_inprocess.py)."""
+(evaluation scope "round", tests/federation/test_evaluation_in_sum.py and tests/deploy/test_inprocess_round.py)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedrecgel_secure.deploy.node.clientapp import reply_of
 from fedrecgel_secure.deploy.node.engine import parse_node_config
 
+from helpers.deploy import write_deploy_policy
+
 FIRST_NODE_ID = 1000
 
 
@@ -128,3 +130,21 @@ class InProcessGrid:
 
     def pull_messages(self, message_ids) -> list[Message]:
         return [self.replies.pop(m) for m in message_ids if m in self.replies]
+
+
+def inprocess_policy(tmp_path: Path, extra: str, rounds: int = 2, nodes: int = 3) -> Path:
+    """A deployment policy for the in-process grid: its stages time out after a second, heartbeats every 0.05 s."""
+    return write_deploy_policy(tmp_path, extra, rounds, nodes, timeout=1.0, heartbeat=0.05)
+
+
+def deploy_inprocess(
+    policy_file: Path, out: Path, nodes: int = 3, down=None, key_holder: bool = False
+) -> InProcessGrid:
+    """Run ``policy_file``'s deployment to its end on an :class:`InProcessGrid` of ``nodes`` nodes (and the BFV key
+    holder's, with ``key_holder``), its run directory ``out`` and the nodes' state under ``out/nodes``."""
+    from fedrecgel_secure.deploy.server.serverapp import run_server
+
+    key_holder_dir = out / "nodes" / "keyholder" if key_holder else None
+    grid = InProcessGrid(policy_file, [out / "nodes" / str(s) for s in range(nodes)], down, key_holder_dir)
+    run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
+    return grid
