@@ -103,8 +103,8 @@ DEPLOYED = {
         SCHEMES["bfv"],
         "bfv: the server sees ciphertexts and the sum only",
         round_stages=1,  # the key holder's decryption (the ciphertexts ride on the train stage)
-        server_summer=f"{_ROLES}.server.bfv_summer:NodeHESum",
-        node_role=f"{_ROLES}.node.bfv_node:HENode",
+        server_summer=f"{_ROLES}.server.bfv_summer:NodeBFVSum",
+        node_role=f"{_ROLES}.node.bfv_node:BFVNode",
         key_holder_role=f"{_ROLES}.node.bfv_node:KeyHolderNode.for_node",
         key_holder_state=(
             "keyholder.key (the BFV secret key and tag master key, made on first use, 0600),",

@@ -172,7 +172,7 @@ def test_under_masking_the_train_replies_give_the_server_no_users_interaction_co
 
 def test_under_bfv_the_server_process_makes_no_secret_key_and_no_simulated_session(tmp_path, monkeypatch):
     # The key holder's secret context may be made only on the key holder's node; the server runs the protocol's
-    # server side (NodeHESum), never the simulator's SecureSum with its in-process clients and key holder.
+    # server side (NodeBFVSum), never the simulator's SecureSum with its in-process clients and key holder.
     from fedrecgel_secure.federation.summers import SecureSum
     from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 

@@ -28,7 +28,7 @@ from fedrecgel_secure.privacy.secagg import (
     ContributionProof,
     RejectedPayload,
 )
-from fedrecgel_secure.privacy.secagg.bfv.client import HEGroup
+from fedrecgel_secure.privacy.secagg.bfv.client import BFVGroup
 from fedrecgel_secure.privacy.secagg.bfv.wire import (
     load_vectors,
     max_chunk_bytes,
@@ -128,13 +128,13 @@ def test_one_ciphertext_presented_with_others_proofs_is_refused(world):
 
 
 def test_a_groups_ciphertext_is_released_under_its_own_clients_names_only(world):
-    """A deployment's node sends one ciphertext for its clients 0, 1 and 2 (HEGroup), each of them signing it.
+    """A deployment's node sends one ciphertext for its clients 0, 1 and 2 (BFVGroup), each of them signing it.
     The aggregator tries to have it released as fewer clients' contribution (client 2's proof left out, so that
     the release seems not to include it) or counted twice. The tag slot carries exactly the three clients' pads,
     so both are refused; the group with its own proofs and the single uploads of clients 3 and 4 release the
     round's exact sum."""
     r = Round(world, 7)
-    group = HEGroup([world["clients"][c] for c in (0, 1, 2)])
+    group = BFVGroup([world["clients"][c] for c in (0, 1, 2)])
     partial = group.partial(7, np.stack([r.xs[c] for c in (0, 1, 2)]))
     _, _, group_proofs, offset, count = parse_aggregate(partial)
 

@@ -170,7 +170,7 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
 
     from fedrecgel_secure.deploy.launch.layout import pin_identities
     from fedrecgel_secure.deploy.messages import ENTRY_OF
-    from fedrecgel_secure.deploy.node.bfv_node import HENode
+    from fedrecgel_secure.deploy.node.bfv_node import BFVNode
     from fedrecgel_secure.deploy.node.handlers import keyholder
     from fedrecgel_secure.deploy.node.pinned import sign_entry
     from fedrecgel_secure.deploy.schemes import setup_of
@@ -199,7 +199,7 @@ def test_the_deployments_key_holder_takes_rounds_and_limit_from_its_own_policy(t
 
     setup = setup_of(policy, 5)
     users_of = {0: [0, 1], 1: [2, 3]}
-    nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
+    nodes = {n: BFVNode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
     tag = b"t" * 16
     request = {"stage": "start", "session_tag": tag}

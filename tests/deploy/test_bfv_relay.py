@@ -52,14 +52,14 @@ def test_the_server_checks_each_proof_of_a_partial_sum(tmp_path):
     import numpy as np
 
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import BFVAggregator
 
     _, nodes, directory, context, tag, _ = bfv_world(tmp_path)
     x = np.ones((4, 5))
     partial = nodes[0].partial_sum(1, np.asarray(nodes[0].users), x[:2], None)[0]
 
     def aggregator(round_idx=1):
-        agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
+        agg = BFVAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
         agg.begin_round(round_idx)
         return agg
 

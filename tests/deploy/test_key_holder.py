@@ -69,7 +69,7 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
 
     from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
     from fedrecgel_secure.privacy.secagg import IdentityDirectory, RejectedPayload
-    from fedrecgel_secure.privacy.secagg.bfv.aggregator import EncryptedAggregate, HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import BFVAggregator, EncryptedAggregate
     from fedrecgel_secure.privacy.secagg.bfv.wire import (
         load_vectors,
         max_chunk_bytes,
@@ -82,7 +82,7 @@ def test_a_partial_sum_that_is_not_its_named_users_uploads_is_refused_by_the_key
     honest = [nodes[n].partial_sum(1, np.asarray(nodes[n].users), x[nodes[n].users], None)[0] for n in (0, 1)]
 
     def aggregator(min_clients=2):
-        agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=min_clients, session_tag=tag)
+        agg = BFVAggregator(context, IdentityDirectory(directory), 5, min_clients=min_clients, session_tag=tag)
         agg.begin_round(1)
         return agg
 

@@ -6,12 +6,12 @@ import numpy as np
 import tenseal as ts
 
 from fedrecgel_secure.privacy.secagg import (
+    BFVAggregator,
+    BFVClient,
     BFVParams,
     ClientIdentity,
     EncryptedAggregate,
     FixedPoint,
-    HEAggregator,
-    HEClient,
     IdentityDirectory,
     KeyHolder,
 )
@@ -20,15 +20,15 @@ from fedrecgel_secure.privacy.secagg.identity import Envelope
 
 
 def bfv_world(tmp_path, dim=5):
-    """Client nodes and a key holder node with a started session, as NodeHESum.start leaves them."""
-    from fedrecgel_secure.deploy.node.bfv_node import HENode, KeyHolderNode
+    """Client nodes and a key holder node with a started session, as NodeBFVSum.start leaves them."""
+    from fedrecgel_secure.deploy.node.bfv_node import BFVNode, KeyHolderNode
     from fedrecgel_secure.deploy.schemes import Setup
     from fedrecgel_secure.privacy.secagg import FixedPoint
     from fedrecgel_secure.privacy.secagg.bfv.params import BFVParams
 
     users_of = {0: [0, 1], 1: [2, 3]}
     setup = Setup(dim, BFVParams(), FixedPoint(), min_clients=2)
-    nodes = {n: HENode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
+    nodes = {n: BFVNode(tmp_path / f"node-{n}", users, setup) for n, users in users_of.items()}
     seal = {n: node.sealing_key() for n, node in nodes.items()}
     directory = {u: k for node in nodes.values() for u, k in node.keys.public_keys().items()}
     tag = b"t" * 16
@@ -40,9 +40,9 @@ def bfv_world(tmp_path, dim=5):
 
 def aggregate(context, directory, tag, nodes, round_idx, x, users=None):
     from fedrecgel_secure.privacy.secagg import IdentityDirectory
-    from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
+    from fedrecgel_secure.privacy.secagg.bfv.aggregator import BFVAggregator
 
-    agg = HEAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
+    agg = BFVAggregator(context, IdentityDirectory(directory), 5, min_clients=2, session_tag=tag)
     agg.begin_round(round_idx)
     for u, blob in uploads(nodes, round_idx, x).items():
         if users is None or u in users:
@@ -51,7 +51,7 @@ def aggregate(context, directory, tag, nodes, round_idx, x, users=None):
 
 
 def uploads(nodes, round_idx, x):
-    """Each user's own upload (HEClient), as a node's users would send them one by one without the group."""
+    """Each user's own upload (BFVClient), as a node's users would send them one by one without the group."""
     import numpy as np
 
     return {
@@ -93,7 +93,7 @@ class Round:
         rng = np.random.default_rng(round_idx)
         self.xs = {c: rng.normal(0.0, 1.0, DIM) for c in range(N)}
         self.payloads = {c: world["clients"][c].upload(round_idx, self.xs[c]) for c in range(N)}
-        agg = HEAggregator(world["public"], world["dir"], DIM, min_clients=3, session_tag=TAG)
+        agg = BFVAggregator(world["public"], world["dir"], DIM, min_clients=3, session_tag=TAG)
         agg.begin_round(round_idx)
         for p in self.payloads.values():
             agg.receive(p)
@@ -129,6 +129,6 @@ def key_holder_world() -> dict:
     public = holder.public_context()
     shared = ts.context_from(public)
     clients = {
-        c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
+        c: BFVClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
     }
     return {"ids": ids, "dir": directory, "holder": holder, "public": public, "clients": clients}

@@ -37,7 +37,7 @@ class Observed:
 
     def __init__(self, monkeypatch):
         from fedrecgel_secure.deploy.node.shard import Node
-        from fedrecgel_secure.deploy.server.bfv_summer import NodeHESum
+        from fedrecgel_secure.deploy.server.bfv_summer import NodeBFVSum
         from fedrecgel_secure.deploy.server.masking_summer import NodeMaskingSum
 
         self.vectors: dict[tuple[int, int], np.ndarray] = {}  # (round, client) -> its clipped vector
@@ -51,7 +51,7 @@ class Observed:
             return vectors, shares
 
         monkeypatch.setattr(Node, "protect", spy_protect)
-        for summer in (NodeMaskingSum, NodeHESum):
+        for summer in (NodeMaskingSum, NodeBFVSum):
             monkeypatch.setattr(summer, "__call__", self._spy_sum(summer.__call__))
 
     def _spy_sum(self, call):

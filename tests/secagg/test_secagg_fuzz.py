@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
+    BFVAggregator,
+    BFVClient,
     BFVParams,
     ClientIdentity,
     Envelope,
     FixedPoint,
-    HEAggregator,
-    HEClient,
     IdentityDirectory,
     KeyHolder,
     Kind,
@@ -73,11 +73,11 @@ def he_world():
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=2, session_tag=TAG)
     public = holder.public_context()
     clients = {
-        c: HEClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c))
+        c: BFVClient(ids[c], public, DIM, encoding=FixedPoint(), session_tag=TAG, tag_key=holder.client_key(c))
         for c in ids
     }
     uploads = {c: clients[c].upload(0, np.full(DIM, 0.1 * c)) for c in ids}
-    agg = HEAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
+    agg = BFVAggregator(public, directory, DIM, min_clients=2, session_tag=TAG)
     agg.begin_round(0)
     for c in (0, 1):
         agg.receive(uploads[c])

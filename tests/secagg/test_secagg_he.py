@@ -10,11 +10,11 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
+    BFVAggregator,
+    BFVClient,
     BFVParams,
     ClientIdentity,
     FixedPoint,
-    HEAggregator,
-    HEClient,
     IdentityDirectory,
     KeyFileError,
     KeyHolder,
@@ -40,7 +40,7 @@ def world():
     public = holder.public_context()
     shared = ts.context_from(public)
     clients = {
-        c: HEClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
+        c: BFVClient(identities[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c))
         for c in identities
     }
     return {
@@ -81,7 +81,7 @@ def _holder(world, min_clients=3, **kwargs):
 
 
 def _aggregator(world, min_clients=3):
-    return HEAggregator(world["public"], world["dir"], DIM, min_clients=min_clients, session_tag=TAG)
+    return BFVAggregator(world["public"], world["dir"], DIM, min_clients=min_clients, session_tag=TAG)
 
 
 def test_default_parameters_are_addition_only_at_128_bit_security(world):
@@ -161,7 +161,7 @@ def test_capacity_beyond_the_plain_modulus_is_refused(world):
     with pytest.raises(BadInputError, match="privacy.secure_aggregation"):
         KeyHolder.create(small, world["dir"], dim=DIM, min_clients=3, session_tag=TAG, encoding=GRID)
     with pytest.raises(BadInputError, match="fixed-point range"):
-        HEClient(
+        BFVClient(
             world["ids"][0],
             KeyHolder.create(
                 small,
@@ -223,7 +223,7 @@ class TestTampering:
         flipped[len(flipped) // 2] ^= 1
         stranger = ClientIdentity.generate(99)
         body = Envelope.parse(ups[5]).body
-        other_dim = HEClient(
+        other_dim = BFVClient(
             world["ids"][6],
             world["public"],
             DIM + 10000,
@@ -313,7 +313,7 @@ class TestTampering:
             session_tag=TAG,
             encoding=tiny,
         )
-        client = HEClient(
+        client = BFVClient(
             world["ids"][0], other.public_context(), DIM, encoding=tiny, session_tag=TAG, tag_key=other.client_key(0)
         )
         self._expect(agg, client.upload(0, np.zeros(DIM)), "bad_ciphertext")  # SEAL refuses another parms_id
@@ -325,7 +325,7 @@ class TestTampering:
             session_tag=TAG,
             encoding=tiny,
         )
-        client = HEClient(
+        client = BFVClient(
             world["ids"][1], small.public_context(), DIM, encoding=tiny, session_tag=TAG, tag_key=small.client_key(1)
         )
         self._expect(agg, client.upload(0, np.zeros(DIM)), "wrong_shape")
@@ -398,18 +398,18 @@ class TestKeyMaterial:
     def test_aggregator_and_clients_refuse_a_secret_context(self, world, tmp_path):
         secret = world["holder"]._ctx.serialize(save_secret_key=True)
         with pytest.raises(BadInputError, match="secret key"):
-            HEAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
+            BFVAggregator(secret, world["dir"], DIM, min_clients=1, session_tag=TAG)
         with pytest.raises(BadInputError, match="secret key"):
-            HEClient(world["ids"][0], secret, DIM, encoding=GRID, session_tag=TAG, tag_key=bytes(64))
+            BFVClient(world["ids"][0], secret, DIM, encoding=GRID, session_tag=TAG, tag_key=bytes(64))
         path = tmp_path / "secret.ctx"
         world["holder"].save(path)
         with pytest.raises(BadInputError, match="secret key"):
-            HEAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
+            BFVAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
 
     def test_aggregator_builds_from_a_public_context_file(self, world, tmp_path):
         path = tmp_path / "public.ctx"
         world["holder"].write_public_context(path)
-        agg = HEAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
+        agg = BFVAggregator.from_public_context_file(path, world["dir"], DIM, min_clients=1, session_tag=TAG)
         agg.begin_round(0)
         agg.receive(world["clients"][0].upload(0, np.ones(DIM)))
         assert agg.finish().contributors == [0]

@@ -1,6 +1,6 @@
-"""A host's clients encrypted as one group (HEGroup) release exactly what their single uploads release.
+"""A host's clients encrypted as one group (BFVGroup) release exactly what their single uploads release.
 
-The single uploads (HEClient, one ciphertext each, summed by the aggregator)
+The single uploads (BFVClient, one ciphertext each, summed by the aggregator)
 are the oracle; the attacks on a group's proofs are in
 tests/attacks/test_he_forged_aggregate.py.
 """
@@ -11,15 +11,15 @@ import tenseal as ts
 
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import (
+    BFVAggregator,
+    BFVClient,
     BFVParams,
     ClientIdentity,
     FixedPoint,
-    HEAggregator,
-    HEClient,
     IdentityDirectory,
     KeyHolder,
 )
-from fedrecgel_secure.privacy.secagg.bfv.client import HEGroup
+from fedrecgel_secure.privacy.secagg.bfv.client import BFVGroup
 
 DIM = 9000  # two ciphertexts, the second one partly padding
 N = 6
@@ -34,7 +34,7 @@ def world():
     holder = KeyHolder.create(BFVParams(), directory, dim=DIM, min_clients=2, session_tag=TAG, encoding=GRID)
     shared = ts.context_from(holder.public_context())
     clients = {
-        c: HEClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
+        c: BFVClient(ids[c], shared, DIM, encoding=GRID, session_tag=TAG, tag_key=holder.client_key(c)) for c in ids
     }
     return {"dir": directory, "holder": holder, "public": holder.public_context(), "clients": clients}
 
@@ -45,7 +45,7 @@ def _holder(world):
 
 
 def _aggregator(world, round_idx):
-    agg = HEAggregator(world["public"], world["dir"], DIM, min_clients=2, session_tag=TAG)
+    agg = BFVAggregator(world["public"], world["dir"], DIM, min_clients=2, session_tag=TAG)
     agg.begin_round(round_idx)
     return agg
 
@@ -60,7 +60,7 @@ def test_groups_release_exactly_what_their_clients_single_uploads_release(world)
         clipped += world["clients"][c].last_clipped
     grouped, group_clipped = _aggregator(world, 3), 0
     for members in ([4, 0, 2], [1, 3, 5]):  # any order: the proofs come out sorted
-        group = HEGroup([world["clients"][c] for c in members])
+        group = BFVGroup([world["clients"][c] for c in members])
         assert grouped.receive_partial(group.partial(3, x[members], noise[members])) == sorted(members)
         group_clipped += group.last_clipped
     assert clipped > 0 and group_clipped == clipped
@@ -73,17 +73,17 @@ def test_groups_release_exactly_what_their_clients_single_uploads_release(world)
 def test_a_group_of_one_is_a_single_upload_in_the_aggregate_format(world):
     x = np.random.default_rng(1).normal(0.0, 0.1, (1, DIM))
     agg = _aggregator(world, 4)
-    agg.receive_partial(HEGroup([world["clients"][0]]).partial(4, x))
+    agg.receive_partial(BFVGroup([world["clients"][0]]).partial(4, x))
     agg.receive(world["clients"][1].upload(4, x[0]))  # groups and single uploads add up in one aggregate
     assert np.array_equal(_holder(world).decrypt(agg.finish().serialize()), GRID.decode(2 * GRID.encode(x[0])[0]))
 
 
 def test_a_group_refuses_clients_of_different_sessions(world):
     with pytest.raises(BadInputError, match="at least one client"):
-        HEGroup([])
+        BFVGroup([])
     c = world["clients"][0]
-    stranger = HEClient(
+    stranger = BFVClient(
         ClientIdentity.generate(9), c._ctx, DIM, encoding=GRID, session_tag=b"another-session-tag", tag_key=bytes(64)
     )
     with pytest.raises(BadInputError, match="one session"):
-        HEGroup([c, stranger])
+        BFVGroup([c, stranger])

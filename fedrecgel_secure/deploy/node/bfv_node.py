@@ -1,4 +1,4 @@
-"""BFV across nodes: the client nodes' side (:class:`HENode`) and the key holder, a SuperNode of its own
+"""BFV across nodes: the client nodes' side (:class:`BFVNode`) and the key holder, a SuperNode of its own
 (:class:`KeyHolderNode`, node_config ``role=keyholder``).
 
 Every Flower message starts a fresh process, so each side keeps its state in
@@ -43,7 +43,7 @@ from fedrecgel_secure.deploy.schemes import Setup
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.keys import read_private_file, write_private_file
 
-__all__ = ["HENode", "KeyHolderNode", "NoiseFor", "key_holder_population"]
+__all__ = ["BFVNode", "KeyHolderNode", "NoiseFor", "key_holder_population"]
 
 log = logging.getLogger("fedrecgel_secure.deploy")
 KEY_FILE = "keyholder.key"
@@ -57,7 +57,7 @@ def _suite():
     return hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
 
 
-class HENode:
+class BFVNode:
     """A client node's users as BFV clients: they encrypt and sign their vectors in the train stage."""
 
     def __init__(self, state_dir: Path, users: list[int], setup: Setup):
@@ -119,16 +119,16 @@ class HENode:
         return {"partial": partial}
 
     def group(self, clients: np.ndarray):
-        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.bfv.client.HEGroup`"""
-        from fedrecgel_secure.privacy.secagg.bfv.client import HEClient, HEGroup
+        """The sampled ``clients`` as one :class:`~fedrecgel_secure.privacy.secagg.bfv.client.BFVGroup`"""
+        from fedrecgel_secure.privacy.secagg.bfv.client import BFVClient, BFVGroup
         from fedrecgel_secure.privacy.secagg.bfv.wire import load_context
 
         facts = json.loads((self.dir / "he.json").read_text())
         context = load_context(bytes.fromhex(facts["context"]), "public context")
         tag = bytes.fromhex(facts["session_tag"])
-        return HEGroup(
+        return BFVGroup(
             [
-                HEClient(
+                BFVClient(
                     self.keys.identity(u),
                     context,
                     self.setup.dim,
@@ -143,7 +143,7 @@ class HENode:
     def partial_sum(
         self, round_idx: int, clients: np.ndarray, vectors: np.ndarray, shares: np.ndarray | None, binding=None
     ):
-        """The node's users' vectors as one signed, tagged ciphertext (:meth:`HEGroup.partial`), and the number
+        """The node's users' vectors as one signed, tagged ciphertext (:meth:`BFVGroup.partial`), and the number
         of values the grid clipped.
 
         One ciphertext per node instead of one per user: encrypting is the

@@ -4,14 +4,14 @@ It stands where the simulator's :class:`~fedrecgel_secure.federation.summers.Sec
 stands in the aggregation rule and releases the same exact fixed-point sum
 (BFV and masking share the grid). The server holds only the public context: the
 nodes' sums of their users' ciphertexts arrive with the train replies (with
-each user's signed contribution proof), the server's :class:`HEAggregator`
+each user's signed contribution proof), the server's :class:`BFVAggregator`
 checks the proofs and adds the sums, and the key holder, a SuperNode of
 its own (:class:`~fedrecgel_secure.deploy.node.bfv_node.KeyHolderNode`), receives the
 one summed aggregate of the round, checks its proofs and tags, adds the central
 DP noise it draws itself, sized from its own policy (C, under adaptive clipping
 replayed over the released counts the server sends, and N), and returns the sum.
 
-The session is set up once per server process (:meth:`NodeHESum.start`, the
+The session is set up once per server process (:meth:`NodeBFVSum.start`, the
 sealed schemes' flow of :class:`.summer.SealedSummer`): the
 nodes report their users' identity keys and their sealing keys, the key holder
 makes (or, after a resume, reloads) the BFV keys and seals each node's tag keys
@@ -37,7 +37,7 @@ from fedrecgel_secure.privacy.secagg.errors import RejectedPayload, RoundSkipped
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 
-class NodeHESum(SealedSummer):
+class NodeBFVSum(SealedSummer):
     label = "BFV"
 
     def __init__(
@@ -64,12 +64,12 @@ class NodeHESum(SealedSummer):
         }
 
     def opened(self, session) -> None:
-        from fedrecgel_secure.privacy.secagg.bfv.aggregator import HEAggregator
+        from fedrecgel_secure.privacy.secagg.bfv.aggregator import BFVAggregator
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         public, tag, context = session
         s = self.setup
-        self.aggregator = HEAggregator(
+        self.aggregator = BFVAggregator(
             context, IdentityDirectory(public), s.dim, min_clients=s.min_clients, session_tag=tag
         )
 

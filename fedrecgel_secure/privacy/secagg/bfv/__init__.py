@@ -11,7 +11,7 @@ Deployments that must resist a malicious server should use ``"masking"``
 (:mod:`.masking`), which needs no key holder.
 
 Binding proofs to ciphertexts. Each client signs SHA-256 of its ciphertext
-bytes (in a group, :class:`HEGroup`, the group's one ciphertext), and each
+bytes (in a group, :class:`BFVGroup`, the group's one ciphertext), and each
 ciphertext carries in its last slot a linearly homomorphic tag
 of its data (:mod:`.tags`) under keys shared only by that client and the key
 holder. The key holder receives only the summed ciphertext, checks the
@@ -34,14 +34,14 @@ Roles:
   created, carrying at least ``min_clients`` distinct, valid contribution
   proofs of that round whose tags match the decrypted sum, and it adds the
   central DP noise itself.
-* :class:`HEClient` puts its vector on the shared fixed-point grid
+* :class:`BFVClient` puts its vector on the shared fixed-point grid
   (:class:`..fixedpoint.FixedPoint`, the same integers masking sums), tags
   them, encrypts them as BFV plaintexts mod the prime t, and signs SHA-256 of
   the ciphertext bytes (the envelope of :mod:`..identity`).
-* :class:`HEGroup` is several clients of one host (a deployment's node): their
+* :class:`BFVGroup` is several clients of one host (a deployment's node): their
   grid vectors added up, tagged with all their pads, encrypted once and signed
   by each of them; it decrypts to exactly what their single uploads would.
-* :class:`HEAggregator` holds only the public context; it checks each envelope
+* :class:`BFVAggregator` holds only the public context; it checks each envelope
   (or group), adds the ciphertexts as they arrive and forwards the sum with the
   proofs (client id, digest of the ciphertext bytes it signed, signature).
 

@@ -67,7 +67,7 @@ class EncryptedAggregate:
         return head + b"".join(p.to_bytes() for p in self.proofs) + _U32.pack(len(chunks)) + frame(chunks)
 
 
-class HEAggregator:
+class BFVAggregator:
     """Adds encrypted uploads; holds only the public context and never a plaintext upload."""
 
     def __init__(
@@ -96,7 +96,7 @@ class HEAggregator:
     @classmethod
     def from_public_context_file(
         cls, path: str | Path, directory: IdentityDirectory, dim: int, *, min_clients: int, session_tag: bytes
-    ) -> HEAggregator:
+    ) -> BFVAggregator:
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
@@ -162,7 +162,7 @@ class HEAggregator:
         return env.client_id
 
     def receive_partial(self, data: bytes, cohort: set[int] | None = None) -> list[int]:
-        """Add a group's partial aggregate (:meth:`HEGroup.partial`), the one ciphertext a host of several
+        """Add a group's partial aggregate (:meth:`BFVGroup.partial`), the one ciphertext a host of several
         clients (a deployment's node) made of its own clients' vectors; returns their ids.
 
         Each proof is checked as an upload's would be: a known client, this
@@ -192,7 +192,7 @@ class HEAggregator:
             raise RejectedPayload(Reason.DUPLICATE_CLIENT, "a partial aggregate names no client, or one twice")
         if cohort is not None and not set(ids) <= cohort:
             raise RejectedPayload(Reason.NOT_IN_COHORT, f"a partial aggregate names {sorted(set(ids) - cohort)[:10]}")
-        signed = hashlib.sha256(_UPLOAD_HEAD.pack(b"BFV1", dim, count))  # the group's upload body (HEGroup.partial)
+        signed = hashlib.sha256(_UPLOAD_HEAD.pack(b"BFV1", dim, count))  # the group's upload body (BFVGroup.partial)
         signed.update(memoryview(data)[offset:])
         digest = signed.digest()
         context = signing_context(self.session_tag, binding)

@@ -1,4 +1,4 @@
-"""A BFV client's upload (HEClient) and a host's clients encrypted as one group (HEGroup); the threat model is
+"""A BFV client's upload (BFVClient) and a host's clients encrypted as one group (BFVGroup); the threat model is
 the package docstring's."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .wire import (
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 
-class HEClient:
+class BFVClient:
     """Encodes one client's vector on the grid, tags it, encrypts it with the public context and signs it.
 
     ``tag_key``: the 64 bytes the key holder gave this client at registration
@@ -95,7 +95,7 @@ class HEClient:
 
     def encrypt(self, round_idx: int, rows: np.ndarray, pad_keys: list[bytes]) -> bytes:
         """Upload body of grid ``rows`` (signed, |v| < t/2), each tagged with <α, row> plus the pads of
-        ``pad_keys``: this client's alone, or a group's (:class:`HEGroup`)."""
+        ``pad_keys``: this client's alone, or a group's (:class:`BFVGroup`)."""
         t = self.params.plain_modulus
         chunk_tags = [
             (dot + sum(tags.pad(k, self.session_tag, round_idx, c, t) for k in pad_keys)) % t
@@ -104,11 +104,11 @@ class HEClient:
         return encrypt_ints(self._ctx, self.params, self.dim, rows, chunk_tags)
 
 
-class HEGroup:
+class BFVGroup:
     """The clients of one host (a deployment's node) as one contribution: their grid vectors added up, tagged
     with all their pads and encrypted once, every client signing that one ciphertext.
 
-    It decrypts to exactly what the sum of their :class:`HEClient` uploads
+    It decrypts to exactly what the sum of their :class:`BFVClient` uploads
     decrypts to: the data slots hold the same grid sum mod t, and a tag is
     linear in its row with pads that add, so the key holder's checks and its
     release are unchanged (``tests/secagg/test_secagg_he_group.py``). The host
@@ -116,10 +116,10 @@ class HEGroup:
     a node, 372,737 values each). It sees its clients' vectors anyway, since
     it computes them; the server still sees ciphertexts only, and checks that
     each named client signed exactly this ciphertext
-    (:meth:`HEAggregator.receive_partial`).
+    (:meth:`BFVAggregator.receive_partial`).
     """
 
-    def __init__(self, clients: list[HEClient]) -> None:
+    def __init__(self, clients: list[BFVClient]) -> None:
         if not clients:
             raise BadInputError("a group needs at least one client")
         first = clients[0]

@@ -130,7 +130,7 @@ class KeyHolder:
         write_private_file(path, _KEY_FILE_MAGIC + self._tags.master + secret)
 
     def client_key(self, client_id: int) -> bytes:
-        """The tag key client ``client_id`` needs (:class:`.bfv.HEClient`); hand it over a confidential channel."""
+        """The tag key client ``client_id`` needs (:class:`.bfv.BFVClient`); hand it over a confidential channel."""
         self.directory.check_known(client_id)
         return self._tags.client_key(client_id)
 

@@ -12,8 +12,8 @@ from ..clients import ClientSetup
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity
 from ..session import RoundResult, SecAggSession, _cost
-from .aggregator import HEAggregator
-from .client import HEClient
+from .aggregator import BFVAggregator
+from .client import BFVClient
 from .keyholder import KeyHolder
 from .params import BFVParams
 
@@ -34,19 +34,19 @@ class BFVSession(SecAggSession):
             encoding=self.encoding,
         )
         public = self.key_holder.public_context()
-        self.aggregator = HEAggregator(
+        self.aggregator = BFVAggregator(
             public, self.directory, self.dim, min_clients=self.min_clients, session_tag=self.session_tag
         )
         tag_keys = {c: self.key_holder.client_key(c) for c in self.client_ids}
         return dataclasses.replace(setup, public_context=public, tag_keys=tag_keys)
 
     @staticmethod
-    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, HEClient]:
+    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, BFVClient]:
         import tenseal as ts
 
         shared = ts.context_from(setup.public_context, n_threads=1)  # one public context for all, as loaded
         return {
-            c: HEClient(
+            c: BFVClient(
                 ident,
                 shared,
                 setup.dim,
