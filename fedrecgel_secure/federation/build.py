@@ -16,9 +16,9 @@ from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.federation.aggregation import AggregationRule, MeanAggregation
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.dp_mechanism import DPMechanism
+from fedrecgel_secure.federation.negatives import build_local_sets_per_client
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
 from fedrecgel_secure.federation.reports import report_count
-from fedrecgel_secure.federation.sampling import build_local_sets_per_client
 from fedrecgel_secure.federation.summers import Summer
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
@@ -110,7 +110,7 @@ def local_sets(
     users: np.ndarray | None = None,
 ):
     """The clients' examples for round ``round_idx``, under the policy's data protocol, each from its own stream
-    (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
+    (:func:`~fedrecgel_secure.federation.negatives.client_rng`), so that no client's draws depend on who
     else is sampled or where it is trained. ``clients`` are rows of ``split``; ``users`` their user indices
     when ``split`` is a node's shard (default: the rows themselves)."""
     return build_local_sets_per_client(

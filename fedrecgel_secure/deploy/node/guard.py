@@ -95,7 +95,7 @@ class NodeGuard:
         can make the two differ by that factor per count (closing this needs
         the key holder's releases signed). And it can overstate the sample up
         to the bound, which shrinks distributed noise by at most
-        sqrt(|S| / bound) (:func:`.mechanism.max_poisson_sample`).
+        sqrt(|S| / bound) (:func:`.client_sampling.max_poisson_sample`).
         """
         if not self.policy.privacy.dp.enabled:
             return None

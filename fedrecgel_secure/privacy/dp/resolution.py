@@ -23,7 +23,8 @@ from fedrecgel_secure.privacy.threshold import consistency_threshold
 from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts, facts_of
 
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, reached_noise_multiplier
+from .client_sampling import cyclic_participations, cyclic_period, max_poisson_sample
+from .gaussian import reached_noise_multiplier
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class ResolvedDP:
 
     @property
     def period(self) -> int:
-        """b: under cyclic participation a client's rounds are b apart (:func:`.mechanism.cyclic_period`)."""
+        """b: under cyclic participation a client's rounds are b apart (:func:`.client_sampling.cyclic_period`)."""
         return cyclic_period(self.sample_rate)
 
     @property
@@ -127,7 +128,7 @@ class ResolvedDP:
     @property
     def max_participants(self) -> int:
         """The most clients a round's sample may hold: a Poisson sample's, but for a chance below 2^-40
-        (:func:`.mechanism.max_poisson_sample`); a cyclic slot's, ceil(N / b), exactly."""
+        (:func:`.client_sampling.max_poisson_sample`); a cyclic slot's, ceil(N / b), exactly."""
         if self.cyclic:
             return -(-self.population // self.period)
         return max_poisson_sample(self.population, self.sample_rate)
@@ -151,7 +152,7 @@ class ResolvedDP:
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
         r"""The noise multiplier of a released sum of ``contributors`` uploads, ``participants`` having been
         sampled: :math:`z\sqrt{|U|/\text{shares}}` in distributed mode (more than z when more than the
-        threshold's worth of shares arrived), z in central mode (:func:`.mechanism.reached_noise_multiplier`)."""
+        threshold's worth of shares arrived), z in central mode (:func:`.gaussian.reached_noise_multiplier`)."""
         return reached_noise_multiplier(self.mode, self.noise_multiplier, self.noise_shares(participants), contributors)
 
     def server_noise_multiplier(self, participants: int, contributors: int) -> float | None:
