@@ -22,6 +22,7 @@ from fedrecgel_secure.policy import (
 from fedrecgel_secure.privacy.threshold import consistency_threshold
 from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts, facts_of
 
+from .accountants import accountant_of
 from .adaptive import AdaptiveClipping, effective_update_noise
 from .client_sampling import cyclic_participations, cyclic_period, max_poisson_sample
 from .gaussian import reached_noise_multiplier
@@ -252,10 +253,11 @@ def validate_against_population(
 
 def _check_federation(settings: DPSettings, population: int, rounds: int) -> None:
     """The checks that need neither q nor z: an accountant that can compose the mode's rounds, a federation."""
-    if settings.accountant == "gdp" and settings.mode == "distributed":
+    kind = settings.accountant
+    if settings.mode == "distributed" and not accountant_of(kind).composes_varying_noise:
         raise BadInputError(
-            f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
-            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
+            f"{FIELD}.accountant = {kind!r} cannot be used with mode = 'distributed': rounds where clients drop out"
+            f" carry less noise, and Opacus's {kind} accountant cannot compose rounds of different noise;"
             " use 'pld' or 'rdp'"
         )
     if population < 1:
