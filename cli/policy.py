@@ -37,10 +37,11 @@ def policy_show(file: PolicyArg = None, set_: SetOption = []):
     if policy.privacy.dp.enabled:
         from fedrecgel_secure.data.prepare import load_split
         from fedrecgel_secure.federation.build import resolve_dp
+        from fedrecgel_secure.federation.reports import scope_of
         from fedrecgel_secure.privacy.dp.plan import plan_privacy
 
         n_users = load_split(policy.data).n_users
-        plan = plan_privacy(resolve_dp(policy, n_users))
+        plan = plan_privacy(resolve_dp(policy, n_users, scope_of(policy)))
         print(f"\n# {n_users:,} users in {policy.data.dataset}")
         print("".join(f"# {line}\n" for line in plan.lines()), end="")
 
