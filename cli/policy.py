@@ -50,10 +50,11 @@ def policy_plan(file: PolicyArg = None, set_: SetOption = []):
     with lasting_imports():  # torch, the accountants
         from fedrecgel_secure.data.prepare import load_split
         from fedrecgel_secure.federation.build import resolve_dp
+        from fedrecgel_secure.federation.reports import scope_of
         from fedrecgel_secure.privacy.dp.plan import plan_privacy
 
     n_users = load_split(policy.data).n_users
-    plan = plan_privacy(resolve_dp(policy, n_users))
+    plan = plan_privacy(resolve_dp(policy, n_users, scope_of(policy)))
     out.print(f"{n_users:,} users in {policy.data.dataset}", highlight=False)
     for line in plan.lines():
         out.print(line, highlight=False)

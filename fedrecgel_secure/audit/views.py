@@ -27,7 +27,7 @@ import torch
 
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.summers import grid_sum
-from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp import gaussian
 from fedrecgel_secure.privacy.secagg.schemes import scheme_of
 
 VIEWS = ("upload", "clipped-upload", "dp-upload", "sum", "dp-sum", "released")
@@ -129,5 +129,5 @@ class RoundViews:
     def released_gradient(self) -> torch.Tensor:
         """The gradient the server steps with: the noised sum over m under DP, the mean without."""
         if self.dp:
-            return mechanism.fixed_denominator_mean(self.total("dp-sum"), self.agg.dp.expected_clients).to(self.dtype)
+            return gaussian.fixed_denominator_mean(self.total("dp-sum"), self.agg.dp.expected_clients).to(self.dtype)
         return (self.total("sum") / self.clients.size).to(self.dtype)

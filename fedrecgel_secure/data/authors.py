@@ -34,7 +34,7 @@ and ``models/fedrecgel.py``; every step below is theirs:
 5. Training uses the 0/1 matrix of the training rows: a repeated user-item row
    is one positive. (The training-time rules, negatives drawn outside the
    user's training set and each positive followed by its own negatives, live
-   in :func:`fedrecgel_secure.federation.sampling.build_local_sets`.)
+   in :func:`fedrecgel_secure.federation.negatives.build_local_sets`.)
 
 :func:`write_authors_files` writes the result in the authors' file formats
 (see its docstring) so that it can be diffed against their notebook's output.

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from fedrecgel_secure.federation.reports import with_reports
-from fedrecgel_secure.federation.sampling import sample_clients
 from fedrecgel_secure.federation.summers import Contributions, SecAggCost, Summer, SumResult
 from fedrecgel_secure.federation.uploads import Uploads
 
@@ -127,6 +126,12 @@ class AggregationRule(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+def sample_clients(rng: np.random.Generator, n_clients: int, fraction: float) -> np.ndarray:
+    """A fixed-size sample without replacement, as the authors' server draws it."""
+    m = max(1, int(n_clients * fraction))
+    return np.sort(rng.choice(n_clients, size=m, replace=False))
 
 
 class MeanAggregation:

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from fedrecgel_secure.data.split import csr_rows
 from fedrecgel_secure.federation.evaluation import evaluate, evaluation_sums
+from fedrecgel_secure.federation.negatives import LocalSets
 from fedrecgel_secure.federation.per_client import SAM_EPS, ClientConfig
-from fedrecgel_secure.federation.sampling import LocalSets
 from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate, RoundUpdate
 from fedrecgel_secure.federation.uploads import RowUploads
 from fedrecgel_secure.model import NeuMF, head, item_side

@@ -16,9 +16,9 @@ from fedrecgel_secure.data.split import SeenIndex, Split
 from fedrecgel_secure.federation.aggregation import AggregationRule, MeanAggregation
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
 from fedrecgel_secure.federation.dp_mechanism import DPMechanism
+from fedrecgel_secure.federation.negatives import build_local_sets_per_client
 from fedrecgel_secure.federation.per_client import ClientConfig, PerClientEngine
-from fedrecgel_secure.federation.reports import report_count
-from fedrecgel_secure.federation.sampling import build_local_sets_per_client
+from fedrecgel_secure.federation.reports import Scope, report_count
 from fedrecgel_secure.federation.summers import Summer
 from fedrecgel_secure.model import NeuMF
 from fedrecgel_secure.policy import Policy
@@ -26,41 +26,43 @@ from fedrecgel_secure.privacy.secagg.settings import encoding
 
 
 def make_aggregation(
-    policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer], deployed: bool = False
+    policy: Policy, n_users: int, model: NeuMF, summer: Callable[[int], Summer], scope: Scope
 ) -> AggregationRule:
     """The policy's aggregation rule with the summer ``summer(dim)`` of ``dim``-long uploads
     (:meth:`~fedrecgel_secure.federation.trainer.Trainer.make_summer`); under DP, with a fresh CSPRNG secret unless
-    the policy asks for seeded noise. ``deployed``: for a deployment's server (where the metrics may come from)."""
+    the policy asks for seeded noise. ``scope``: where the metrics come from, as the run resolved it
+    (:func:`~fedrecgel_secure.federation.reports.scope_of`)."""
     dim = sum(p.numel() for p in model.parameters())
     settings = policy.privacy.dp
     if not settings.enabled:
-        rule = MeanAggregation(policy.federation.fraction, None, report_count(policy, deployed))
+        rule = MeanAggregation(policy.federation.fraction, None, report_count(policy, scope))
     else:
-        rule = make_dp_rule(policy, n_users, deployed)
+        rule = make_dp_rule(policy, n_users, scope)
     rule.summer = summer(dim + rule.extra)
     return _with_canaries(policy, rule, dim)
 
 
-def make_dp_rule(policy: Policy, n_users: int, deployed: bool = False) -> DPFedAvg:
+def make_dp_rule(policy: Policy, n_users: int, scope: Scope) -> DPFedAvg:
     """The policy's DP-FedAvg, with no summer yet. Its randomness is a fresh CSPRNG secret unless the policy asks
     for seeded noise."""
-    return DPFedAvg(make_dp_mechanism(policy, n_users, deployed))
+    return DPFedAvg(make_dp_mechanism(policy, n_users, scope))
 
 
-def make_dp_mechanism(policy: Policy, n_users: int, deployed: bool = False) -> DPMechanism:
-    """The policy's DP clipping and noise over ``n_users`` clients, without an accountant: what a deployment's
-    node (its users' part) and the BFV key holder (the central noise) run, with ``deployed`` set. Its randomness
-    is a fresh CSPRNG secret unless the policy asks for seeded noise."""
+def make_dp_mechanism(policy: Policy, n_users: int, scope: Scope) -> DPMechanism:
+    """The policy's DP clipping and noise over ``n_users`` clients under evaluation ``scope``, without an
+    accountant: what a deployment's node (its users' part) and the BFV key holder (the central noise) run, with the
+    deployment's scope. Its randomness is a fresh CSPRNG secret unless the policy asks for seeded noise."""
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 
     seeded = policy.privacy.dp.noise == "seeded"
     randomness = DPRandomness.from_seed(policy.seed) if seeded else DPRandomness.fresh()
-    return DPMechanism(resolve_dp(policy, n_users, deployed), encoding(policy.privacy.secure_aggregation), randomness)
+    return DPMechanism(resolve_dp(policy, n_users, scope), encoding(policy.privacy.secure_aggregation), randomness)
 
 
-def resolve_dp(policy: Policy, n_users: int, deployed: bool = False):
-    """The policy's DP settings over ``n_users`` clients, z calibrated (:func:`validate_against_population`): what
-    the mechanism runs and what ``fedrecgel policy show`` plans."""
+def resolve_dp(policy: Policy, n_users: int, scope: Scope):
+    """The policy's DP settings over ``n_users`` clients, z calibrated (:func:`validate_against_population`), with
+    the reports evaluation ``scope`` puts in the uploads: what the mechanism runs and what ``fedrecgel policy show``
+    plans."""
     from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 
     return validate_against_population(
@@ -69,7 +71,7 @@ def resolve_dp(policy: Policy, n_users: int, deployed: bool = False):
         policy.federation.rounds,
         policy.federation.fraction,
         policy.privacy.secure_aggregation,
-        reports=report_count(policy, deployed),
+        reports=report_count(policy, scope),
     )
 
 
@@ -110,7 +112,7 @@ def local_sets(
     users: np.ndarray | None = None,
 ):
     """The clients' examples for round ``round_idx``, under the policy's data protocol, each from its own stream
-    (:func:`~fedrecgel_secure.federation.sampling.client_rng`), so that no client's draws depend on who
+    (:func:`~fedrecgel_secure.federation.negatives.client_rng`), so that no client's draws depend on who
     else is sampled or where it is trained. ``clients`` are rows of ``split``; ``users`` their user indices
     when ``split`` is a node's shard (default: the rows themselves)."""
     return build_local_sets_per_client(

@@ -19,7 +19,7 @@ from fedrecgel_secure.federation.aggregation import Aggregate, CanaryHook, Round
 from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import Contributions, Summer
 from fedrecgel_secure.federation.uploads import Uploads
-from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp import client_sampling, gaussian
 from fedrecgel_secure.privacy.dp.matrix import noise_row
 from fedrecgel_secure.privacy.dp.randomness import GUARANTEE, DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
@@ -115,9 +115,9 @@ class DPFedAvg:
         if self.dp.cyclic:
             if self._slots is None or self._slots.size != n_clients:  # a run constant: drawn once, not each round
                 uniforms = self.randomness.uniform("slots", 0, 0, n_clients).numpy()
-                self._slots = mechanism.cyclic_slots(uniforms, self.dp.period)
-            return mechanism.cyclic_sample(self._slots, round_idx, self.dp.period)
-        return mechanism.poisson_sample(
+                self._slots = client_sampling.cyclic_slots(uniforms, self.dp.period)
+            return client_sampling.cyclic_sample(self._slots, round_idx, self.dp.period)
+        return client_sampling.poisson_sample(
             self.randomness.uniform("sample", round_idx, 0, n_clients).numpy(), self.dp.sample_rate
         )
 
@@ -184,7 +184,7 @@ class DPFedAvg:
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
             info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
             self.last_released = round_idx
-            gradient = mechanism.fixed_denominator_mean(
+            gradient = gaussian.fixed_denominator_mean(
                 _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
             )
             if self.canaries is not None:
@@ -216,7 +216,7 @@ class DPFedAvg:
         tail = self.mechanism.release_tail_delta(self.clip_norm, dim, participants, result.contributors.size)
         self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail)
         info.noise_multiplier = reached
-        gradient = mechanism.fixed_denominator_mean(
+        gradient = gaussian.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
         )
         if self.canaries is not None:

@@ -2,7 +2,7 @@
 
 One object per run (the simulator's :class:`~.dp_aggregation.DPFedAvg` owns it) or per node (a deployment's
 node runs its users' part with it, the BFV key holder the central noise). The maths it applies are the pure
-functions of :mod:`fedrecgel_secure.privacy.dp.mechanism`; the settings and the noise multipliers the accounting
+functions of :mod:`fedrecgel_secure.privacy.dp.gaussian`; the settings and the noise multipliers the accounting
 reads are :class:`~fedrecgel_secure.privacy.dp.resolution.ResolvedDP`'s. It spends no privacy, so it builds no
 accountant.
 """
@@ -17,7 +17,7 @@ import torch
 from fedrecgel_secure.federation.reports import with_reports
 from fedrecgel_secure.federation.summers import Contributions
 from fedrecgel_secure.federation.uploads import GROUPS, Uploads
-from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp import gaussian
 from fedrecgel_secure.privacy.dp.adaptive import AdaptiveClipping, clipped_bits
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness, tail_delta
 from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
@@ -68,22 +68,22 @@ class DPMechanism:
     # and the accounting's noise multipliers :class:`ResolvedDP`'s).
 
     def update_noise_std(self, clip_norm: float, participants: int) -> float:
-        """Std one party adds to the updates this round (see :func:`.mechanism.noise_std`)."""
+        """Std one party adds to the updates this round (see :func:`.gaussian.noise_std`)."""
         dp = self.dp
-        return mechanism.noise_std(dp.mode, dp.update_noise_multiplier, clip_norm, dp.noise_shares(participants))
+        return gaussian.noise_std(dp.mode, dp.update_noise_multiplier, clip_norm, dp.noise_shares(participants))
 
     def report_noise_std(self, participants: int) -> float:
         """Std one party adds to each reported metric this round (evaluation.scope = "round" only)."""
         dp = self.dp
         assert dp.report_noise_multiplier is not None
         sensitivity = math.sqrt(dp.reports)  # each of the metrics in [0, 1]
-        return mechanism.noise_std(dp.mode, dp.report_noise_multiplier, sensitivity, dp.noise_shares(participants))
+        return gaussian.noise_std(dp.mode, dp.report_noise_multiplier, sensitivity, dp.noise_shares(participants))
 
     def count_noise_std(self, participants: int) -> float:
         """Std one party adds to the centred clipped count this round (adaptive clipping only)."""
         dp = self.dp
         z_b = AdaptiveClipping.count_noise_multiplier_for(dp.clipped_count_stddev)
-        return mechanism.noise_std(dp.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, dp.noise_shares(participants))
+        return gaussian.noise_std(dp.mode, z_b, AdaptiveClipping.COUNT_SENSITIVITY, dp.noise_shares(participants))
 
     def release_tail_delta(self, clip_norm: float, dim: int, participants: int, contributors: int) -> float:
         r"""The δ the sampler's truncation adds to one release: the chance that any noise draw in it lies beyond
@@ -96,7 +96,7 @@ class DPMechanism:
         """
         dp = self.dp
         if dp.mode == "central" or participants == 0:
-            draws = [(mechanism.noise_std("central", dp.update_noise_multiplier, clip_norm, 1), dim)]
+            draws = [(gaussian.noise_std("central", dp.update_noise_multiplier, clip_norm, 1), dim)]
             if dp.adaptive is not None:
                 draws.append((dp.clipped_count_stddev, 1))
             if dp.reports:
@@ -127,10 +127,10 @@ class DPMechanism:
         group_sq = uploads.group_sq_norms()
         norms = group_sq.sum(1).sqrt()
         if self.dp.group_fractions is None:
-            return uploads.scale(mechanism.clip_factors(norms, clip_norm)), norms
-        budget = mechanism.split_clip_norms(clip_norm, self.dp.group_fractions)
+            return uploads.scale(gaussian.clip_factors(norms, clip_norm)), norms
+        budget = gaussian.split_clip_norms(clip_norm, self.dp.group_fractions)
         group_clip = torch.tensor([budget[g] for g in GROUPS], dtype=group_sq.dtype, device=group_sq.device)
-        return uploads.scale_groups(mechanism.group_clip_factors(group_sq.sqrt(), group_clip)), norms
+        return uploads.scale_groups(gaussian.group_clip_factors(group_sq.sqrt(), group_clip)), norms
 
     def protect(
         self,
@@ -238,7 +238,7 @@ class DPMechanism:
         reports' std on each reported metric), for
         ``attempt`` of the round (default: this mechanism's next one for the round), made on ``device``."""
         attempt = self._attempt(round_idx, attempt)
-        std = mechanism.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
+        std = gaussian.noise_std("central", self.dp.update_noise_multiplier, clip_norm, 1)
         draws = [("update-noise", dim, std)]
         if self.dp.adaptive is not None:
             draws.append(("count-noise", 1, self.dp.clipped_count_stddev))

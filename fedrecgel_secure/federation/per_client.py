@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedrecgel_secure.federation.evaluation import evaluate_per_user, evaluation_sums_per_user
-from fedrecgel_secure.federation.sampling import LocalSets
+from fedrecgel_secure.federation.negatives import LocalSets
 from fedrecgel_secure.federation.state import ClientStates, PrivateUpdate, RoundUpdate
 from fedrecgel_secure.federation.uploads import DenseUploads
 from fedrecgel_secure.model import NeuMF

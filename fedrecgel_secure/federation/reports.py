@@ -50,7 +50,10 @@ def protects_uploads(policy) -> bool:
 def scope_of(policy, deployed: bool = False) -> Scope:
     """Where the metrics come from: ``evaluation.scope``, or when unset, the round's users in a deployment that
     protects its uploads and every user otherwise. (A protected deployment refuses an explicit "all":
-    :func:`fedrecgel_secure.deploy.check_deployable`.)"""
+    :func:`fedrecgel_secure.deploy.check_deployable`.)
+
+    The one place the scope is resolved: a run resolves it where it is built (the trainer, a deployment's
+    node or key holder) and hands the scope, not whether it is deployed, to what it builds."""
     scope = policy.evaluation.scope
     if scope is not None:
         return scope
@@ -64,9 +67,10 @@ def report_keys(policy) -> list[str]:
     return keys + ([f"val_{m}" for m in keys] if policy.data.validation else [])
 
 
-def report_count(policy, deployed: bool = False) -> int:
-    """How many metrics each upload carries inside the sum: none unless the scope is "round"."""
-    return len(report_keys(policy)) if scope_of(policy, deployed) == ROUND else 0
+def report_count(policy, scope: Scope) -> int:
+    """How many metrics each upload carries inside the sum under ``scope`` (:func:`scope_of`): none unless
+    "round"."""
+    return len(report_keys(policy)) if scope == ROUND else 0
 
 
 def user_reports(model, theta: torch.Tensor, split, users: np.ndarray, policy) -> torch.Tensor:

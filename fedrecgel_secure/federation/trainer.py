@@ -87,11 +87,9 @@ class Trainer:
         self.model.to(self.device)
         self.server = Server(self.model, policy.federation.server_lr, policy.federation.server_optimizer)
         self.engine = make_engine(policy)
-        self.aggregation = make_aggregation(
-            policy, self.catalogue.n_users, self.model, self.make_summer, deployed=self.deployed
-        )
         # under scope "round" the metrics of round R's model ride in round R+1's uploads (federation.reports)
-        self.scope = scope_of(policy, self.deployed)
+        self.scope = scope_of(policy, self.deployed)  # resolved here, once; what the run builds reads it
+        self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer, self.scope)
         self.defers_evaluation = self.defers_evaluation or self.scope == ROUND
         self.reported: tuple[torch.Tensor | None, int] = (None, 0)  # the last round's released report sums, and n
         self.stopped: str | None = None  # why training ended before federation.rounds

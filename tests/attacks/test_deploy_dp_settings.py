@@ -207,6 +207,7 @@ def test_a_sample_stated_larger_than_the_one_drawn_is_refused(tmp_path, monkeypa
     # (tests/attacks/test_deploy_bfv_binding.py). Either way the round is skipped.
     from fedrecgel_secure.deploy.server.remote import RemoteTrainer
     from fedrecgel_secure.federation.build import make_dp_mechanism
+    from fedrecgel_secure.federation.reports import scope_of
     from fedrecgel_secure.policy import load_policy
 
     sample = RemoteTrainer.client_updates
@@ -215,7 +216,8 @@ def test_a_sample_stated_larger_than_the_one_drawn_is_refused(tmp_path, monkeypa
     def at_the_bound(group, payload):
         if not group.startswith("round-"):
             return False
-        payload["participants"] = make_dp_mechanism(load_policy(tmp_path / "policy.toml"), 24).dp.max_participants
+        policy = load_policy(tmp_path / "policy.toml")
+        payload["participants"] = make_dp_mechanism(policy, 24, scope_of(policy)).dp.max_participants
         return True
 
     seen = Observed(monkeypatch)

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from fedrecgel_secure.data.prepare import load_split
-from fedrecgel_secure.federation.sampling import build_local_sets
+from fedrecgel_secure.federation.negatives import build_local_sets
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
-from fedrecgel_secure.privacy.dp import mechanism
+from fedrecgel_secure.privacy.dp import client_sampling
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.secagg.settings import encoding
 
@@ -70,7 +70,7 @@ def released_round(trainer: Trainer, round_idx: int = 1):
 def attack(p: Policy, trainer: Trainer, clients: np.ndarray, dim: int, round_idx: int = 1):
     """The adversary's replay: the sample and the noise as the code draws them from the policy alone."""
     guess = DPRandomness.from_seed(p.seed)
-    predicted_sample = mechanism.poisson_sample(
+    predicted_sample = client_sampling.poisson_sample(
         guess.uniform("sample", round_idx, 0, trainer.split.n_users).numpy(), 0.25
     )
     resolved = trainer.aggregation.dp

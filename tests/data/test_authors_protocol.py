@@ -29,7 +29,7 @@ from fedrecgel_secure.data.loaders import read_interactions, resolve_dataset
 from fedrecgel_secure.data.prepare import authors_data, load_split, resolve_source
 from fedrecgel_secure.data.split import SeenIndex
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.sampling import build_local_sets
+from fedrecgel_secure.federation.negatives import build_local_sets
 from fedrecgel_secure.policy import DataPolicy
 
 FILMTRUST = Path(resolve_dataset("filmtrust")[0])

@@ -9,7 +9,8 @@ from fedrecgel_secure.data.loaders import RawInteractions
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.data.split import SeenIndex, prepare_split, sample_negatives
 from fedrecgel_secure.errors import BadInputError
-from fedrecgel_secure.federation.sampling import build_local_sets, sample_clients
+from fedrecgel_secure.federation.aggregation import sample_clients
+from fedrecgel_secure.federation.negatives import build_local_sets
 from fedrecgel_secure.policy import DataPolicy
 
 
@@ -108,7 +109,7 @@ def test_local_sets_hold_every_positive_with_four_negatives_shuffled(filmtrust_s
 
 
 def test_chunk_weights_make_a_sum_of_chunk_means():
-    from fedrecgel_secure.federation.sampling import LocalSets
+    from fedrecgel_secure.federation.negatives import LocalSets
 
     local = LocalSets(
         np.array([3, 8]), np.array([0, 300, 310]), np.zeros(310, dtype=np.int64), np.zeros(310, dtype=np.float32)

@@ -31,11 +31,11 @@ def test_rdp_reproduces_the_measured_figure():
 
 
 def test_cached_rdp_equals_opacus_s_rdp_accountant_bit_for_bit():
-    """The per-round RDP cache (accounting.rdp_epsilon_of) against Opacus's own accountant, on a history of
+    """The per-round RDP cache (opacus_analysis.rdp_epsilon_of) against Opacus's own accountant, on a history of
     different noise and sampling rates, the oracle it replaces."""
     from opacus.accountants import RDPAccountant
 
-    from fedrecgel_secure.privacy.dp.accounting import rdp_epsilon_of
+    from fedrecgel_secure.privacy.dp.opacus_analysis import rdp_epsilon_of
 
     history = [(1.0, Q, 40), (1.3, Q, 1), (0.9, 2 * Q, 17), (1.0, Q, 42)]
     for cut in range(1, len(history) + 1):

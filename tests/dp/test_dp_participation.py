@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrecgel_secure.privacy.dp.mechanism import (
+from fedrecgel_secure.privacy.dp.client_sampling import (
     cyclic_participations,
     cyclic_period,
     cyclic_sample,

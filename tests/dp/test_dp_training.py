@@ -105,7 +105,7 @@ def test_the_aggregate_carries_noise_of_std_z_c_over_m(tiny_split, mode):
     trainer = Trainer(dp_policy(mode=mode, noise_multiplier=2.0), tiny_split)
     agg = trainer.aggregation
     clients = agg.sample(1, trainer.rng, tiny_split.n_users)
-    from fedrecgel_secure.federation.sampling import build_local_sets
+    from fedrecgel_secure.federation.negatives import build_local_sets
 
     local = build_local_sets(trainer.rng, tiny_split, trainer.seen, clients, 4)
     uploads = trainer.engine.train_round(trainer.model, trainer.states, local).uploads

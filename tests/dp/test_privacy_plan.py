@@ -32,7 +32,7 @@ def test_the_plan_is_what_the_run_reports(tmp_path, name, sets):
     data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=80, per_user=(5, 12))
     sets = [*sets, f"data.dataset={data}", "data.test_negatives=20", "federation.rounds=6", "federation.fraction=0.5"]
     trainer = open_run(tmp_path / name, None, sets)
-    plan = plan_privacy(resolve_dp(trainer.policy, trainer.split.n_users))
+    plan = plan_privacy(resolve_dp(trainer.policy, trainer.split.n_users, trainer.scope))
     trainer.run(tmp_path / name)
     spent = read_summary(tmp_path / name).privacy
     assert spent.epsilon == pytest.approx(plan.epsilon, rel=1e-9)  # the same accountant over the same releases

@@ -10,7 +10,7 @@ from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.policy import AdaptiveClippingSettings, DPSettings
 from fedrecgel_secure.privacy.dp.accounting import calibrate_noise_multiplier
 from fedrecgel_secure.privacy.dp.adaptive import AdaptiveClipping, effective_update_noise
-from fedrecgel_secure.privacy.dp.mechanism import noise_std
+from fedrecgel_secure.privacy.dp.gaussian import noise_std
 from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import validate_against_population
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint

@@ -15,7 +15,8 @@ import torch
 
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.data.split import SeenIndex
-from fedrecgel_secure.federation.sampling import build_local_sets, build_local_sets_per_client, sample_clients
+from fedrecgel_secure.federation.aggregation import sample_clients
+from fedrecgel_secure.federation.negatives import build_local_sets, build_local_sets_per_client
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import DataPolicy, Policy
 

@@ -97,7 +97,7 @@ def test_dropouts_after_masking_leave_the_exact_survivor_sum(filmtrust_split):
         "privacy.secure_aggregation.min_clients=10",
     ]
     trainer = Trainer(load_policy(None, overrides), filmtrust_split)
-    from fedrecgel_secure.federation.sampling import build_local_sets
+    from fedrecgel_secure.federation.negatives import build_local_sets
     from fedrecgel_secure.federation.summers import Contributions
 
     # in training, only the survivors' private state moves

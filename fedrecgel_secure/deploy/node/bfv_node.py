@@ -222,14 +222,14 @@ class KeyHolderNode:
         not run is refused, and so is every request once it refused max_refusals (each is an oracle's bit)."""
         from fedrecgel_secure.deploy.node.pinned import Pins
         from fedrecgel_secure.deploy.schemes import setup_of
-        from fedrecgel_secure.federation.reports import report_count
+        from fedrecgel_secure.federation.reports import report_count, scope_of
 
         return cls(
             state_dir,
             setup_of(policy, dim),
             rounds=policy.federation.rounds,
             max_refusals=policy.privacy.secure_aggregation.bfv.max_refusals,
-            reports=report_count(policy, deployed=True),
+            reports=report_count(policy, scope_of(policy, deployed=True)),
             pins=Pins(policy),
         )
 

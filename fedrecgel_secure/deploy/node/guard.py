@@ -61,8 +61,9 @@ class NodeGuard:
         once), with its own randomness; its attempt counter spans the node's life, so a round asked for twice
         gets fresh shares (:meth:`DPMechanism.protect`)."""
         from fedrecgel_secure.federation.build import make_dp_mechanism
+        from fedrecgel_secure.federation.reports import scope_of
 
-        return make_dp_mechanism(self.policy, self.population, deployed=True)
+        return make_dp_mechanism(self.policy, self.population, scope_of(self.policy, deployed=True))
 
     def dp_round(
         self,
@@ -95,7 +96,7 @@ class NodeGuard:
         can make the two differ by that factor per count (closing this needs
         the key holder's releases signed). And it can overstate the sample up
         to the bound, which shrinks distributed noise by at most
-        sqrt(|S| / bound) (:func:`.mechanism.max_poisson_sample`).
+        sqrt(|S| / bound) (:func:`.client_sampling.max_poisson_sample`).
         """
         if not self.policy.privacy.dp.enabled:
             return None

@@ -57,8 +57,10 @@ class CentralNoise:
         """The policy's DP mechanism over the manifest's N (made at the first draw: a stage that draws nothing
         needs neither)."""
         from fedrecgel_secure.federation.build import make_dp_mechanism
+        from fedrecgel_secure.federation.reports import scope_of
 
-        return make_dp_mechanism(self.policy, key_holder_population(self.policy, self.catalogue), deployed=True)
+        population = key_holder_population(self.policy, self.catalogue)
+        return make_dp_mechanism(self.policy, population, scope_of(self.policy, deployed=True))
 
     @property
     def dim(self) -> int:

@@ -20,9 +20,12 @@ data (client-level DP). One round, as :class:`~fedrecgel_secure.federation.dp_ag
 
 The package is split by concern, like Opacus's ``accountants`` over its ``analysis``:
 
-* :mod:`.mechanism`: clipping, noise stds, the fixed denominator, Poisson sampling (pure maths);
+* :mod:`.gaussian`: clipping, noise stds, the fixed denominator (pure maths);
+* :mod:`.client_sampling`: Poisson sampling and cyclic participation (pure maths);
 * :mod:`.randomness`: where the sample and the noise come from (a keyed CSPRNG);
-* :mod:`.accounting`: the accountant of the released models and calibration, the only module that imports opacus;
+* :mod:`.accountants`: the accountant registry, one entry per kind a policy may name (what computes it);
+* :mod:`.accounting`: the accountant of the released models and calibration;
+* :mod:`.opacus_analysis`: Opacus's RDP, PRV and GDP analyses, the only module that imports opacus;
 * :mod:`.pld`: privacy loss distributions (the default accountant), the only module that imports dp-accounting;
 * :mod:`.observers`: epsilon against the server, from a per-user record of the rounds it saw;
 * :mod:`.adaptive`: adaptive clipping (Andrew et al. 2021);

@@ -5,8 +5,9 @@ Each round is one Poisson-subsampled Gaussian mechanism with sampling rate
 (:meth:`.resolution.ResolvedDP.reached_noise_multiplier`). The accountant keeps
 the run's steps as a history of ``(z, q, steps)`` entries and evaluates it with
 the analysis the policy names: ``pld`` through Google's ``dp-accounting``
-(:mod:`.pld`, the default), ``rdp``, ``prv`` or ``gdp`` through Opacus (the
-only module of the package that imports opacus). Every kind but ``gdp``
+(:mod:`.pld`, the default), ``rdp``, ``prv`` or ``gdp`` through Opacus
+(:mod:`.opacus_analysis`, the only module of the package that imports opacus);
+which does what is the registry's, :data:`.accountants.ACCOUNTANTS`. Every kind but ``gdp``
 composes rounds of different noise; RDP's :math:`\varepsilon` of the same
 history is always reported beside it as a cross-check.
 """
@@ -15,20 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
-from opacus.accountants import RDPAccountant, create_accountant
-from opacus.accountants.analysis import rdp as rdp_analysis
-from opacus.accountants.utils import get_noise_multiplier
 
 from fedrecgel_secure.checks import FIELD, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import AccountantKind
 
-KINDS = ("pld", "rdp", "prv", "gdp")
+from .accountants import accountant_of
 
 
 class BudgetExhausted(Exception):
@@ -49,38 +44,6 @@ class BudgetExhausted(Exception):
             f"privacy budget exhausted before round {round}: epsilon{whose} is {epsilon:.4g} and that round"
             f" would bring it to {next_epsilon:.4g} > {FIELD}.max_epsilon = {max_epsilon:g}"
         )
-
-
-@functools.lru_cache(maxsize=1024)
-def _rdp_of_one_round(q: float, z: float) -> np.ndarray:
-    """Opacus's RDP of one round at its default orders, computed once per ``(q, z)``: the run reports RDP's
-    epsilon every round, and recomputing 150 orders' series each time cost 0.1-0.4 s a round."""
-    rdp = rdp_analysis.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS)
-    rdp.setflags(write=False)  # shared by every later call
-    return rdp
-
-
-def rdp_epsilon_of(history: list[tuple[float, float, int]], delta: float) -> float:
-    """What :meth:`RDPAccountant.get_epsilon` gives for ``history``, bit for bit (RDP composes linearly in the
-    steps, and Opacus's ``compute_rdp(steps=n)`` is its one-step array times ``n``), from cached one-round RDP."""
-    rdp = sum([_rdp_of_one_round(q, z) * steps for z, q, steps in history])
-    with warnings.catch_warnings():
-        # RDP's advice to widen its orders concerns tightness, not validity: the bound holds.
-        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-        eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
-    return float(eps)
-
-
-def opacus_epsilon(kind: str, history: list[tuple[float, float, int]], delta: float) -> float:
-    """Opacus's epsilon of a ``(z, q, steps)`` history under ``kind`` (rdp, prv, gdp); 0 for none."""
-    if not history:
-        # Opacus's PRV and GDP accountants fail on an empty history.
-        return 0.0
-    if kind == "rdp":
-        return rdp_epsilon_of(history, delta)
-    accountant = create_accountant(mechanism=kind)
-    accountant.history = [tuple(entry) for entry in history]
-    return float(accountant.get_epsilon(delta=delta))
 
 
 class PrivacyAccountant:
@@ -110,8 +73,7 @@ class PrivacyAccountant:
     """
 
     def __init__(self, kind: AccountantKind, sample_rate: float, noise_multiplier: float, delta: float):
-        if kind not in KINDS:
-            raise BadInputError(f"{FIELD}.accountant must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+        self.analysis = accountant_of(kind)
         self.kind: AccountantKind = kind
         self.sample_rate = open_unit(sample_rate, f"{FIELD}.sample_rate", closed_right=True)
         self.noise_multiplier = positive(noise_multiplier, f"{FIELD}.noise_multiplier")
@@ -135,10 +97,10 @@ class PrivacyAccountant:
             if noise_multiplier is None
             else positive(noise_multiplier, "the round's noise multiplier")
         )
-        if self.kind == "gdp" and z != self.noise_multiplier:
+        if not self.analysis.composes_varying_noise and z != self.noise_multiplier:
             raise BadInputError(
-                f"{FIELD}.accountant = 'gdp' cannot compose a round whose noise differs from z (z_t = {z:.4g});"
-                " use 'pld' or 'rdp'"
+                f"{FIELD}.accountant = {self.kind!r} cannot compose a round whose noise differs from z"
+                f" (z_t = {z:.4g}); use 'pld' or 'rdp'"
             )
         return z
 
@@ -157,12 +119,7 @@ class PrivacyAccountant:
     def _epsilon_of(self, kind: str, history: list[tuple[float, float, int]]) -> float:
         key = (kind, tuple(history))
         if key not in self._memo:  # the budget check computes the next round's epsilon, the round then reuses it
-            if kind == "pld":
-                from .pld import pld_epsilon  # dp-accounting: only when a run is accounted
-
-                self._memo[key] = pld_epsilon(history, self.delta)
-            else:
-                self._memo[key] = opacus_epsilon(kind, history, self.delta)
+            self._memo[key] = accountant_of(kind).epsilon(history, self.delta)
         return self._memo[key]
 
     def epsilon(self) -> float:
@@ -201,10 +158,11 @@ class PrivacyAccountant:
                 f"{FIELD}.accountant is {self.kind!r} but the checkpoint was accounted with {mechanism!r}"
             )
         history = [(float(z), float(q), int(n)) for z, q, n in state["history"]]
-        if self.kind == "gdp" and history and history[-1][:2] != (self.noise_multiplier, self.sample_rate):
+        changed = history and history[-1][:2] != (self.noise_multiplier, self.sample_rate)
+        if not self.analysis.composes_varying_noise and changed:
             raise BadInputError(
                 f"{FIELD}.noise_multiplier/sample_rate changed since the checkpoint"
-                f" (was z={history[-1][0]}, q={history[-1][1]}); the gdp accountant cannot compose that"
+                f" (was z={history[-1][0]}, q={history[-1][1]}); the {self.kind} accountant cannot compose that"
             )
         self._history = history
 
@@ -235,25 +193,10 @@ def calibrate_noise_multiplier(
         " the calibration tries gets there; raise the target or plan fewer rounds"
     )
     try:
-        if kind == "pld":
-            from .pld import calibrate  # dp-accounting: only when a run is built
-
-            z = calibrate(target_epsilon, delta, sample_rate, rounds)
-        else:
-            with warnings.catch_warnings():
-                # The bisection probes noise multipliers far from the answer; Opacus's
-                # advice about their RDP orders says nothing about the z returned.
-                warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
-                z = get_noise_multiplier(
-                    target_epsilon=target_epsilon,
-                    target_delta=delta,
-                    sample_rate=sample_rate,
-                    steps=rounds,
-                    accountant=kind,
-                )
+        z = accountant_of(kind).calibrate(target_epsilon, delta, sample_rate, rounds)
     except ValueError as error:
         # "The privacy budget is too low." from the bisection, no bracket found by
-        # dp-accounting, or a root finder failing inside the gdp analysis.
+        # dp-accounting, or a root finder failing inside the gdp analysis (an unknown kind, too, as before).
         raise BadInputError(unreachable) from error
     if not (math.isfinite(z) and z > 0):
         raise BadInputError(unreachable)

@@ -10,7 +10,7 @@ import torch
 from fedrecgel_secure.checks import FIELD, open_unit, positive
 from fedrecgel_secure.errors import BadInputError
 
-from .mechanism import check_norms
+from .gaussian import check_norms
 
 
 def clipped_bits(norms: torch.Tensor, clip_norm: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ to its update: noise that the later rounds partly cancel in the prefix sums.
 
 Here :math:`C` is lower-triangular banded Toeplitz, :math:`C_{ij} = c_{i-j}` for
 :math:`0 \le i - j < \text{bands}`, with :math:`\|c\|_2 = 1`, so every column has
-norm at most 1. Under cyclic participation (:mod:`.mechanism`) a user takes part
+norm at most 1. Under cyclic participation (:mod:`.client_sampling`) a user takes part
 in at most :math:`k` rounds, at least :math:`b` apart; with
 :math:`\text{bands} \le b` the columns of any two of its rounds have disjoint
 supports, so its contribution :math:`C \sum_{t \in \pi} e_t x` has norm at most

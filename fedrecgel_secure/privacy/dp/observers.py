@@ -67,7 +67,7 @@ class UserExposure:
         precision = float(self.precision.max(initial=0.0))
         if precision == 0:
             return 0.0
-        from .accounting import rdp_epsilon_of  # opacus: only when a run is accounted
+        from .opacus_analysis import rdp_epsilon_of  # opacus: only when a run is accounted
 
         return rdp_epsilon_of([(1.0 / math.sqrt(precision), 1.0, 1)], self.delta)
 

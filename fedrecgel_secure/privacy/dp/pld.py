@@ -165,7 +165,8 @@ def calibrate_composed_gaussian(target_epsilon: float, delta: float, composition
     :math:`k` Gaussian mechanisms compose exactly into one of noise multiplier :math:`z/\sqrt{k}` (Dong, Roth,
     Su 2019), whose :math:`\delta(\varepsilon)` is exact (:func:`gaussian_epsilon`); ``dp_accounting``'s bisection
     finds the smallest :math:`z/\sqrt k` whose :math:`\delta` at ``target_epsilon`` is at most ``delta``. The bound of
-    a client of bounded participation (:func:`.mechanism.cyclic_sample`), against the server as against the release.
+    a client of bounded participation (:func:`.client_sampling.cyclic_sample`), against the server as against the
+    release.
     """
     if compositions < 1:
         raise ValueError(f"compositions must be at least 1, got {compositions!r}")

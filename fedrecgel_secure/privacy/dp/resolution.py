@@ -22,8 +22,10 @@ from fedrecgel_secure.policy import (
 from fedrecgel_secure.privacy.threshold import consistency_threshold
 from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts, facts_of
 
+from .accountants import accountant_of
 from .adaptive import AdaptiveClipping, effective_update_noise
-from .mechanism import cyclic_participations, cyclic_period, max_poisson_sample, reached_noise_multiplier
+from .client_sampling import cyclic_participations, cyclic_period, max_poisson_sample
+from .gaussian import reached_noise_multiplier
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class ResolvedDP:
 
     @property
     def period(self) -> int:
-        """b: under cyclic participation a client's rounds are b apart (:func:`.mechanism.cyclic_period`)."""
+        """b: under cyclic participation a client's rounds are b apart (:func:`.client_sampling.cyclic_period`)."""
         return cyclic_period(self.sample_rate)
 
     @property
@@ -127,7 +129,7 @@ class ResolvedDP:
     @property
     def max_participants(self) -> int:
         """The most clients a round's sample may hold: a Poisson sample's, but for a chance below 2^-40
-        (:func:`.mechanism.max_poisson_sample`); a cyclic slot's, ceil(N / b), exactly."""
+        (:func:`.client_sampling.max_poisson_sample`); a cyclic slot's, ceil(N / b), exactly."""
         if self.cyclic:
             return -(-self.population // self.period)
         return max_poisson_sample(self.population, self.sample_rate)
@@ -151,7 +153,7 @@ class ResolvedDP:
     def reached_noise_multiplier(self, participants: int, contributors: int) -> float:
         r"""The noise multiplier of a released sum of ``contributors`` uploads, ``participants`` having been
         sampled: :math:`z\sqrt{|U|/\text{shares}}` in distributed mode (more than z when more than the
-        threshold's worth of shares arrived), z in central mode (:func:`.mechanism.reached_noise_multiplier`)."""
+        threshold's worth of shares arrived), z in central mode (:func:`.gaussian.reached_noise_multiplier`)."""
         return reached_noise_multiplier(self.mode, self.noise_multiplier, self.noise_shares(participants), contributors)
 
     def server_noise_multiplier(self, participants: int, contributors: int) -> float | None:
@@ -251,10 +253,11 @@ def validate_against_population(
 
 def _check_federation(settings: DPSettings, population: int, rounds: int) -> None:
     """The checks that need neither q nor z: an accountant that can compose the mode's rounds, a federation."""
-    if settings.accountant == "gdp" and settings.mode == "distributed":
+    kind = settings.accountant
+    if settings.mode == "distributed" and not accountant_of(kind).composes_varying_noise:
         raise BadInputError(
-            f"{FIELD}.accountant = 'gdp' cannot be used with mode = 'distributed': rounds where clients drop out"
-            " carry less noise, and Opacus's gdp accountant cannot compose rounds of different noise;"
+            f"{FIELD}.accountant = {kind!r} cannot be used with mode = 'distributed': rounds where clients drop out"
+            f" carry less noise, and Opacus's {kind} accountant cannot compose rounds of different noise;"
             " use 'pld' or 'rdp'"
         )
     if population < 1:

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from fedrecgel_secure.data.split import SeenIndex, sample_negatives
-from fedrecgel_secure.federation.sampling import (
+from fedrecgel_secure.federation.aggregation import sample_clients
+from fedrecgel_secure.federation.negatives import (
     LocalSets,
     build_local_sets,
     build_local_sets_per_client,
     client_rng,
-    sample_clients,
 )
 
 
@@ -105,7 +105,7 @@ def test_synthetic_interactions_are_those_of_np_unique():
 
 
 def test_the_shuffles_argsort_is_the_stable_one_with_ties_too():
-    from fedrecgel_secure.federation.sampling import _stable_argsort
+    from fedrecgel_secure.federation.negatives import _stable_argsort
 
     keys = np.random.default_rng(0).random(5000)
     assert np.array_equal(_stable_argsort(keys), np.argsort(keys, kind="stable"))

@@ -1,7 +1,8 @@
-"""What a round draws: the sampled clients and their local training sets.
+"""What a round's sampled clients train on: their positives, each with freshly drawn negative items, shuffled.
 
 Both engines consume the same :class:`LocalSets`, so with one seed they train
-on the very same negatives in the very same order.
+on the very same negatives in the very same order. Which clients are sampled is
+the aggregation rule's (:mod:`.aggregation`, :mod:`fedrecgel_secure.privacy.dp.client_sampling`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedrecgel_secure.data.split import SeenIndex, Split, csr_rows, sample_negatives
-
-
-def sample_clients(rng: np.random.Generator, n_clients: int, fraction: float) -> np.ndarray:
-    """A fixed-size sample without replacement, as the authors' server draws it."""
-    m = max(1, int(n_clients * fraction))
-    return np.sort(rng.choice(n_clients, size=m, replace=False))
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,7 @@ def build_local_sets_per_client(
     order. ``clients`` are rows of ``split``; ``streams`` their user indices, which name their streams, when
     ``split`` holds some users only (a node's shard); by default the rows themselves.
 
-    The result equals that loop exactly (tests/federation/test_sampling_fast.py keeps it as the oracle), but only the
+    The result equals that loop exactly (tests/federation/test_negatives.py keeps it as the oracle), but only the
     draws are made client by client: each client's stream makes the same calls in the same order (its first
     negatives, its redraws, its shuffle keys), while the checks and the redraw masks run once over the whole
     round, against the round's clients' seen items alone (:meth:`SeenIndex.of`). A client's rows are one

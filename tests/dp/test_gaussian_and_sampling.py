@@ -1,5 +1,5 @@
-"""The DP-FedAvg maths (privacy/dp/mechanism.py): clipping, the noise's standard deviation and what of it reached
-the sum, the fixed denominator, and Poisson sampling with the bound a node accepts."""
+"""The DP-FedAvg maths: clipping, the noise's standard deviation and what of it reached the sum, the fixed
+denominator (privacy/dp/gaussian.py), and Poisson sampling with the bound a node accepts (client_sampling.py)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
-from fedrecgel_secure.privacy.dp.mechanism import (
+from fedrecgel_secure.privacy.dp.client_sampling import max_poisson_sample, poisson_sample
+from fedrecgel_secure.privacy.dp.gaussian import (
     clip_factors,
     fixed_denominator_mean,
     group_clip_factors,
-    max_poisson_sample,
     noise_std,
-    poisson_sample,
     reached_noise_multiplier,
     split_clip_norms,
 )
