@@ -76,7 +76,11 @@ def deploy_local_cmd(
         why, code = (str(e), e.exit_code) if isinstance(e, Terminated) else ("interrupted", 130)
         err.print(f"{why}: every process stopped; `fedrecgel deploy local --out {out_dir} --resume` continues")
         raise typer.Exit(code) from None
-    summary = read_summary(out_dir)
+    _print_deployed(read_summary(out_dir), policy_, out_dir)
+
+
+def _print_deployed(summary, policy_, out_dir: Path) -> None:
+    """A finished deployment's results: its metrics, the files written, and where the nodes' lists went."""
     out.print(
         metrics_table(
             f"{summary.method} deployed on {policy_.deployment.nodes} nodes: {summary.wall_time_s:.1f} s",
