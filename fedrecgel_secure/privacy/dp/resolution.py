@@ -243,7 +243,8 @@ def validate_against_population(
         shares=settings.shares,
         simulate_shares=settings.simulate_shares,
         min_clients=secagg.min_clients,
-        consistency=secagg.masking.consistency if settings.shares == "threshold" else None,
+        # the consistency f of the scheme that runs (threshold shares need one that has a survivor threshold)
+        consistency=getattr(secagg, secagg.scheme).consistency if settings.shares == "threshold" else None,
         sampler=settings.sampler,
         correlation=settings.correlation,
         reports=reports,
