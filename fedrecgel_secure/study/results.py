@@ -70,7 +70,7 @@ class RunRecord:
     def metric(self, evaluation: Literal["best", "final"], key: str) -> float | None:
         """A metric of a finished run's best or final evaluation."""
         record: Evaluation | None = getattr(self.summary, evaluation) if self.status == "finished" else None
-        return record[key] if record else None
+        return record.get(key) if record else None  # None: a metric this run did not evaluate
 
     def history(self) -> list[Evaluation]:
         return read_metrics(self.dir)
@@ -111,10 +111,14 @@ def collect_results(out_dir: str | Path) -> list[dict[str, Any]]:
     return result_rows(out_dir, records(out_dir, read_plan(out_dir)))
 
 
+FULL_KEYS = ("full_hr@10", "full_ndcg@10", "full_mrr", "full_coverage@10")  # of the best and the final round
+
+
 def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
     """The results.csv rows of a study's runs: the setting, then the seed, status, metrics, budget and directory."""
     audited = any(r.audit for r in runs)
     canaries = any(r.audit and "empirical_epsilon" in r.audit for r in runs)
+    full = any(r.metric("final", "full_hr@10") is not None for r in runs)  # evaluation.full_ranking
     rows = []
     for r in runs:
         s = r.summary if r.status == "finished" else None
@@ -141,6 +145,8 @@ def result_rows(out_dir: Path, runs: list[RunRecord]) -> list[dict[str, Any]]:
             "stopped_early": s.stopped_early if s else None,
             "wall_time_s": s.wall_time_s if s else None,
         }
+        if full:
+            row.update({f"{e}_{k}": r.metric(e, k) for e in ("best", "final") for k in FULL_KEYS})
         if audited:
             row.update({column: (r.audit or {}).get(key) for column, key in ATTACK_KEYS.items()})
         if canaries:

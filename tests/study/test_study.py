@@ -494,3 +494,22 @@ def test_latex_escapes_what_it_must_and_aligns_the_numbers_right():
     assert escape("0.5 ± 0.1, ε ∞ –") == "0.5 $\\pm$ 0.1, $\\varepsilon$ $\\infty$ --"
     table = latex_table(["scheme", "seeds", "best HR@10"], [["masking", "2/2", "0.8 ± 0.01"]], "a_b")
     assert "\\begin{tabular}{lrr}" in table and "\\caption{a\\_b}" in table
+
+
+def test_a_study_with_full_ranking_reports_it_per_run(tmp_path, data_file):
+    from fedrecgel_secure.study import run_study
+
+    spec = write_study(
+        tmp_path / "full.toml",
+        data_file,
+        rounds=1,
+        grid='"federation.fraction" = [0.25]',
+        seeds="[1]",
+        overrides=("evaluation.full_ranking=true",),
+    )
+    run_study(spec, tmp_path / "out")
+    with open(tmp_path / "out" / "results.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    summary = json.loads(next((tmp_path / "out").glob("runs/*/seed=1/summary.json")).read_text())
+    for key in ("full_hr@10", "full_ndcg@10", "full_mrr", "full_coverage@10"):
+        assert float(row[f"final_{key}"]) == pytest.approx(summary["final"][key])
