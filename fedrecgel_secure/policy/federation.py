@@ -36,9 +36,9 @@ class FederationPolicy(Section):
         description="CPU threads for torch's operators. 1: a FilmTrust round's tensors are small, and beside other"
         " work more threads wait on each other (docs/results/loaded-machine.md: two threads are faster alone and"
         " slower beside a second training process); the sums a thread count splits differently differ in their"
-        " last bits, so a fixed count also keeps a seeded run's records the same on every machine. auto: every core this process may use, for large shapes"
-        " on a quiet machine (with OMP_WAIT_POLICY=PASSIVE set in the environment where other work runs). A study"
-        " with --jobs N gives each run at most its share of the cores.",
+        " last bits, so a fixed count also keeps a seeded run's records the same on every machine. auto: every core"
+        " this process may use, for large shapes on a quiet machine (with OMP_WAIT_POLICY=PASSIVE set in the"
+        " environment where other work runs). A study with --jobs N gives each run at most its share of the cores.",
     )
 
 
