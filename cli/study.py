@@ -93,7 +93,7 @@ def study_run(
         )
         raise typer.Exit(130) from None
     files = outcome.files
-    out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
+    _say_written(files)
     if outcome.failed:
         err.print(
             f"[bold red]{len(outcome.failed)} of {len(outcome.runs)} runs failed[/]"
@@ -112,7 +112,7 @@ def study_report(study_dir: Annotated[Path, typer.Argument(help="A study directo
     from fedrecgel_secure.study import rebuild_report
 
     files = rebuild_report(study_dir)
-    out.print(f"wrote {files.report}, {files.results.name}" + "".join(f", {p.name}" for p in files.plots))
+    _say_written(files)
 
 
 @app.command("validate")
@@ -129,3 +129,10 @@ def study_validate(study_file: Annotated[Path, typer.Argument(help="Study file (
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _say_written(files) -> None:
+    """The report's files, the plots with their vector copies."""
+    latex = f", {files.latex.name}" if files.latex else ""
+    plots = "".join(f", {p.name} (+ .pdf, .svg)" for p in files.plots)
+    out.print(f"wrote {files.report}, {files.results.name}{latex}{plots}")
