@@ -105,3 +105,70 @@ def test_under_cyclic_participation_a_user_is_trained_once_a_label_however_often
     record = Participation(tmp_path / "deployed" / "nodes" / "0").rounds()
     for u in users.tolist():
         assert record[u].count(1) == 1 and len(record[u]) <= 2
+
+
+class _Stopped(Exception):
+    """The node's process stopped here (the whole deployment stopped by SIGTERM, say)."""
+
+
+def _stop_node0_in_round2(monkeypatch, where: str, asked: list):
+    """Stop node 0 once, in round 2: while training (``where`` "training"), or after keeping its answer and before
+    recording its users ("keeping"); ``asked`` gets the users it was asked for."""
+    from fedrecgel_secure.deploy.node.answers import Answers
+    from fedrecgel_secure.deploy.node.shard import Node
+
+    train, add = Node._train, Answers.add
+
+    def training(node, round_idx, clients, *args, **kwargs):
+        if node.shard == 0 and round_idx == 2 and not asked:
+            asked.append(np.asarray(clients).copy())
+            if where == "training":
+                raise _Stopped
+        return train(node, round_idx, clients, *args, **kwargs)
+
+    def keeping(answers, round_idx, group):
+        add(answers, round_idx, group)
+        if where == "keeping" and round_idx == 2 and answers.state_dir.name == "0" and len(asked) == 1:
+            asked.append("kept")
+            raise _Stopped
+
+    monkeypatch.setattr(Node, "_train", training)
+    monkeypatch.setattr(Answers, "add", keeping)
+
+
+def test_a_node_stopped_while_training_trains_the_label_afresh(tmp_path, monkeypatch):
+    # CI caught it: a masking deployment stopped during round 2's training and resumed had node 1 refuse round 2
+    # (round_used) for good: its record counted the users before their answer was kept. Nothing of a stopped
+    # training left the node, so the record now follows the kept answer and the label is trained afresh.
+    asked = []
+    _stop_node0_in_round2(monkeypatch, "training", asked)
+    server, _ = deployed(tmp_path, monkeypatch, "", rounds=2)
+    (users,) = asked
+    assert users.size and not any(u in server.contributors[2] for u in users.tolist())  # dropped from round 2
+    reply = server.stages.train(2, {0: users}, server._common(1))
+    assert 0 in reply and sorted(reply[0]["clients"].tolist()) == sorted(users.tolist())
+
+
+def test_a_node_stopped_after_keeping_an_answer_gives_it_or_forgets_it(tmp_path, monkeypatch):
+    # Stopped between keeping round 2's answer and recording its users: that answer never left the node. Asked for
+    # the same users it is given (and they are recorded); asked for another set it is forgotten, so that it can
+    # never be released beside the answer computed in its place.
+    asked = []
+    _stop_node0_in_round2(monkeypatch, "keeping", asked)
+    server, trained = deployed(tmp_path, monkeypatch, "", rounds=2)
+    users, kept = asked
+    assert kept == "kept" and users.size > 1
+    before = len(trained)
+    first = server.stages.train(2, {0: users}, server._common(1))[0]
+    again = server.stages.train(2, {0: users}, server._common(1))[0]
+    assert len(trained) == before  # the kept answer, not a new training
+    assert all(np.array_equal(first[k], again[k]) for k in ("rows", "row_item", "row_owner", "mlp"))
+
+    asked.clear()
+    _stop_node0_in_round2(monkeypatch, "keeping", asked)
+    (tmp_path / "second").mkdir()
+    server, _ = deployed(tmp_path / "second", monkeypatch, "", rounds=2)
+    users, _ = asked
+    part = users[:-1]  # another set: the unrecorded answer is forgotten, the part trains afresh
+    assert 0 in server.stages.train(2, {0: part}, server._common(1))
+    assert 0 not in server.stages.train(2, {0: users}, server._common(1))  # the forgotten set: round_used

@@ -81,24 +81,36 @@ class Answers:
 
     def stored(self, round_idx: int, clients: np.ndarray, trained: dict[int, list[int]]) -> Group | None:
         """The stored answer of round ``round_idx`` for exactly ``clients``, or None where none of them trained
-        it (``trained``: the participation record, user -> labels); refused (``round_used``) otherwise."""
+        it (``trained``: the participation record, user -> labels); refused (``round_used``) otherwise.
+
+        An answer is kept before the record of the users it covers (:meth:`Node.train`), so a node stopped in
+        between holds an answer its record does not cover. That answer never left the node: asked for the same
+        users it is given (and the caller records them); asked for any other set it is forgotten, so that it can
+        never be released beside the one computed in its place."""
         users = sorted(np.asarray(clients, dtype=np.int64).tolist())
-        used = [u for u in users if round_idx in trained.get(u, ())]
-        if not used:
-            return None
-        for group in self._groups(round_idx):
+        groups = self._groups(round_idx)
+        for group in groups:
             if sorted(group["clients"]) == users:
                 log.info("round %d asked again for the same %d users: their stored answer", round_idx, len(users))
                 return Group.from_state(group)
+        kept = [g for g in groups if all(round_idx in trained.get(int(u), ()) for u in g["clients"])]
+        if len(kept) < len(groups):
+            self._write(round_idx, kept)
+        used = [u for u in users if round_idx in trained.get(u, ())]
+        if not used:
+            return None
         raise Refused(
             "round_used", f"round {round_idx}: {len(used)} of the {len(users)} users trained it in another set"
         )
 
     def add(self, round_idx: int, group: Group) -> None:
         """Keep ``group`` as one of round ``round_idx``'s answers (atomically, 0600)."""
+        self._write(round_idx, [*self._groups(round_idx), group.state_dict()])
+
+    def _write(self, round_idx: int, groups: list[dict]) -> None:
         from fedrecgel_secure.runs.checkpoint import save_checkpoint
 
-        save_checkpoint(self._path(round_idx), {"groups": [*self._groups(round_idx), group.state_dict()]})
+        save_checkpoint(self._path(round_idx), {"groups": groups})
 
 
 def contained(update, states, rows: np.ndarray):

@@ -123,23 +123,24 @@ class NodeGuard:
             )
         return DPRound(mechanism, own, None if participants is None else int(participants))
 
-    def admit(self, round_idx: int, clients: np.ndarray) -> None:
-        """Record round ``round_idx`` for the sampled users, before they train it (:mod:`.participation`: the
-        record of one use a label, :mod:`.answers`); under cyclic participation first refuse
-        (``participation``) a round in which a user would train more rounds than k, or two rounds fewer than b
-        apart, by the node's own policy and record."""
+    def admit(self, round_idx: int, clients: np.ndarray, record: bool = True) -> None:
+        """Record round ``round_idx`` for the sampled users, before their answer leaves the node
+        (:mod:`.participation`: the record of one use a label, :mod:`.answers`; with ``record`` False only the
+        check); under cyclic participation first refuse (``participation``) a round in which a user would train
+        more rounds than k, or two rounds fewer than b apart, by the node's own policy and record."""
         from fedrecgel_secure.deploy.node.participation import Participation
         from fedrecgel_secure.privacy.dp.resolution import cyclic_bound
 
         dp = self.policy.privacy.dp
-        record = Participation(self.state_dir)
+        ledger = Participation(self.state_dir)
         if dp.enabled and dp.sampler == "cyclic":
             federation = self.policy.federation
             max_rounds, period = cyclic_bound(dp, federation.rounds, federation.fraction)
-            why = record.refusal(round_idx, np.asarray(clients).tolist(), max_rounds, period)
+            why = ledger.refusal(round_idx, np.asarray(clients).tolist(), max_rounds, period)
             if why is not None:
                 self._refuse("participation", f"node {self.shard}, round {round_idx}: {why}")
-        record.record(round_idx, np.asarray(clients).tolist())
+        if record:
+            ledger.record(round_idx, np.asarray(clients).tolist())
 
     def check_round(self, round_idx: int) -> None:
         """Refuse to train a round that is not one of the run's (1 to ``federation.rounds`` of the node's own

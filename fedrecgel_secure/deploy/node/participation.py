@@ -6,8 +6,9 @@ mechanism.cyclic_sample`). The server chooses who trains, so the node enforces t
 policy: it refuses a train message that would have a user train a (k+1)-th round, or a round fewer than b rounds
 from another it trained. The record (``participation.json``, 0600) holds each user's trained round labels and
 only grows, across restarts and resumes: training a round it already trained adds nothing, so a resumed server
-that trains a round again is answered, and a user is counted once it trained, whether or not its upload was
-released in the end (conservative).
+that trains a round again is answered, and a user is counted once its answer is kept, before it leaves the node,
+whether or not its upload was released in the end (conservative); a node stopped while training kept nothing that
+left it, and counts nothing.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Participation:
         return None
 
     def record(self, round_idx: int, users: Iterable[int]) -> None:
-        """Add round ``round_idx`` to each of ``users``' record, before they train it."""
+        """Add round ``round_idx`` to each of ``users``' record, once their answer is kept and before it leaves the
+        node (:meth:`~fedrecgel_secure.deploy.node.shard.Node.train`)."""
         from fedrecgel_secure.privacy.secagg.keys import write_private_file
 
         record = self.rounds()

@@ -175,10 +175,13 @@ class Node(NodeGuard):
         self.check_shared(shared)
         answers = Answers(self.state_dir)
         stored = answers.stored(round_idx, clients, Participation(self.state_dir).rounds())
-        self.admit(round_idx, clients)
+        self.admit(round_idx, clients, record=False)  # a refusal comes before any user's data is read
         if stored is None:
             stored = self._train(round_idx, clients, shared, commits, keep_from, report)
             answers.add(round_idx, stored)
+        # recorded once the answer is kept, before it leaves: a node stopped while training kept nothing that left
+        # it (its users train the label afresh), one stopped after keeping the answer gives that answer again
+        self.admit(round_idx, clients)
         return stored.reply, stored.uploads
 
     def _train(self, round_idx, clients, shared, commits, keep_from, report):
