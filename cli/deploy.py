@@ -58,12 +58,15 @@ def deploy_local_cmd(
     try:
         with stop_on_signals():  # SIGTERM and SIGHUP end the deployment as Ctrl-C does: every process stopped
             try:
-                with Progress(*columns, console=out, transient=False) as progress:
+                # piped or logged: a line a round (on_progress) instead of a bar's last frame
+                with Progress(*columns, console=out, transient=False, disable=not out.is_terminal) as progress:
                     task = progress.add_task("deploy", total=rounds, metric="-", status="starting the processes")
 
                     def on_progress(run: RunProgress):  # the latest metrics may be a round behind (scope "round")
                         metric = "-" if run.latest is None else f"{run.latest[key]:.4f}"
                         progress.update(task, completed=run.round, metric=metric, status="")
+                        if not out.is_terminal:
+                            out.print(f"round {run.round}/{rounds}  {key.upper()} {metric}", highlight=False)
 
                     out.print(dep.describe())
                     dep.start()

@@ -104,25 +104,18 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
 def _warn(policy) -> None:
     """The warnings printed before training: seeded noise, summed noise shares, a cohort too small to hide in."""
     dp = policy.privacy.dp
-    if dp.enabled and dp.noise == "seeded":
-        err.print(
-            "[bold yellow]warning:[/] privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the"
-            " policy's seed, so anyone who has this policy file can predict them; this run gives NO privacy guarantee"
-            " against them (research mode, for reproducible studies)",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if dp.enabled and dp.simulate_shares == "summed":
-        err.print(
-            "[bold yellow]warning:[/] privacy.dp.simulate_shares = 'summed': a study mode; the clients' noise shares"
-            " are drawn as one Gaussian of their summed variance (the same distribution, not the protocol's bits); its"
-            " records and summary say so",
-            highlight=False,
-            soft_wrap=True,
-        )
-    small_cohort = policy.privacy.secure_aggregation.small_cohort_warning()
-    if small_cohort is not None:
-        err.print(f"[bold yellow]warning:[/] {small_cohort}", highlight=False, soft_wrap=True)
+    warnings = [
+        "privacy.dp.noise = 'seeded': the client sample and the DP noise follow from the policy's seed, so anyone who"
+        " has this policy file can predict them; this run gives NO privacy guarantee against them (research mode,"
+        " for reproducible studies)"
+    ] * (dp.enabled and dp.noise == "seeded")
+    warnings += [
+        "privacy.dp.simulate_shares = 'summed': a study mode; the clients' noise shares are drawn as one Gaussian of"
+        " their summed variance (the same distribution, not the protocol's bits); its records and summary say so"
+    ] * (dp.enabled and dp.simulate_shares == "summed")
+    warnings += [w for w in [policy.privacy.secure_aggregation.small_cohort_warning()] if w is not None]
+    for warning in warnings:
+        err.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
 
 
 def _print_summary(summary, dataset: str) -> None:

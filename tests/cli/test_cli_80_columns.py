@@ -100,3 +100,21 @@ def test_study_help_at_80_columns_lists_its_options_with_each_line_whole():
         "--jobs N    runs trained at once, each in its own process (default 1)",
     ):
         assert whole in lines, result.stdout
+
+
+def test_train_warns_of_seeded_noise_summed_shares_and_a_small_cohort(monkeypatch):
+    from fedrecgel_secure.cli import train
+    from fedrecgel_secure.policy import load_policy
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(train, "err", Console(file=buffer, width=400, color_system=None))
+    summed = ["privacy.dp.enabled=true", "privacy.dp.noise_multiplier=1.0", 'privacy.dp.mode="distributed"']
+    summed += ['privacy.dp.noise="seeded"', 'privacy.dp.simulate_shares="summed"']
+    summed += ['privacy.secure_aggregation.scheme="masking"', 'privacy.secure_aggregation.simulation="arithmetic"']
+    summed += ["privacy.secure_aggregation.min_clients=5", "privacy.secure_aggregation.allow_small_cohort=true"]
+    train._warn(load_policy(None, summed))
+    lines = [line for line in buffer.getvalue().splitlines() if line.startswith("warning:")]
+    assert len(lines) == 3 and "NO privacy guarantee" in lines[0] and "study mode" in lines[1], lines
+    buffer.truncate(0)
+    train._warn(load_policy(None))
+    assert "warning:" not in buffer.getvalue()  # nothing to warn of

@@ -66,6 +66,7 @@ def _assert_finished_as_the_simulator(out: Path, policy: Path, sim: Path, privac
     assert "internal error" not in stderr and not list(out.glob("crash-*.log"))
     assert "deployed on 2 nodes" in stdout and "reported inside the secure sum" in stdout
     assert "start-up: SuperLink listening on 127.0.0.1:" in stdout and "start-up: 2 shards written" in stdout
+    assert "round 2/2 HR@10" in stdout  # piped to a file: a line a round, not a bar's last frame
     assert f"{records[0]['hr@10']:.4f}" in stdout  # the final (and best) HR@10 in the command's table
     _assert_private(out, privacy)
     # across real processes each stage is split by the nodes' timestamps; Flower's 3 s node poll is in pull_wait
