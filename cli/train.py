@@ -39,16 +39,16 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Training seed (overrides the policy's seed).")] = None,
 ):
     """Train FedRecGEL as a policy file describes, writing metrics, a summary and checkpoints into --out."""
-    from fedrecgel_secure.runs.directory import check_out_dir, hold_run_dir
+    from fedrecgel_secure.runs.directory import check_out_dir
 
     from .crash import note_run_dir
     from .curves import CurvesProcess
 
     out_dir = out_dir if out_dir is not None else default_out_dir(policy)
     note_run_dir(out_dir)
-    check_out_dir(out_dir, resume)  # before the lock file is made in it, and before seconds of loading
+    check_out_dir(out_dir, resume)  # before seconds of loading; training() checks it again as it takes the lock
     # The curves' process imports matplotlib while this one imports torch and trains (cli/curves.py).
-    with hold_run_dir(out_dir), CurvesProcess() as drawer:
+    with CurvesProcess() as drawer:
         _train(policy, list(set_) + ([f"seed={seed}"] if seed is not None else []), out_dir, resume, drawer)
 
 
@@ -57,33 +57,29 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
 
     with lasting_imports():  # torch
         from fedrecgel_secure.interrupt import StopBetweenRounds
+        from fedrecgel_secure.federation.runner import training
         from fedrecgel_secure.runs.directory import read_summary
-        from fedrecgel_secure.runs.runner import open_run
 
         from .progress import RoundProgress
 
-    trainer = open_run(out_dir, policy, overrides, resume=resume)
-    rounds = trainer.policy.federation.rounds
-    if trainer.round:
-        out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
-    _warn(trainer.policy)
-    secagg = trainer.secure_aggregation_summary()
-    if secagg is not None:
-        out.print(
-            f"secure aggregation: {secagg.describe()}"
-            + (
-                " — no per-round protocol cost; benchmarks/secagg_cost.py measures it"
-                if secagg.simulation == "arithmetic"
-                else ""
-            ),
-            highlight=False,
-        )
-    with RoundProgress(out, rounds, trainer.round, secagg) as progress:
-        try:
-            with StopBetweenRounds() as stop:
-                trainer.run(out_dir, progress.on_round, stop=stop)
-        finally:
-            trainer.close()
+    with training(out_dir, policy, overrides, resume=resume) as trainer:
+        rounds = trainer.policy.federation.rounds
+        if trainer.round:
+            out.print(f"resuming {out_dir} at round {trainer.round}/{rounds}")
+        _warn(trainer.policy)
+        secagg = trainer.secure_aggregation_summary()
+        if secagg is not None:
+            out.print(
+                f"secure aggregation: {secagg.describe()}"
+                + (
+                    " — no per-round protocol cost; benchmarks/secagg_cost.py measures it"
+                    if secagg.simulation == "arithmetic"
+                    else ""
+                ),
+                highlight=False,
+            )
+        with RoundProgress(out, rounds, trainer.round, secagg) as progress, StopBetweenRounds() as stop:
+            trainer.run(out_dir, progress.on_round, stop=stop)
     if trainer.interrupted:
         from fedrecgel_secure.study.plots import plot_run
 
@@ -162,7 +158,7 @@ def evaluate(run_dir: RunDirArg, as_json: JsonOption = False):
     from .startup import lasting_imports
 
     with lasting_imports():  # torch
-        from fedrecgel_secure.runs.runner import evaluate_run
+        from fedrecgel_secure.federation.runner import evaluate_run
     metrics = evaluate_run(run_dir)
     if as_json:
         print(json.dumps(metrics))

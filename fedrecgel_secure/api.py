@@ -72,7 +72,7 @@ class Run:
 
     def evaluate(self) -> dict:
         """The metrics of the model the checkpoint holds, recomputed from scratch."""
-        from fedrecgel_secure.runs.runner import evaluate_run
+        from fedrecgel_secure.federation.runner import evaluate_run
 
         return evaluate_run(self.dir)
 
@@ -100,15 +100,7 @@ def train(
     """Train ``policy`` (a file, a packaged policy's name, a :class:`Policy`, or None for the default) into the run
     directory ``out``, as ``fedrecgel train --out`` does; ``overrides``: ``section.key=value`` strings (with a
     file); ``on_round``: called with each round's event. The run, once its summary is written."""
-    from fedrecgel_secure.runs.directory import check_out_dir, hold_run_dir
-    from fedrecgel_secure.runs.runner import open_run as open_trainer
+    from fedrecgel_secure.federation.runner import train_into
 
-    out = Path(out)
-    check_out_dir(out, resume)
-    with hold_run_dir(out):
-        trainer = open_trainer(out, None if policy is None else policy, list(overrides), resume=resume)
-        try:
-            trainer.run(out, on_round)
-        finally:
-            trainer.close()
+    train_into(out, policy, overrides, resume=resume, on_round=on_round)
     return Run(out)

@@ -126,6 +126,17 @@ def test_tracking_imports_no_federation_code():
     assert not reached, reached
 
 
+def test_the_run_directory_code_imports_no_training_code():
+    # runs/ says what a run directory holds and reads it without torch (`fedrecgel runs`); training into one is
+    # federation/runner.py's, above it
+    graph = import_graph()
+    runs = {m for m in graph if in_package(m, f"{PACKAGE}.runs")}
+    assert len(runs) >= 3 and f"{PACKAGE}.federation.runner" in graph
+    assert any(in_package(t, f"{PACKAGE}.runs") for t in graph[f"{PACKAGE}.federation.runner"])
+    leaks = sorted(m for m in reachable(graph, runs) if in_package(m, f"{PACKAGE}.federation"))
+    assert not leaks, f"fedrecgel_secure.runs reaches {leaks}"
+
+
 def test_the_import_graph_has_no_circle():
     # every import statement, lazy ones included: no two modules depend on each other, however indirectly
     graph = import_graph()

@@ -233,11 +233,11 @@ def audit_run(run_dir: Path, rounds: int = 3, on_progress: Callable[[int, int, i
     either absent or complete, so a crash never leaves a file that a study
     would take as a finished audit. ``on_progress``: as :func:`audit_rounds`'.
     """
-    from fedrecgel_secure.runs.runner import load_run
+    from fedrecgel_secure.federation.runner import restore_trainer
 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise BadInputError(f"rounds to audit: expected an integer >= 1, got {rounds!r}")
-    _, trainer = load_run(run_dir)
+    trainer = restore_trainer(run_dir)
     result = {"round": trainer.round, **audit_rounds(trainer, rounds, on_progress=on_progress)}
     estimate = canary_estimate(trainer)
     if estimate is not None:

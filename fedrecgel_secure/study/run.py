@@ -72,7 +72,7 @@ def _record_failure(run_dir: Path, message: str, trace: str | None) -> None:
 
 def _execute(task: _Task) -> dict:
     """Train (or resume) one run to the end, audit it if asked; a failure is reported, never raised."""
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import train_into
 
     run_dir = Path(task.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -84,17 +84,12 @@ def _execute(task: _Task) -> dict:
             os._exit(1)
 
     try:
-        with hold_run_dir(run_dir):
-            trained = False
-            if not _finished(run_dir):
-                resume = (run_dir / CHECKPOINT).is_file()  # an interrupted attempt continues
-                trainer = open_run(run_dir, Path(task.base), list(task.overrides), resume=resume)
-                try:
-                    trainer.run(run_dir, orphan_guard)
-                finally:
-                    trainer.close()
-                trained = True
-            if task.audit and not (run_dir / AUDIT).is_file():
+        trained = not _finished(run_dir)
+        if trained:
+            resume = (run_dir / CHECKPOINT).is_file()  # an interrupted attempt continues
+            train_into(run_dir, Path(task.base), task.overrides, resume=resume, on_round=orphan_guard)
+        if task.audit and not (run_dir / AUDIT).is_file():
+            with hold_run_dir(run_dir):  # as training held it: no second process writes the run meanwhile
                 _audit(run_dir)
         (run_dir / STUDY_ERROR).unlink(missing_ok=True)
         return {"status": "trained" if trained else "audited", "error": None, "seconds": time.perf_counter() - start}

@@ -20,7 +20,7 @@ import tomllib
 import pytest
 
 from fedrecgel_secure.policy import Policy, load_policy
-from fedrecgel_secure.runs.runner import open_run
+from fedrecgel_secure.federation.runner import open_trainer
 
 from helpers.tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 
@@ -31,7 +31,7 @@ TRIES = 1300  # covers SEED: a logged digest would give it away
 @pytest.mark.slow
 def test_the_trackers_of_a_seeded_noise_run_give_away_neither_the_seed_nor_a_digest_that_reveals_it(tmp_path):
     run_dir = tmp_path / "run"
-    open_run(run_dir, tiny_policy(tmp_path, rounds=2, noise="seeded", seed=SEED)).run(run_dir)
+    open_trainer(run_dir, tiny_policy(tmp_path, rounds=2, noise="seeded", seed=SEED)).run(run_dir)
     c, run_id = mlflow_of(run_dir)
     run = c.get_run(run_id)
 

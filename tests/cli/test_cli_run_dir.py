@@ -13,7 +13,7 @@ import pytest
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.runs.checkpoint import load_checkpoint
 from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS
-from fedrecgel_secure.runs.runner import open_run
+from fedrecgel_secure.federation.runner import open_trainer
 
 from helpers.cli import CLI, fedrecgel
 from helpers.data import write_ratings
@@ -135,7 +135,7 @@ def test_noise_calibrated_for_the_planned_rounds_cannot_be_extended(tmp_path):
         "privacy.dp.target_epsilon=8.0",
         "privacy.dp.delta=0.001",
     ]
-    open_run(tmp_path, None, dp).run(tmp_path)
+    open_trainer(tmp_path, None, dp).run(tmp_path)
     with pytest.raises(BadInputError, match="calibrated"):
-        open_run(tmp_path, None, ["federation.rounds=4"], resume=True)
+        open_trainer(tmp_path, None, ["federation.rounds=4"], resume=True)
     assert os.path.exists(tmp_path / CHECKPOINT)

@@ -23,7 +23,7 @@ TIMINGS = {"elapsed_s", "wall_time_s", "elapsed"}
 def test_called_from_python_the_commands_leave_the_callers_collector_alone():
     frozen = gc.get_freeze_count()
     with lasting_imports():
-        import fedrecgel_secure.runs.runner  # noqa: F401
+        import fedrecgel_secure.federation.runner  # noqa: F401
     assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
@@ -35,7 +35,7 @@ def test_in_its_own_process_what_was_imported_is_frozen_and_collection_resumes()
         "passes = []\n"
         "gc.callbacks.append(lambda phase, info: passes.append(info['generation']) if phase == 'start' else None)\n"
         "with lasting_imports():\n"
-        "    import fedrecgel_secure.runs.runner\n"
+        "    import fedrecgel_secure.federation.runner\n"
         "during = len(passes)\n"
         "print(during, gc.isenabled(), gc.get_freeze_count() > 100_000)\n"
     )

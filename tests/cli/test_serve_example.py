@@ -19,11 +19,11 @@ def served(tmp_path_factory):
     from fastapi.testclient import TestClient
 
     from fedrecgel_secure.export import export_run
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     root = tmp_path_factory.mktemp("serve")
     data = write_ratings(root / "ratings.txt", n_users=30, n_items=90, per_user=(5, 20))
-    open_run(root / "run", None, ["federation.rounds=2", f"data.dataset={data}", "data.test_negatives=20"]).run(
+    open_trainer(root / "run", None, ["federation.rounds=2", f"data.dataset={data}", "data.test_negatives=20"]).run(
         root / "run"
     )
     export_run(root / "run", root / "export", include_user_embeddings=True, include_seen_items=True)

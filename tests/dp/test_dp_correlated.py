@@ -47,9 +47,9 @@ def test_under_participation_b_apart_the_sensitivity_is_sqrt_k_by_brute_force():
 
 
 def _run(policy, out, *overrides, stop_after=None, resume=False):
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
-    trainer = open_run(out, policy, list(overrides), resume=resume)
+    trainer = open_trainer(out, policy, list(overrides), resume=resume)
     trainer.run(out, stop_after=stop_after)
     return trainer
 

@@ -19,7 +19,7 @@ from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.runs.runner import open_run
+from fedrecgel_secure.federation.runner import open_trainer
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +142,10 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(tiny_split, tmp
     assert len(records) == expected_rounds and max(r["epsilon"] for r in records) <= 3.0
     assert summary["privacy"]["epsilon"] == pytest.approx(reference.epsilon()) and summary["privacy"]["epsilon"] <= 3.0
     # resuming a finished-by-budget run trains nothing more
-    import fedrecgel_secure.runs.runner as runner
+    import fedrecgel_secure.federation.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
-    resumed = open_run(tmp_path, None, [], resume=True)
+    resumed = open_trainer(tmp_path, None, [], resume=True)
     resumed.run(tmp_path)
     assert resumed.round == expected_rounds
 
@@ -207,15 +207,15 @@ DP_OVERRIDES = [
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_seeded_noise_makes_a_resumed_run_equal_an_uninterrupted_one(tiny_split, tmp_path, adaptive, monkeypatch):
-    import fedrecgel_secure.runs.runner as runner
+    import fedrecgel_secure.federation.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
     extra = ["privacy.dp.adaptive_clipping={}"] if adaptive else []
     overrides = [*DP_OVERRIDES, "privacy.dp.noise=seeded", *extra]
     straight, split_run = tmp_path / "a", tmp_path / "b"
-    open_run(straight, None, overrides).run(straight)
-    open_run(split_run, None, overrides).run(split_run, stop_after=3)
-    resumed = open_run(split_run, None, [], resume=True)
+    open_trainer(straight, None, overrides).run(straight)
+    open_trainer(split_run, None, overrides).run(split_run, stop_after=3)
+    resumed = open_trainer(split_run, None, [], resume=True)
     assert resumed.aggregation.accountant.steps == 3
     resumed.run(split_run)
     assert _records(straight) == _records(split_run)
@@ -230,11 +230,11 @@ def test_secure_noise_resumes_exactly_from_the_secret_in_the_0600_checkpoint(tin
     import shutil
     import stat
 
-    import fedrecgel_secure.runs.runner as runner
+    import fedrecgel_secure.federation.runner as runner
 
     monkeypatch.setattr(runner, "load_split", lambda data: tiny_split)
     first, twin = tmp_path / "a", tmp_path / "b"
-    trainer = open_run(first, None, DP_OVERRIDES)
+    trainer = open_trainer(first, None, DP_OVERRIDES)
     secret = trainer.aggregation.randomness.state_dict()["secret"]
     trainer.run(first, stop_after=3)
     assert stat.S_IMODE(os.stat(first / "checkpoint.pt").st_mode) == 0o600
@@ -242,11 +242,11 @@ def test_secure_noise_resumes_exactly_from_the_secret_in_the_0600_checkpoint(tin
         assert secret not in (first / name).read_text()
     shutil.copytree(first, twin)
     for d in (first, twin):
-        open_run(d, None, [], resume=True).run(d)
+        open_trainer(d, None, [], resume=True).run(d)
     assert _records(first) == _records(twin)  # the secret, restored from the checkpoint, redraws the same noise
     assert {r["dp_noise"] for r in _records(first)} == {"secure"}
     fresh = tmp_path / "c"
-    open_run(fresh, None, DP_OVERRIDES).run(fresh)
+    open_trainer(fresh, None, DP_OVERRIDES).run(fresh)
     assert [r["loss"] for r in _records(fresh)] != [r["loss"] for r in _records(first)]  # another run, another secret
 
 

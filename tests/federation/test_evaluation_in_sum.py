@@ -18,9 +18,9 @@ from helpers.deploy import MASKING, run_records, seeded_dp, write_deploy_policy
 
 
 def _run(policy, out, scope: str, *extra: str, stop_after=None, resume=False):
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
-    trainer = open_run(out, policy, [f'evaluation.scope="{scope}"', *extra], resume=resume)
+    trainer = open_trainer(out, policy, [f'evaluation.scope="{scope}"', *extra], resume=resume)
     trainer.run(out, stop_after=stop_after)
     return trainer
 

@@ -61,13 +61,13 @@ def test_full_ranking_equals_the_brute_force_per_user(split, pairs, monkeypatch)
 
 
 def test_a_run_reports_full_ranking_beside_the_sampled_metrics_only_when_asked(split, tmp_path):
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     data = write_ratings(tmp_path / "ratings.txt", n_users=30, n_items=90, per_user=(5, 20))
     base = ["federation.rounds=1", f"data.dataset={data}", "data.test_negatives=20"]
     for on in (False, True):
         out = tmp_path / str(on)
-        open_run(out, None, [*base, f"evaluation.full_ranking={str(on).lower()}"]).run(out)
+        open_trainer(out, None, [*base, f"evaluation.full_ranking={str(on).lower()}"]).run(out)
         record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
         assert "hr@10" in record and ("full_hr@10" in record) == on and ("full_mrr" in record) == on
     assert load_policy(None, ["evaluation.full_ranking=false"]).digest() == load_policy(None).digest()

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS, SUMMARY, read_summary
-from fedrecgel_secure.runs.runner import open_run
+from fedrecgel_secure.federation.runner import open_trainer
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
 
@@ -26,26 +26,26 @@ def metrics(out_dir):
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    open_run(out, None, OVERRIDES).run(out)
+    open_trainer(out, None, OVERRIDES).run(out)
     return out
 
 
 def test_the_same_seed_gives_identical_metrics(straight_run, tmp_path):
-    open_run(tmp_path, None, OVERRIDES).run(tmp_path)
+    open_trainer(tmp_path, None, OVERRIDES).run(tmp_path)
     assert metrics(tmp_path) == metrics(straight_run)
     assert len(metrics(tmp_path)) == 10
 
 
 def test_another_seed_gives_other_metrics(straight_run, tmp_path):
-    open_run(tmp_path, None, [*OVERRIDES, "seed=7", "federation.rounds=2"]).run(tmp_path)
+    open_trainer(tmp_path, None, [*OVERRIDES, "seed=7", "federation.rounds=2"]).run(tmp_path)
     assert metrics(tmp_path)[:2] != metrics(straight_run)[:2]
 
 
 def test_five_plus_five_rounds_equal_ten(straight_run, tmp_path):
-    first = open_run(tmp_path, None, OVERRIDES)
+    first = open_trainer(tmp_path, None, OVERRIDES)
     first.run(tmp_path, stop_after=5)
     assert len(metrics(tmp_path)) == 5
-    resumed = open_run(tmp_path, None, [], resume=True)  # the run's own resolved policy
+    resumed = open_trainer(tmp_path, None, [], resume=True)  # the run's own resolved policy
     assert resumed.round == 5
     resumed.run(tmp_path)
     assert metrics(tmp_path) == metrics(straight_run)
@@ -59,9 +59,9 @@ def test_five_plus_five_rounds_equal_ten(straight_run, tmp_path):
 def test_resume_refuses_a_different_policy(straight_run, tmp_path):
     from fedrecgel_secure.errors import BadInputError
 
-    open_run(tmp_path, None, OVERRIDES).run(tmp_path, stop_after=5)
+    open_trainer(tmp_path, None, OVERRIDES).run(tmp_path, stop_after=5)
     with pytest.raises(BadInputError, match="different policy"):
-        open_run(tmp_path, None, [*OVERRIDES, "sam.rho_sh=0.1"], resume=True)
+        open_trainer(tmp_path, None, [*OVERRIDES, "sam.rho_sh=0.1"], resume=True)
 
 
 @pytest.mark.slow  # end to end: a CLI run killed and resumed in subprocesses; CI runs it
@@ -99,7 +99,7 @@ def test_sigkill_mid_run_then_resume_loses_nothing(straight_run, tmp_path):
     assert "resuming" in result.stdout
     # The checkpoint of round 3 or 6 holds other rounds than 10 straight: compare with a straight run of this policy.
     reference = tmp_path.parent / (tmp_path.name + "-ref")
-    open_run(reference, None, ["federation.rounds=10", "checkpoint.every=3"]).run(reference)
+    open_trainer(reference, None, ["federation.rounds=10", "checkpoint.every=3"]).run(reference)
     assert metrics(tmp_path) == metrics(reference)
 
 

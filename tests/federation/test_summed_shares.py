@@ -61,7 +61,7 @@ def test_summed_shares_release_the_noise_the_protocols_shares_sum_to(scheme, dro
 
 def test_a_summed_run_says_so_in_every_record_and_its_summary(tmp_path):
     from fedrecgel_secure.runs.directory import read_summary
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     from helpers.data import write_ratings
 
@@ -69,7 +69,7 @@ def test_a_summed_run_says_so_in_every_record_and_its_summary(tmp_path):
     base = ["federation.rounds=2", f"data.dataset={data}", "data.test_negatives=20", 'privacy.dp.noise="seeded"']
     for mode in ("per_client", "summed"):
         out = tmp_path / mode
-        open_run(out, "dp-distributed", [*base, f'privacy.dp.simulate_shares="{mode}"']).run(out)
+        open_trainer(out, "dp-distributed", [*base, f'privacy.dp.simulate_shares="{mode}"']).run(out)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r.get("dp_shares") for r in records] == [None if mode == "per_client" else "summed"] * 2
         assert read_summary(out).privacy.simulate_shares == mode
@@ -94,7 +94,7 @@ def test_summed_shares_are_refused_where_the_protocol_draws_them(overrides, mess
 def test_a_deployment_and_an_audit_refuse_summed_shares(tmp_path):
     from fedrecgel_secure.audit.run import audit_rounds
     from fedrecgel_secure.deploy import check_deployable
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     from helpers.data import write_ratings
 
@@ -109,6 +109,6 @@ def test_a_deployment_and_an_audit_refuse_summed_shares(tmp_path):
     ]
     with pytest.raises(BadInputError, match="a deployment's clients each draw their own noise share"):
         check_deployable(load_policy(None, summed))
-    trainer = open_run(tmp_path / "r", None, summed)
+    trainer = open_trainer(tmp_path / "r", None, summed)
     with pytest.raises(BadInputError, match="the audit attacks each client's noised upload"):
         audit_rounds(trainer, 1)

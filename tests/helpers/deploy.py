@@ -116,10 +116,10 @@ def simulate(policy: Path, out: Path):
     the trainer."""
     from fedrecgel_secure.federation.reports import scope_of
     from fedrecgel_secure.policy import load_policy
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     scope = scope_of(load_policy(policy), deployed=True)
-    trainer = open_run(out, policy, [f'evaluation.scope="{scope}"'])
+    trainer = open_trainer(out, policy, [f'evaluation.scope="{scope}"'])
     trainer.run(out)
     return trainer
 

@@ -195,7 +195,7 @@ class Crash(Exception):
 
 @pytest.mark.slow
 def test_a_run_killed_between_checkpoints_and_resumed_logs_each_round_once_in_the_same_mlflow_run(tmp_path):
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     run_dir = tmp_path / "run"
     policy = tiny_policy(tmp_path, rounds=5, every=2)
@@ -205,12 +205,12 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_round_once_in_th
             raise Crash
 
     with pytest.raises(Crash):
-        open_run(run_dir, policy).run(run_dir, crash_after_round_3)
+        open_trainer(run_dir, policy).run(run_dir, crash_after_round_3)
     c, first_id = mlflow_of(run_dir)
     assert [s for s, _ in mlflow_series(c, first_id)["epsilon"]] == [1, 2]  # what the checkpoint holds
     assert [s for s, _ in tensorboard_scalars(run_dir)["epsilon"]] == [1, 2, 3]  # logged at once
 
-    open_run(run_dir, None, resume=True).run(run_dir)  # trains rounds 3, 4, 5 (3 again: it was not checkpointed)
+    open_trainer(run_dir, None, resume=True).run(run_dir)  # trains rounds 3, 4, 5 (3 again: it was not checkpointed)
     c, run_id = mlflow_of(run_dir)
     assert run_id == first_id
     expected = expected_series(run_dir)
@@ -226,14 +226,14 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_round_once_in_th
 
 @pytest.mark.slow
 def test_mlflow_turned_on_when_a_run_is_extended_gets_its_earlier_rounds_too(tmp_path):
-    from fedrecgel_secure.runs.runner import open_run
+    from fedrecgel_secure.federation.runner import open_trainer
 
     run_dir = tmp_path / "run"
     policy = tiny_policy(tmp_path, rounds=2)
-    open_run(run_dir, policy, ["tracking.mlflow=false", "tracking.tensorboard=false"]).run(run_dir)
+    open_trainer(run_dir, policy, ["tracking.mlflow=false", "tracking.tensorboard=false"]).run(run_dir)
     assert not (run_dir / "tracking.json").exists()
     extend = ["federation.rounds=3", "tracking.mlflow=true"]
-    open_run(run_dir, None, extend, resume=True).run(run_dir)
+    open_trainer(run_dir, None, extend, resume=True).run(run_dir)
     c, run_id = mlflow_of(run_dir)
     assert mlflow_series(c, run_id) == expected_series(run_dir)
     assert [s for s, _ in expected_series(run_dir)["hr_at_10"]] == [1, 2, 3]
