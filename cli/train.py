@@ -56,8 +56,8 @@ def _train(policy: Path | None, overrides: list[str], out_dir: Path, resume: boo
     from .startup import lasting_imports
 
     with lasting_imports():  # torch
-        from fedrecgel_secure.interrupt import StopBetweenRounds
         from fedrecgel_secure.federation.runner import training
+        from fedrecgel_secure.interrupt import StopBetweenRounds
         from fedrecgel_secure.runs.directory import read_summary
 
         from .progress import RoundProgress

@@ -19,8 +19,8 @@ import tomllib
 
 import pytest
 
-from fedrecgel_secure.policy import Policy, load_policy
 from fedrecgel_secure.federation.runner import open_trainer
+from fedrecgel_secure.policy import Policy, load_policy
 
 from helpers.tracking import logged_bytes, mlflow_of, tensorboard_texts, tiny_policy
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.runner import open_trainer
 from fedrecgel_secure.runs.checkpoint import load_checkpoint
 from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS
-from fedrecgel_secure.federation.runner import open_trainer
 
 from helpers.cli import CLI, fedrecgel
 from helpers.data import write_ratings

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.federation.dp_mechanism import DPMechanism
+from fedrecgel_secure.federation.runner import open_trainer
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.federation.uploads import DenseUploads, RowUploads
 from fedrecgel_secure.policy import DataPolicy, Policy, load_policy
 from fedrecgel_secure.privacy.dp.accounting import PrivacyAccountant
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
-from fedrecgel_secure.federation.runner import open_trainer
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ CYCLIC += ["privacy.secure_aggregation.min_clients=5", "privacy.secure_aggregati
 
 @pytest.mark.parametrize(("name", "sets"), [("poisson-central", DP), ("cyclic-masking", CYCLIC)])
 def test_the_plan_is_what_the_run_reports(tmp_path, name, sets):
-    from fedrecgel_secure.runs.directory import read_summary
     from fedrecgel_secure.federation.runner import open_trainer
+    from fedrecgel_secure.runs.directory import read_summary
 
     data = write_ratings(tmp_path / "ratings.txt", n_users=40, n_items=80, per_user=(5, 12))
     sets = [*sets, f"data.dataset={data}", "data.test_negatives=20", "federation.rounds=6", "federation.fraction=0.5"]

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS, SUMMARY, read_summary
 from fedrecgel_secure.federation.runner import open_trainer
+from fedrecgel_secure.runs.directory import CHECKPOINT, METRICS, SUMMARY, read_summary
 
 OVERRIDES = ["federation.rounds=10", "checkpoint.every=5"]
 

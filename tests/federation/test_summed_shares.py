@@ -60,8 +60,8 @@ def test_summed_shares_release_the_noise_the_protocols_shares_sum_to(scheme, dro
 
 
 def test_a_summed_run_says_so_in_every_record_and_its_summary(tmp_path):
-    from fedrecgel_secure.runs.directory import read_summary
     from fedrecgel_secure.federation.runner import open_trainer
+    from fedrecgel_secure.runs.directory import read_summary
 
     from helpers.data import write_ratings
 

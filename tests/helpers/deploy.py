@@ -115,8 +115,8 @@ def simulate(policy: Path, out: Path):
     (``evaluation.scope`` as a deployment resolves it: under secure aggregation or DP, inside the round's sum);
     the trainer."""
     from fedrecgel_secure.federation.reports import scope_of
-    from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.federation.runner import open_trainer
+    from fedrecgel_secure.policy import load_policy
 
     scope = scope_of(load_policy(policy), deployed=True)
     trainer = open_trainer(out, policy, [f'evaluation.scope="{scope}"'])
