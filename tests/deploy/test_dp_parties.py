@@ -112,3 +112,31 @@ def test_under_bfv_the_central_noise_comes_from_a_secret_the_server_does_not_hol
     key_holder_draws = [secret for purpose, secret in made if purpose == "update-noise" and secret != server_secret]
     assert len(key_holder_draws) == 1  # round 1's noise, drawn by the key holder from its own secret
     assert run_records(tmp_path / "deployed")[0]["dp_noise"] == "secure"
+
+
+def test_the_key_holder_is_resident_and_answers_as_a_fresh_one_would(tmp_path, monkeypatch):
+    # Like a shard's Node, the key holder's role and its central noise are made at its first message and kept by
+    # its engine (deploy/node/handlers.py): its policy and pins read once, its DP mechanism calibrated once, its
+    # BFV secret key loaded once a session. Everything it decides it reads from its record on disk at each request,
+    # so the oracle is the same deployment with both made afresh for every message: the same releases, bit for bit.
+    from fedrecgel_secure.deploy.node import handlers
+    from fedrecgel_secure.deploy.node.bfv_node import KeyHolderNode
+    from fedrecgel_secure.privacy.secagg.bfv.keyholder import KeyHolder
+
+    made, loaded = [], []
+    for_node, load = KeyHolderNode.for_node.__func__, KeyHolder.load.__func__
+    monkeypatch.setattr(KeyHolderNode, "for_node", classmethod(lambda cls, *a: made.append(1) or for_node(cls, *a)))
+    monkeypatch.setattr(KeyHolder, "load", classmethod(lambda cls, *a, **k: loaded.append(1) or load(cls, *a, **k)))
+    policy = _policy(tmp_path, BFV + seeded_dp("central"), rounds=3)
+    _deploy(policy, tmp_path / "resident", key_holder=True)
+    assert len(made) == 1 and len(loaded) <= 1  # one key holder; its keys made at start, so not even loaded
+
+    resident = handlers._resident
+    fresh = lambda key, policy, make: make() if key[0] == "key holder" else resident(key, policy, make)  # noqa: E731
+    monkeypatch.setattr(handlers, "_resident", fresh)
+    made.clear()
+    (tmp_path / "oracle").mkdir()
+    _deploy(_policy(tmp_path / "oracle", BFV + seeded_dp("central"), rounds=3), tmp_path / "fresh", key_holder=True)
+    assert len(made) > 3  # the oracle really made one per message
+    assert run_records(tmp_path / "resident") == run_records(tmp_path / "fresh")
+    assert all("skipped" not in r for r in run_records(tmp_path / "resident"))

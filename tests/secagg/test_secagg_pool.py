@@ -63,10 +63,13 @@ def test_a_pool_of_workers_releases_the_same_bits_as_one_process(scheme):
 
 def test_the_setup_a_worker_is_sent_keeps_only_its_own_clients_tag_keys():
     # ClientPool.start sends each worker setup.only_for(its clients)
-    setup = ClientSetup("bfv", 4, BFVParams(), FixedPoint(), b"t" * 16, 2, tag_keys={1: b"a", 2: b"b", 3: b"c"})
+    from fedrecgel_secure.privacy.secagg.bfv.session import BFVKeys
+
+    keys = BFVKeys(b"context", {1: b"a", 2: b"b", 3: b"c"})
+    setup = ClientSetup("bfv", 4, BFVParams(), FixedPoint(), b"t" * 16, 2, keys=keys)
     mine = setup.only_for([1, 3])
-    assert mine.tag_keys == {1: b"a", 3: b"c"}
-    assert mine.params == setup.params and setup.tag_keys == {1: b"a", 2: b"b", 3: b"c"}
+    assert mine.keys == BFVKeys(b"context", {1: b"a", 3: b"c"})
+    assert mine.params == setup.params and setup.keys.tag_keys == {1: b"a", 2: b"b", 3: b"c"}
 
 
 def _shm_names() -> set[str]:

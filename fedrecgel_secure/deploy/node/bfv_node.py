@@ -214,6 +214,7 @@ class KeyHolderNode:
         self.setup = setup
         self.rounds = rounds
         self.max_refusals = BfvPolicy().max_refusals if max_refusals is None else max_refusals
+        self._loaded: tuple | None = None  # ((session tag, directory), its KeyHolder): a resident holder's
 
     @classmethod
     def for_node(cls, state_dir: Path, policy: Policy, dim: int, catalogue: str | None) -> KeyHolderNode:
@@ -261,11 +262,16 @@ class KeyHolderNode:
         from fedrecgel_secure.privacy.secagg.identity import IdentityDirectory
 
         s, path = self.setup, self.dir / KEY_FILE
+        session = (bytes(session_tag), tuple(sorted((int(u), bytes(k)) for u, k in directory.items())))
+        if self._loaded is not None and self._loaded[0] == session and path.exists():
+            return self._loaded[1]  # its secret key read once a session, not once a round (the file never changes)
         kwargs = dict(dim=s.dim, min_clients=s.min_clients, session_tag=session_tag, encoding=s.encoding)
         if path.exists():  # a resumed server starts a new session with the same keys
-            return KeyHolder.load(path, IdentityDirectory(dict(directory)), **kwargs)
-        holder = KeyHolder.create(s.params, IdentityDirectory(dict(directory)), **kwargs)
-        holder.save(path)
+            holder = KeyHolder.load(path, IdentityDirectory(dict(directory)), **kwargs)
+        else:
+            holder = KeyHolder.create(s.params, IdentityDirectory(dict(directory)), **kwargs)
+            holder.save(path)
+        self._loaded = (session, holder)
         return holder
 
     def start(

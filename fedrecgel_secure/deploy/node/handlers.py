@@ -35,7 +35,16 @@ from fedrecgel_secure.deploy.wire import from_record, to_record
 from fedrecgel_secure.privacy.secagg.schemes import part
 
 app = ClientApp()
-_RESIDENT: dict[tuple, tuple] = {}  # (shard, state dir, shard file) -> (policy digest, its Node), in this process
+# What a node's process keeps between messages (its resident engine's, :mod:`.engine`): the shard's Node, or the
+# key holder's role and central noise, each made at its first message and again when the policy file changes.
+# Both read and write their records on disk at every request, so a kept object answers as a fresh one would.
+_RESIDENT: dict[tuple, tuple] = {}  # (what it is, where its state lives) -> (policy digest, the object)
+
+
+def _resident(key: tuple, policy, make):
+    if _RESIDENT.get(key, (None,))[0] != policy.digest():  # first message, or the policy file changed
+        _RESIDENT[key] = (policy.digest(), make())
+    return _RESIDENT[key][1]
 
 
 def _not_the_key_holder(context: Context) -> None:
@@ -55,10 +64,8 @@ def _node(context: Context, digest: str | None):
     policy = load_policy(cfg[POLICY])
     if digest is not None and digest != policy.digest():
         raise Refused("wrong_policy", "the server runs a different policy than this node")
-    key = (int(cfg[SHARD]), str(cfg[STATE_DIR]), str(cfg[DATA]))
-    if _RESIDENT.get(key, (None,))[0] != policy.digest():  # first message, or the policy file changed
-        _RESIDENT[key] = (policy.digest(), Node(policy, int(cfg[SHARD]), Path(cfg[STATE_DIR]), Path(cfg[DATA])))
-    return _RESIDENT[key][1]
+    key = ("shard", int(cfg[SHARD]), str(cfg[STATE_DIR]), str(cfg[DATA]))
+    return _resident(key, policy, lambda: Node(policy, int(cfg[SHARD]), Path(cfg[STATE_DIR]), Path(cfg[DATA])))
 
 
 def _commits(req: dict) -> dict[int, list[int]]:
@@ -203,15 +210,19 @@ def keyholder(msg: Message, context: Context) -> Message:
     if name is None:
         raise Refused("wrong_role", "this node's policy runs no scheme with a key holder")
     dim, state_dir, catalogue = int(req["dim"]), Path(cfg[STATE_DIR]), cfg.get(CATALOGUE)
-    holder = part(name)(state_dir, policy, dim, catalogue)
-    noise, dp = None, policy.privacy.dp
-    if dp.enabled and dp.mode == "central":
-        # the key holder draws the noise, so the server never learns it, and sizes it from its own policy: N, z, the
-        # release's round and C (under adaptive clipping over the released counts: BFV's from its own record of
-        # what it decrypted; DPF's as the server states them, held to the C the users signed)
-        from fedrecgel_secure.deploy.node.keyholder import CentralNoise
 
-        noise = CentralNoise(policy, catalogue, dim, state_dir / "noise-rows")
+    def make():
+        holder, noise, dp = part(name)(state_dir, policy, dim, catalogue), None, policy.privacy.dp
+        if dp.enabled and dp.mode == "central":
+            # the key holder draws the noise, so the server never learns it, and sizes it from its own policy: N, z,
+            # the release's round and C (under adaptive clipping over the released counts: BFV's from its own
+            # record of what it decrypted; DPF's as the server states them, held to the C the users signed)
+            from fedrecgel_secure.deploy.node.keyholder import CentralNoise
+
+            noise = CentralNoise(policy, catalogue, dim, state_dir / "noise-rows")
+        return holder, noise
+
+    holder, noise = _resident(("key holder", str(state_dir), dim, catalogue), policy, make)
     return _reply(msg, policy, holder.answer(req, noise))
 
 

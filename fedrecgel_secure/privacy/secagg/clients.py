@@ -1,9 +1,10 @@
 """The simulated clients of a session, wherever they run: one recipe for their roles, one way to call them.
 
-A :class:`ClientSetup` is everything a client is given at registration (public
-parameters, the aggregator's public key or the BFV public context, its own
-tag key) apart from its identity key, which :func:`make_roles` generates where
-the client lives. :class:`LocalClients` runs the roles in this process, one
+A :class:`ClientSetup` is everything a client is given at registration: what
+every scheme gives (dimension, parameters, encoding, session tag, the identity
+directory) and, in :attr:`ClientSetup.keys`, what its own scheme gives of its
+servers' keys (each session's :class:`SchemeKeys`); not its identity key, which
+:func:`make_roles` generates where the client lives. :class:`LocalClients` runs the roles in this process, one
 after another: the plain path, and the oracle that :class:`.pool.ClientPool`
 (the same roles in worker processes) is tested against.
 
@@ -18,15 +19,11 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Generic, Self, TypeVar
 
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
 from .identity import ClientIdentity
-
-if TYPE_CHECKING:
-    from .bfv.params import BFVParams
-    from .masking.masks import MaskingParams
 
 log = logging.getLogger("fedrecgel_secure.secagg")
 
@@ -35,25 +32,34 @@ UPLOAD_STEPS = ("upload", "masked_input")  # the steps that encode a vector (and
 
 
 @dataclass(frozen=True)
-class ClientSetup:
-    """What every client of a session is given; ``tag_keys`` go each to its own client only."""
+class SchemeKeys:
+    """What one scheme's clients are given of its servers' keys; each session defines its own (``Keys``)."""
+
+    def only_for(self, clients: set[int]) -> Self:
+        """These keys as sent to a host of ``clients`` (a client's own secrets go to its host only)."""
+        return self
+
+
+P = TypeVar("P")  # the scheme's parameters (its session's ``Params``)
+K = TypeVar("K", bound=SchemeKeys)
+
+
+@dataclass(frozen=True)
+class ClientSetup(Generic[P, K]):
+    """What every client of a session is given."""
 
     scheme: str
     dim: int
-    params: BFVParams | MaskingParams
+    params: P
     encoding: FixedPoint
     session_tag: bytes
     min_clients: int
     public_keys: dict[int, bytes] = field(default_factory=dict)  # the identity directory
-    server_key: bytes = b""  # masking: the aggregator's Ed25519 public key
-    public_context: bytes = b""  # bfv: the key holder's public context
-    tag_keys: dict[int, bytes] = field(default_factory=dict)  # bfv: client id -> its tag key
-    seal_keys: tuple[bytes, ...] = ()  # dpf: the aggregator's and the key holder's X25519 public keys
+    keys: K = field(default_factory=SchemeKeys)  # the scheme's own, made by its session's ``_start``
 
-    def only_for(self, clients: Iterable[int]) -> ClientSetup:
-        """This setup as sent to a host of ``clients``: the others' tag keys left out."""
-        keep = set(clients)
-        return dataclasses.replace(self, tag_keys={c: k for c, k in self.tag_keys.items() if c in keep})
+    def only_for(self, clients: Iterable[int]) -> ClientSetup[P, K]:
+        """This setup as sent to a host of ``clients``."""
+        return dataclasses.replace(self, keys=self.keys.only_for(set(clients)))
 
 
 def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.scheme_facts import RETIRED
 
-from .clients import ClientSetup, LocalClients, Reply
+from .clients import ClientSetup, LocalClients, Reply, SchemeKeys
 from .errors import RejectedPayload
 from .fixedpoint import FixedPoint
 from .identity import ClientIdentity, IdentityDirectory, check_client_id, check_round
@@ -108,7 +108,8 @@ class SecAggSession:
     """
 
     scheme: str  # the row's name
-    Params: type  # the protocol's parameters (MaskingParams, BFVParams)
+    Params: type  # the protocol's parameters (MaskingParams, BFVParams, DPFParams)
+    Keys: type[SchemeKeys]  # what its clients are given of its servers' keys (ClientSetup.keys)
 
     def __init__(
         self,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..arithmetic import admit_or_skip
-from ..clients import ClientSetup
+from ..clients import ClientSetup, SchemeKeys
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity
 from ..session import RoundResult, SecAggSession, _cost
@@ -18,13 +19,23 @@ from .keyholder import KeyHolder
 from .params import BFVParams
 
 
+@dataclass(frozen=True)
+class BFVKeys(SchemeKeys):
+    public_context: bytes  # the key holder's public context (no secret key)
+    tag_keys: dict[int, bytes] = field(default_factory=dict)  # client id -> its tag key, sent to its host only
+
+    def only_for(self, clients: set[int]) -> BFVKeys:
+        return dataclasses.replace(self, tag_keys={c: k for c, k in self.tag_keys.items() if c in clients})
+
+
 class BFVSession(SecAggSession):
     """Exact homomorphic encryption: the session holds the key holder and the aggregator, which never meet a key."""
 
     scheme = "bfv"
     Params = BFVParams
+    Keys = BFVKeys
 
-    def _start(self, setup: ClientSetup) -> ClientSetup:
+    def _start(self, setup: ClientSetup[BFVParams, SchemeKeys]) -> ClientSetup[BFVParams, BFVKeys]:
         self.key_holder = KeyHolder.create(
             self.params,
             self.directory,
@@ -38,13 +49,15 @@ class BFVSession(SecAggSession):
             public, self.directory, self.dim, min_clients=self.min_clients, session_tag=self.session_tag
         )
         tag_keys = {c: self.key_holder.client_key(c) for c in self.client_ids}
-        return dataclasses.replace(setup, public_context=public, tag_keys=tag_keys)
+        return dataclasses.replace(setup, keys=BFVKeys(public, tag_keys))
 
     @staticmethod
-    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, BFVClient]:
+    def make_roles(
+        setup: ClientSetup[BFVParams, BFVKeys], identities: Mapping[int, ClientIdentity]
+    ) -> dict[int, BFVClient]:
         import tenseal as ts
 
-        shared = ts.context_from(setup.public_context, n_threads=1)  # one public context for all, as loaded
+        shared = ts.context_from(setup.keys.public_context, n_threads=1)  # one public context for all, as loaded
         return {
             c: BFVClient(
                 ident,
@@ -52,7 +65,7 @@ class BFVSession(SecAggSession):
                 setup.dim,
                 encoding=setup.encoding,
                 session_tag=setup.session_tag,
-                tag_key=setup.tag_keys[c],
+                tag_key=setup.keys.tag_keys[c],
             )
             for c, ident in identities.items()
         }

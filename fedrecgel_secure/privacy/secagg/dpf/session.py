@@ -6,11 +6,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from fedrecgel_secure.errors import BadInputError
 
 from ..arithmetic import admit_or_skip
-from ..clients import ClientSetup
+from ..clients import ClientSetup, SchemeKeys
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity
 from ..session import RoundResult, SecAggSession, _cost
@@ -21,13 +22,19 @@ from .servers import DPFAggregator, DPFKeyHolder
 log = logging.getLogger("fedrecgel_secure.secagg")
 
 
+@dataclass(frozen=True)
+class DPFKeys(SchemeKeys):
+    seal_keys: tuple[bytes, bytes]  # the aggregator's and the key holder's X25519 public keys, in that order
+
+
 class DPFSession(SecAggSession):
     """Two servers that do not collude, each with one key of every pair; the key holder adds the central noise."""
 
     scheme = "dpf"
     Params = DPFParams
+    Keys = DPFKeys
 
-    def _start(self, setup: ClientSetup) -> ClientSetup:
+    def _start(self, setup: ClientSetup[DPFParams, SchemeKeys]) -> ClientSetup[DPFParams, DPFKeys]:
         kwargs = dict(
             params=self.params,
             dim=self.dim,
@@ -37,10 +44,12 @@ class DPFSession(SecAggSession):
         )
         self.aggregator = DPFAggregator(self.directory, **kwargs)
         self.key_holder = DPFKeyHolder(self.directory, **kwargs)
-        return dataclasses.replace(setup, seal_keys=(self.aggregator.seal_key, self.key_holder.seal_key))
+        return dataclasses.replace(setup, keys=DPFKeys((self.aggregator.seal_key, self.key_holder.seal_key)))
 
     @staticmethod
-    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, DPFClient]:
+    def make_roles(
+        setup: ClientSetup[DPFParams, DPFKeys], identities: Mapping[int, ClientIdentity]
+    ) -> dict[int, DPFClient]:
         return {
             c: DPFClient(
                 ident,
@@ -48,7 +57,7 @@ class DPFSession(SecAggSession):
                 params=setup.params,
                 encoding=setup.encoding,
                 session_tag=setup.session_tag,
-                seal_keys=setup.seal_keys,
+                seal_keys=setup.keys.seal_keys,
             )
             for c, ident in identities.items()
         }

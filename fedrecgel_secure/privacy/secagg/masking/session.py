@@ -8,11 +8,12 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..arithmetic import admit_or_skip
-from ..clients import ClientSetup
+from ..clients import ClientSetup, SchemeKeys
 from ..errors import RoundSkipped
 from ..identity import ClientIdentity, Envelope, IdentityDirectory, ServerIdentity
 from ..session import Admit, Intercept, RoundResult, SecAggSession, _Clock, _cost, _deliver
@@ -22,13 +23,19 @@ from .masks import MaskingParams
 from .wire import decode_survivors
 
 
+@dataclass(frozen=True)
+class MaskingKeys(SchemeKeys):
+    server_key: bytes  # the aggregator's Ed25519 public key: the survivor lists it signs
+
+
 class MaskingSession(SecAggSession):
     """Pairwise masking: the session holds the aggregator and its signing identity; no party holds a key."""
 
     scheme = "masking"
     Params = MaskingParams
+    Keys = MaskingKeys
 
-    def _start(self, setup: ClientSetup) -> ClientSetup:
+    def _start(self, setup: ClientSetup[MaskingParams, SchemeKeys]) -> ClientSetup[MaskingParams, MaskingKeys]:
         self.key_holder = None
         self.server_identity = ServerIdentity.generate()
         self.aggregator = MaskingAggregator(
@@ -40,10 +47,12 @@ class MaskingSession(SecAggSession):
             min_clients=self.min_clients,
             session_tag=self.session_tag,
         )
-        return dataclasses.replace(setup, server_key=self.server_identity.public_bytes)
+        return dataclasses.replace(setup, keys=MaskingKeys(self.server_identity.public_bytes))
 
     @staticmethod
-    def make_roles(setup: ClientSetup, identities: Mapping[int, ClientIdentity]) -> dict[int, MaskingClient]:
+    def make_roles(
+        setup: ClientSetup[MaskingParams, MaskingKeys], identities: Mapping[int, ClientIdentity]
+    ) -> dict[int, MaskingClient]:
         directory = IdentityDirectory(setup.public_keys)  # shared by the roles here: its verification cache too
         return {
             c: MaskingClient(
@@ -51,7 +60,7 @@ class MaskingSession(SecAggSession):
                 directory,
                 setup.dim,
                 setup.params,
-                server_key=setup.server_key,
+                server_key=setup.keys.server_key,
                 encoding=setup.encoding,
                 min_clients=setup.min_clients,
                 session_tag=setup.session_tag,
