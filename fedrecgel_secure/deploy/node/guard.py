@@ -39,7 +39,7 @@ class DPRound:
 
 class NodeGuard:
     """The checks of :class:`~fedrecgel_secure.deploy.node.shard.Node` (which provides ``policy``, ``shard``,
-    ``state_dir``, ``model`` and ``population``)."""
+    ``state_dir``, ``model``, ``population`` and ``scope``)."""
 
     policy: Policy
 
@@ -61,9 +61,8 @@ class NodeGuard:
         once), with its own randomness; its attempt counter spans the node's life, so a round asked for twice
         gets fresh shares (:meth:`DPMechanism.protect`)."""
         from fedrecgel_secure.federation.build import make_dp_mechanism
-        from fedrecgel_secure.federation.reports import scope_of
 
-        return make_dp_mechanism(self.policy, self.population, scope_of(self.policy, deployed=True))
+        return make_dp_mechanism(self.policy, self.population, self.scope)
 
     def dp_round(
         self,

@@ -93,7 +93,7 @@ def train(msg: Message, context: Context) -> Message:
     import numpy as np
 
     from fedrecgel_secure.deploy.replies import reports_in_clear
-    from fedrecgel_secure.federation.reports import ROUND, scope_of
+    from fedrecgel_secure.federation.reports import ROUND
 
     req = from_record(msg.content)
     node = _node(context, req["digest"])
@@ -101,7 +101,7 @@ def train(msg: Message, context: Context) -> Message:
     node.check_round(round_idx)
     sealed = deployed(node.policy).scheme.sealed
     evaluation = None
-    in_sum = scope_of(node.policy, deployed=True) == ROUND  # the sampled users report inside the round's sum
+    in_sum = node.scope == ROUND  # the sampled users report inside the round's sum
     if "evaluate" in req and not in_sum:  # the model sent is round R-1's result: its evaluation rides on this stage
         commits = _commits(req)
         evaluation = node.evaluate(int(req["evaluate"]), req["shared"], commits, int(req["keep_from"])).payload()

@@ -49,7 +49,9 @@ class Node(NodeGuard):
     def __post_init__(self):
         from fedrecgel_secure.data.shards import load_shard
         from fedrecgel_secure.federation.build import negatives_index
+        from fedrecgel_secure.federation.reports import scope_of
 
+        self.scope = scope_of(self.policy, deployed=True)  # where its users' metrics go, resolved once
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         shard = load_shard(self.data, self.policy, self.shard)
@@ -191,14 +193,14 @@ class Node(NodeGuard):
         from fedrecgel_secure.deploy.node.answers import Group, contained
         from fedrecgel_secure.deploy.replies import TrainReply
         from fedrecgel_secure.federation.build import local_sets, make_engine
-        from fedrecgel_secure.federation.reports import ROUND, scope_of, user_reports, zero_reports
+        from fedrecgel_secure.federation.reports import ROUND, user_reports, zero_reports
 
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
         rows = self.local_index(clients)
         reports = None
-        if scope_of(self.policy, deployed=True) == ROUND:
+        if self.scope == ROUND:
             theta = states.theta[torch.from_numpy(rows)]
             reports = user_reports(self.model, theta, self.split, rows, self.policy) if report else None
             reports = zero_reports(clients.size, self.policy) if reports is None else reports
@@ -282,9 +284,9 @@ class Node(NodeGuard):
         out, and it refuses (``evaluation_scope``); its users report inside the round's sum instead."""
         from fedrecgel_secure.deploy.replies import EvaluationReply
         from fedrecgel_secure.federation.build import make_engine
-        from fedrecgel_secure.federation.reports import ROUND, scope_of
+        from fedrecgel_secure.federation.reports import ROUND
 
-        if scope_of(self.policy, deployed=True) == ROUND:
+        if self.scope == ROUND:
             self._refuse(
                 "evaluation_scope",
                 f"node {self.shard}: an evaluation outside the round's sum (evaluation.scope is 'round': this"
