@@ -3,18 +3,21 @@
 One message's life, on one machine's wall clock (``time.time()``; across machines the
 parts that span two clocks carry their skew):
 
-- ``pull_wait``: the server pushed it -> the ``flwr-clientapp`` process started. The
-  SuperNode pulls only between sleeps of 3 s (``time.sleep(3)`` in flwr 1.42's
-  ``supernode/start_client_internal.py``, no flag or variable sets it), then its
-  SuperExec polls for the task (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 0.1 s here).
-- ``process_start``: the process started -> this project's ClientApp module loaded
-  (the interpreter, flwr's own imports, pulling the task and the app). The ClientApp is
-  the relay to the node's resident engine (:mod:`.clientapp`, :mod:`.engine`).
-- ``imports``: -> the engine took the request (the relay's hand-over over the node's
-  socket; before the engines: torch, the model and the protocols imported here).
+- ``pull_wait``: the server pushed it -> the node's engine took the task (or, on flwr's
+  way, ``deployment.task_handover = false``, the ``flwr-clientapp`` process started). The
+  SuperNode pulls between idle sleeps (flwr 1.42's 3 s, :data:`~.launch.supernode.POLL`
+  here), then its SuperExec polls for the task (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``,
+  0.1 s here).
+- ``process_start``: -> the engine pulled the message from the SuperNode's Runtime API
+  (flwr's way: the process started -> this project's ClientApp module loaded, the
+  interpreter, flwr's own imports, pulling the task and the app; that ClientApp is the
+  relay to the node's resident engine, :mod:`.clientapp`, :mod:`.engine`).
+- ``imports``: -> the engine began the handler (flwr's way: the relay's hand-over over
+  the node's socket; before the engines: torch, the model and the protocols imported).
 - ``work``: -> the engine's work done (its state, training, protecting).
-- ``push_wait``: the reply made -> the server pulled it: the SuperNode's 0.5 s wait for
-  the reply, its push, and the ServerApp's own pull interval (``deployment.heartbeat``).
+- ``push_wait``: the reply made -> the server pulled it: the SuperNode's wait for the
+  reply (flwr's 0.5 s, :data:`~.launch.supernode.REPLY_WAIT` here), its push, and the
+  ServerApp's own pull interval (``deployment.heartbeat``).
 """
 
 from __future__ import annotations

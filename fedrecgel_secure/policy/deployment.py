@@ -107,6 +107,14 @@ class DeploymentPolicy(Section):
         " (the plain path; the same metrics). Only under evaluation.scope = 'all': with secure aggregation or DP"
         " the round's users report their metrics inside the round's sum, and no evaluate stage exists.",
     )
+    task_handover: bool = Field(
+        True,
+        description="Each node's SuperExec hands the node's tasks (the Runtime API's address and the task's token)"
+        " to the node's resident engine over its 0600 socket, and the engine runs them in its own process: no"
+        " process starts for a message, and no task token is ever on a command line. false: flwr's way, a"
+        " flwr-clientapp process for each message that relays it to the engine (a process start each stage; the"
+        " token still on its stdin, never its command line).",
+    )
     recommend: int = Field(
         0,
         ge=0,

@@ -103,8 +103,13 @@ def test_a_secure_deployment_equals_the_simulator_to_its_summary(tmp_path, priva
     sim = tmp_path / "sim"
     simulate(policy, sim)
     out = tmp_path / "deployed"
-    with deploy_local(out, policy) as cli:
+    # BFV's nodes answer flwr's way (deployment.task_handover = false: a relay process a message to the engine),
+    # DPF's run each task in their engines (the default): both are the simulator's run
+    fallback = ["--set", "deployment.task_handover=false"] if privacy.startswith("bfv") else []
+    with deploy_local(out, policy, *fallback) as cli:
         assert cli.wait(timeout=RUN) == 0, output(out)
+    in_engine = (out / "logs" / "engine-0.log").read_text().count("in this process")  # tasks it ran itself
+    assert in_engine == 0 if fallback else in_engine >= 4, in_engine
     _assert_finished_as_the_simulator(out, policy, sim, privacy)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedrecgel_secure.deploy.launch.plan import SUPERNODE
+
 pytest.importorskip("flwr")
 
 from helpers.deploy import BANDED, BFV, run_records, seeded_dp, simulate, summed_per_node, write_deploy_policy
@@ -251,7 +253,7 @@ def test_a_dpf_policy_with_deployment_settings_validates_and_the_launcher_starts
     assert deployed(policy).scheme.key_holder
     line = Deployment(policy, tmp_path / "a").describe()
     assert "3 client SuperNodes and the DPF key holder's" in line and "one DPF key of each pair" in line
-    supernodes = [s for s in plan(policy).splitlines() if s.startswith("flower-supernode")]
+    supernodes = [s for s in plan(policy).splitlines() if s.startswith(SUPERNODE)]
     assert len(supernodes) == 4 and 'role="keyholder"' in supernodes[-1]
     assert "dpf-seal.key" in plan(policy) and "The DPF key holder" in plan(policy)
     with pytest.raises(BadInputError, match="mode = 'central'"):  # a dense noise share would touch every row

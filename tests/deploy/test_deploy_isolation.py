@@ -206,7 +206,14 @@ def test_another_account_cannot_take_the_deployments_tasks_from_its_runtime_apis
 
 
 # and Flower's SuperExecs; "node.engine": each node's resident engine
-KINDS = {"launch.superlink": 1, "node.engine": 2, "flower-supernode": 2, "flwr run": 1, "flwr-serverapp": 1}
+KINDS = {
+    "launch.superlink": 1,
+    "launch.superexec": 3,
+    "node.engine": 2,
+    "launch.supernode": 2,
+    "flwr run": 1,
+    "flwr-serverapp": 1,
+}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -299,3 +306,81 @@ def test_another_account_cannot_connect_to_a_nodes_engine(tmp_path):
     assert stranger["uid"] == 65534 and stranger["reaches_the_nodes_folder"]
     assert stranger.get("refused") == "PermissionError" and "connected" not in stranger
     assert owner.get("connected")
+
+
+# Another account's program on the machine of a deployment: it reads the process table every 2 ms (every process's
+# command line, which any account may read, and its environment, which the kernel keeps to the process's own
+# account) until STOP exists, and keeps every task token it sees (flwr's: 256 hex digits, or a --token argument):
+# with one, it could pull a node's message or push a reply in its place. Standard library only: it runs as that
+# account, which cannot even open the deployment's interpreter.
+PROCESS_TABLE_THIEF = """import json, os, re, sys, time
+from pathlib import Path
+out, stop = sys.argv[1], Path(sys.argv[2])
+token = re.compile(rb"[0-9a-f]{256}")
+got = {"uid": os.getuid(), "seen": [], "tokens": [], "environ_read": []}
+deadline = time.monotonic() + 300
+while not stop.exists() and time.monotonic() < deadline:
+    for d in Path("/proc").iterdir():
+        try:
+            mine = d.name == str(os.getpid())
+            words = (d / "cmdline").read_bytes().split(b"\\0") if d.name.isdigit() and not mine else []
+        except OSError:
+            continue
+        name = next((w.decode() for w in words if b"fedrecgel_secure.deploy" in w or b"flwr-" in w), None)
+        if name is None:
+            continue
+        got["seen"] += [name] * (name not in got["seen"])
+        got["tokens"] += [t.decode() for w in words for t in token.findall(w)]
+        got["tokens"] += [name + " --token"] * (b"--token" in words)
+        try:
+            got["tokens"] += [t.decode() for t in token.findall((d / "environ").read_bytes())]
+            got["environ_read"].append(name)
+        except OSError:
+            pass
+    time.sleep(0.002)
+Path(out).write_text(json.dumps(got))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a program as another account (nobody)")
+def test_another_account_reads_no_token_from_the_process_table_while_a_deployment_runs(tmp_path):
+    # flwr 1.42's own SuperExec starts flwr-serverapp for the whole run, and flwr-clientapp for every message, with
+    # `--token <task token>` on the command line: any account could read it and pull the node's message or push a
+    # reply in its place. The deployment's SuperExec (deploy/launch/superexec.py) hands a node's tasks to its engine
+    # and the ServerApp's token to its process on stdin: the stranger, watching the whole run, sees none.
+    import shutil
+    import tempfile
+
+    from fedrecgel_secure.deploy.launch.layout import resolve_policy
+    from fedrecgel_secure.deploy.launch.local import Deployment
+
+    base = Path(tempfile.mkdtemp(prefix="thief-", dir="/tmp"))  # where the stranger may write its findings
+    base.chmod(0o777)
+    out = tmp_path / "deployed"
+    dep = Deployment(resolve_policy(out, process_policy(tmp_path, rounds=2, nodes=2), [], None, False), out)
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    thief = None
+    try:
+        dep.start()
+        argv = [python, "-I", "-c", PROCESS_TABLE_THIEF, str(base / "got.json"), str(base / "stop")]
+        thief = subprocess.Popen(argv, cwd=base, env={}, user=65534, group=65534, extra_groups=[])
+        summary = dep.wait(dep.launch(False), 2)
+        secrets = [dep.control_token.read_bytes().strip(), dep.superexec_secret.read_bytes()]
+        owner_view = {pid: Path(f"/proc/{pid}/environ").read_bytes() for pid in of_the_deployment(out / ".flwr")}
+        (base / "stop").touch()
+        thief.wait(timeout=120)
+        got = json.loads((base / "got.json").read_text())
+    finally:
+        dep.stop()
+        if thief is not None and thief.poll() is None:
+            thief.kill()
+        shutil.rmtree(base, ignore_errors=True)
+    assert summary["rounds_done"] == 2
+    assert got["uid"] == 65534
+    # it watched the whole run: the deployment's processes were in its view
+    assert {"fedrecgel_secure.deploy.launch.superexec", "fedrecgel_secure.deploy.node.engine"} <= set(got["seen"])
+    assert "flwr-serverapp" in " ".join(got["seen"]), got["seen"]
+    assert got["tokens"] == [], got
+    assert got["environ_read"] == []  # the kernel keeps a process's environment to its own account
+    for env in owner_view.values():  # and no secret of the deployment is in any of them anyway
+        assert not any(s in env or s.hex().encode() in env for s in secrets)

@@ -43,4 +43,4 @@ def test_plan_refuses_the_shipped_distributed_dp_policy():
 
 def test_plan_still_prints_a_deployable_policy():
     result = _invoke(["deploy", "plan", str(POLICIES / "masking.toml")])
-    assert result.exit_code == 0 and "flower-supernode" in result.output, result.output
+    assert result.exit_code == 0 and "deploy.launch.supernode" in result.output, result.output

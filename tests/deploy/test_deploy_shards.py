@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.data.shards import MANIFEST, load_catalogue, load_shard, shard_name, write_shards
+from fedrecgel_secure.deploy.launch.plan import SUPERNODE
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.policy import load_policy
 
@@ -110,7 +111,7 @@ def test_each_node_is_given_its_own_shard_and_the_server_the_manifest(tmp_path):
         assert f'data="{dep.shards / shard_name(k)}"' in config and config.count(".npz") == 1
     assert "data=" not in dep.supernode_argv("keyholder", 9000)[-1]  # the key holder reads no data
     text = plan(policy)
-    nodes = [line for line in text.splitlines() if line.startswith("flower-supernode")]
+    nodes = [line for line in text.splitlines() if line.startswith(SUPERNODE)]
     assert [f'data="shard-{k}.npz"' in line for k, line in enumerate(nodes[:3])] == [True] * 3
     assert "data=" not in nodes[3]
     assert 'catalogue="manifest.json"' in text and "fedrecgel data shard policy.toml --out shards" in text

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fedrecgel_secure.deploy.launch.plan import SUPERNODE
+
 pytest.importorskip("flwr")
 
 from helpers.deploy import process_policy, run_records, simulate, summed_per_node, wait_until
@@ -134,10 +136,10 @@ def test_the_plans_certificate_and_node_key_commands_make_what_flower_loads(tmp_
         line for line in text.splitlines() if line.startswith("python -m fedrecgel_secure.deploy.launch.superlink ")
     )
     assert "--ssl-ca-certfile ca.pem --ssl-certfile server.pem --ssl-keyfile server.key" in link
-    local = "flower-superexec --insecure --runtime-api-address 127.0.0.1:9094"  # a node's own Runtime API, loopback
+    local = "--insecure --runtime-api-address 127.0.0.1:9094"  # a node's SuperExec on its own Runtime API, loopback
     assert "--enable-supernode-auth" in link and "--insecure" not in text.replace(local, "")
     assert "flwr supernode register node-1.key.pub deploy" in text and "--control-token-file control-token" in link
-    node = [line for line in text.splitlines() if line.startswith("flower-supernode ")]
+    node = [line for line in text.splitlines() if line.startswith(SUPERNODE + " ")]
     assert len(node) == 2 and "--root-certificates ca.pem --superlink 10.1.2.3:9091" in node[0]
     assert "--auth-supernode-private-key node-1.key" in node[1] and 'shard=1 state-dir="nodes/1"' in node[1]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from fedrecgel_secure.deploy.launch.plan import SUPERNODE
+
 pytest.importorskip("flwr")
 
 from helpers.deploy import BFV, MASKING, seeded_dp
@@ -33,7 +35,7 @@ def test_the_plan_puts_the_key_holder_on_its_own_node_with_its_own_registered_ke
         _policy(tmp_path, BFV), ["deployment.tls.enabled=true", "deployment.tls.node_authentication=true"]
     )
     text = plan(policy)
-    supernodes = [line for line in text.splitlines() if line.startswith("flower-supernode")]
+    supernodes = [line for line in text.splitlines() if line.startswith(SUPERNODE)]
     assert len(supernodes) == 4 and 'role="keyholder" state-dir="nodes/keyholder"' in supernodes[-1]
     assert "--auth-supernode-private-key node-keyholder.key" in supernodes[-1]
     assert "flwr supernode register node-keyholder.key.pub deploy --name node-keyholder" in text

@@ -176,12 +176,20 @@ class Deployment:
         nothing, so any local account asking faster than it polls would get the tasks."""
         return ["--isolation", "process", "--superexec-auth-secret-file", str(self.superexec_secret)]
 
-    def superexec_argv(self, port: int, parent: subprocess.Popen, tls: bool) -> list[str]:
+    def superexec_argv(
+        self, port: int, parent: subprocess.Popen, tls: bool, engine_state_dir: Path | None = None
+    ) -> list[str]:
         """The SuperExec for the Runtime API on ``port`` (the SuperLink's with ``tls``, or a SuperNode's); it ends
-        with ``parent``, and its app processes (flwr-serverapp, flwr-clientapp) are its children."""
+        with ``parent``; it hands a node's tasks to the node's engine in ``engine_state_dir``, and starts any other
+        app process (flwr-serverapp, a relay's flwr-clientapp) as its child, the token on its stdin
+        (:mod:`.superexec`)."""
         sec = ["--root-certificates", str(self.tls.ca_cert)] if tls and self.tls is not None else ["--insecure"]
+        engine = ["--engine-state-dir", str(engine_state_dir)] if engine_state_dir is not None else []
         return [
-            flower_bin("flower-superexec"),
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.deploy.launch.superexec",
+            *engine,
             *sec,
             "--runtime-api-address",
             f"{self.HOST}:{port}",
@@ -196,7 +204,10 @@ class Deployment:
         state_dir = state_dir_for(self.policy, self.out, shard)
         sec = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca_cert)]
         return [
-            flower_bin("flower-supernode"),
+            # flwr's flower-supernode with its fixed 3 s idle poll and 0.5 s reply waits shortened (supernode.py)
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.deploy.launch.supernode",
             *sec,
             "--superlink",
             f"{self.HOST}:{self.port}",
@@ -285,7 +296,9 @@ class Deployment:
         for shard, port in self.node_ports.items():
             node = self.procs.procs[f"supernode-{shard}"]
             wait_for_port(self.HOST, port, 60, node)
-            self.procs.start(f"superexec-{shard}", self.superexec_argv(port, node, tls=False), self.env)
+            handover = self.resident and d.task_handover  # the node's tasks run in its engine (superexec.py)
+            engine = state_dir_for(self.policy, self.out, shard) if handover else None
+            self.procs.start(f"superexec-{shard}", self.superexec_argv(port, node, False, engine), self.env)
         self.say(f"start-up: {n} SuperNodes listening" + (", waiting for their engines" if self.resident else ""))
         self.wait_for_engines()
         if d.tls.node_authentication:

@@ -34,13 +34,16 @@ def _ip_or_dns(host: str) -> str:
 ISOLATED = f" --isolation process --superexec-auth-secret-file {SUPEREXEC_SECRET_FILE}"
 
 
+SUPERNODE = "python -m fedrecgel_secure.deploy.launch.supernode"  # flwr's flower-supernode, its waits shortened
 MAKE_SECRET = f"(umask 077; head -c 32 /dev/urandom > {SUPEREXEC_SECRET_FILE})   # this machine's own"
 
 
-def _superexec(host: str, port: int, sec: str) -> list[str]:
-    """The plan's line for the SuperExec of the Runtime API at host:port (it runs the app processes)."""
+def _superexec(host: str, port: int, sec: str, engine_state_dir: str | None = None) -> list[str]:
+    """The plan's line for the SuperExec of the Runtime API at host:port: flwr's, handing a node's tasks to its
+    engine and any other task's token to its process on stdin, never on a command line (:mod:`.superexec`)."""
+    engine = f" --engine-state-dir {engine_state_dir}" if engine_state_dir is not None else ""
     return [
-        f"flower-superexec {sec} --runtime-api-address {host}:{port}"
+        f"python -m fedrecgel_secure.deploy.launch.superexec{engine} {sec} --runtime-api-address {host}:{port}"
         f" --superexec-auth-secret-file {SUPEREXEC_SECRET_FILE}   # alongside the command above"
     ]
 
@@ -271,15 +274,16 @@ def _pins(f: _Facts) -> _Section:
     return f"Operator: pin the identity keys in {f.policy_name}, then give every machine that file", out
 
 
-def _supernode(f: _Facts, k: str, cfg: str) -> list[str]:
-    """The plan's lines that start SuperNode ``k`` (its engine, itself and its SuperExec) with node config ``cfg``."""
+def _supernode(f: _Facts, k: str, cfg: str, state_dir: str) -> list[str]:
+    """The plan's lines that start SuperNode ``k`` (its engine, itself and its SuperExec) with node config ``cfg``
+    and its state in ``state_dir``."""
     return [
         *_engine(cfg),
-        f"flower-supernode {f.node_sec} --superlink {f.address} --host 127.0.0.1 --port 9094"
+        f"{SUPERNODE} {f.node_sec} --superlink {f.address} --host 127.0.0.1 --port 9094"
         + (f" --auth-supernode-private-key node-{k}.key" if f.auth else "")
         + ISOLATED
         + f" --node-config '{cfg}'",
-        *_superexec("127.0.0.1", 9094, "--insecure"),
+        *_superexec("127.0.0.1", 9094, "--insecure", state_dir if f.d.task_handover else None),
     ]
 
 
@@ -291,7 +295,9 @@ def _client_nodes(f: _Facts) -> _Section:
             f"# node {k}: state (0700): identity.pem (Ed25519, made on first start, 0600), embeddings, Adam state",
             f"mkdir -m 700 -p {f.state[k]}",
             MAKE_SECRET,
-            *_supernode(f, k, f'shard={k} state-dir="{f.state[k]}" policy="{f.policy_name}" data="shard-{k}.npz"'),
+            *_supernode(
+                f, k, f'shard={k} state-dir="{f.state[k]}" policy="{f.policy_name}" data="shard-{k}.npz"', f.state[k]
+            ),
         ]
     out += f.each
     return "Each node, on its own machine", out
@@ -311,7 +317,7 @@ def _key_holder(f: _Facts) -> _Section:
         f"mkdir -m 700 -p {kh}",
         MAKE_SECRET,
         *_supernode(
-            f, KEY_HOLDER, f'role="{KEY_HOLDER}" state-dir="{kh}" policy="{f.policy_name}" catalogue="{MANIFEST}"'
+            f, KEY_HOLDER, f'role="{KEY_HOLDER}" state-dir="{kh}" policy="{f.policy_name}" catalogue="{MANIFEST}"', kh
         ),
     ]
     return (

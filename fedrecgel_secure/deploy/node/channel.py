@@ -1,11 +1,14 @@
-"""The local channel between a node's Flower ClientApp (:mod:`.clientapp`, a relay) and its resident engine
-(:mod:`.engine`): a Unix socket, ``engine.sock``, in the node's state directory.
+"""The local channel to a node's resident engine (:mod:`.engine`) from its Flower ClientApp (:mod:`.clientapp`, a
+relay) or its SuperExec (:mod:`fedrecgel_secure.deploy.launch.superexec`, handing it a task): a Unix socket,
+``engine.sock``, in the node's state directory.
 
 Who can connect: the state directory is 0700 and the socket 0600, both the node's account's, so no other local
 account can even reach the socket; the engine also checks each peer's uid (``SO_PEERCRED``) and hangs up on any
 other. What travels: one request, one answer per connection, each a frame of a kind byte, a length and bytes;
 the request is a Flower Message as flwr's own protobuf (``flwr.common.serde``), the answer the reply Message the
-same way, or an error's text. No pickle: neither side can make the other run code.
+same way, or an error's text; or a task (:func:`task_request`: the node's Runtime API address and the task's
+token, which only this channel and the Runtime API ever carry), answered at once with :data:`TASK_TAKEN`.
+No pickle: neither side can make the other run code.
 
 Imports nothing of torch or of the node's engine: the relay runs in a fresh ``flwr-clientapp`` process per message.
 """
@@ -13,6 +16,7 @@ Imports nothing of torch or of the node's engine: the relay runs in a fresh ``fl
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import struct
@@ -22,12 +26,26 @@ from pathlib import Path
 
 SOCKET = "engine.sock"
 MESSAGE, ERROR = b"M", b"E"  # a frame's kind: a serialized Flower Message, or an error's text (UTF-8)
+TASK, TASK_TAKEN = b"T", b"K"  # a task handed over (JSON: address, token), and the engine's receipt
 _HEADER = struct.Struct("!cQ")
 _MAX_PATH = 100  # sun_path holds 107 bytes on Linux
 
 
 def socket_path(state_dir: Path | str) -> Path:
     return Path(state_dir) / SOCKET
+
+
+def task_request(address: str, token: str) -> bytes:
+    """A :data:`TASK` frame's bytes: the Runtime API to pull the task from, and the task's token."""
+    return json.dumps({"address": address, "token": token}).encode()
+
+
+def task_of(data: bytes) -> tuple[str, str]:
+    """(address, token) of a :data:`TASK` frame; ValueError for anything else."""
+    task = json.loads(data)
+    if not (isinstance(task, dict) and isinstance(task.get("address"), str) and isinstance(task.get("token"), str)):
+        raise ValueError("not a task")
+    return task["address"], task["token"]
 
 
 @contextlib.contextmanager
@@ -72,8 +90,11 @@ class EngineUnreachable(ConnectionError):
 REFUSED_GRACE = 2.0  # seconds a refusing socket is retried: an engine exec'd this instant removes it (engine.main)
 
 
-def request(state_dir: Path | str, data: bytes, deadline: float, retry: float = 0.2) -> tuple[bytes, bytes]:
-    """Send ``data`` (a serialized Message) to the engine of ``state_dir``; its answer frame.
+def request(
+    state_dir: Path | str, data: bytes, deadline: float, retry: float = 0.2, kind: bytes = MESSAGE
+) -> tuple[bytes, bytes]:
+    """Send ``data`` (a serialized Message, or a ``kind`` :data:`TASK`) to the engine of ``state_dir``; its answer
+    frame.
 
     Bounded, and as short as what the socket says allows. No socket: no engine started yet, or one starting (it
     removes a stale socket first thing and listens once torch and its shard are loaded), so retried until
@@ -91,7 +112,7 @@ def request(state_dir: Path | str, data: bytes, deadline: float, retry: float = 
             with reachable(path) as address, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(left)
                 sock.connect(address)
-                send(sock, MESSAGE, data)
+                send(sock, kind, data)
                 return receive(sock)
         except FileNotFoundError:
             refused_until = None

@@ -11,6 +11,14 @@ the node's local channel (:mod:`.channel`) to this process, which holds torch, t
 and the protocol code in memory and runs the very handlers a ClientApp would (:data:`.handlers.app`), one
 request at a time.
 
+Each message reaches it one of two ways. The node's SuperExec (:mod:`fedrecgel_secure.deploy.launch.superexec`)
+hands it the task itself, the Runtime API's address and the task's token, and the engine runs the task as
+``flwr-clientapp`` would, in this process (:meth:`Engine.run_task`: pull the message, answer it, push the reply and
+the task's status, with the task's heartbeat meanwhile): no process starts, and no token is on any command line.
+Or, while the engine is down or on flwr's own executor, a ``flwr-clientapp`` relay (:mod:`.clientapp`) forwards the
+message over the channel and the engine answers it (:meth:`Engine.answer`). Both run :meth:`Engine.reply_to`,
+so a node's reply is the same bytes either way, its errors included.
+
 What it guarantees: it serves only its own account (the socket is in the node's 0700 state directory, 0600, and
 every peer's uid is checked); the users' state reaches disk at each committed round exactly as before
 (:class:`~.shard.Node`), so an engine killed at any point and started again resumes from disk; while it is down,
@@ -28,7 +36,17 @@ import struct
 import time
 from pathlib import Path
 
-from fedrecgel_secure.deploy.node.channel import ERROR, MESSAGE, reachable, receive, send, socket_path
+from fedrecgel_secure.deploy.node.channel import (
+    ERROR,
+    MESSAGE,
+    TASK,
+    TASK_TAKEN,
+    reachable,
+    receive,
+    send,
+    socket_path,
+    task_of,
+)
 
 log = logging.getLogger("fedrecgel_secure.deploy.node.engine")
 READ_TIMEOUT = 60.0  # a peer that connects and sends nothing holds the engine this long at most
@@ -79,6 +97,24 @@ class Engine:
         reply.content["timing"] = ConfigRecord({"imported": received, "done": time.time()})
         return MESSAGE, message_to_proto(reply).SerializeToString()
 
+    def reply_to(self, msg, started: float, loaded: float):
+        """The reply Message to ``msg`` that a relay would have sent for this engine's :meth:`answer`: the same
+        record, or the same error reply (flwr's format of the relay's raised reason class); in its ``timing``,
+        ``started`` is when the engine took the task and ``loaded`` when it had pulled the message (a relay's
+        process start and its pull, deploy/timing.py)."""
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
+        from flwr.common.serde import message_to_proto
+
+        from fedrecgel_secure.deploy.node.clientapp import reply_of
+        from fedrecgel_secure.deploy.replies import NodeError
+
+        try:
+            return reply_of(*self.answer(message_to_proto(msg).SerializeToString()), started=started, loaded=loaded)
+        except NodeError as exc:  # as flwr's run_clientapp formats an exception a ClientApp raised
+            reason = str(type(exc)) + ":<'" + str(exc) + "'>"
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+
     def serve(self, path: Path) -> None:
         """Listen on ``path`` (0600, in the 0700 state directory) and answer one connection at a time, forever."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -107,9 +143,49 @@ class Engine:
             conn.settimeout(READ_TIMEOUT)
             kind, data = receive(conn)
             conn.settimeout(None)
+            if kind == TASK:
+                task = task_of(data)  # ValueError for a malformed one: nothing is taken
+                send(conn, TASK_TAKEN, b"")
+                conn.close()  # the SuperExec goes back to its poll while the task runs here
+                self.run_task(*task)
+                return
             send(conn, *(self.answer(data) if kind == MESSAGE else (ERROR, b"malformed")))
-        except (OSError, ConnectionError) as exc:  # the relay gave up or died: its stage goes on without us
+        except (OSError, ConnectionError, ValueError) as exc:  # the relay gave up or died: its stage goes on
             log.warning("lost a request: %s", exc)
+
+    def run_task(self, address: str, token: str) -> None:
+        """Run the ClientApp task that ``token`` names on the SuperNode's Runtime API at ``address``, here: what
+        flwr's ``flwr-clientapp`` does (``flwr/supernode/runtime/run_clientapp.py``, whose own pull and push
+        functions these are), with this engine's handlers in place of a loaded app and no process start."""
+        from flwr.common.constant import SubStatus
+        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+        from flwr.supercore.retry import make_simple_http_retry_invoker
+        from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+        client = RuntimeHttpClient.from_server_address(
+            server_address=address,
+            insecure=True,  # the node's own Runtime API, on its loopback address, as its SuperExec reaches it
+            root_certificates=None,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                          RuntimeTokenHttpInterceptor(token)],
+            retry_invoker=make_simple_http_retry_invoker(),
+        )  # fmt: skip
+        taken = time.time()
+        heartbeat, context, status = HeartbeatSender(make_task_heartbeat_fn_http(client)), None, SubStatus.FAILED
+        heartbeat.start()
+        try:
+            message, context, _, _ = pull_task_input(client)
+            push_message(client, self.reply_to(message, taken, time.time()), context)
+            status = SubStatus.COMPLETED
+            log.info("answered %s in this process", message.metadata.message_type)
+        except Exception:  # the SuperNode's task fails and the server hears of it as of a failed ClientApp
+            log.exception("the task failed")
+        finally:
+            push_task_output(client, context, status, "" if status == SubStatus.COMPLETED else "failed")
+            heartbeat.stop()
+            client.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-config", required=True, help="the same string as the node's flower-supernode")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per Runtime API request of each task otherwise
     os.umask(0o077)  # every file the node writes is its own (0600), as in node.private_umask
     config = parse_node_config(args.node_config)
     path = socket_path(config["state-dir"])

@@ -1,0 +1,117 @@
+"""The deployment's SuperExec: flwr's own ``flower-superexec``, except how a task reaches the code that runs it.
+
+Why: a SuperExec asks its Runtime API (the SuperLink's or a SuperNode's) for a task and is given the task's
+token: whoever holds it may pull the task's inputs (a node's message: the shared model, the server's request)
+and push the reply in its place. flwr 1.42's executor starts ``flwr-clientapp`` / ``flwr-serverapp`` with
+``--token <token>`` on its command line (``supercore/superexec/executor/subprocess_executor.py``), where any
+local account reads it from the process table, and does so for every message a node answers: a process start of
+one to two seconds a stage on a node whose resident engine (:mod:`fedrecgel_secure.deploy.node.engine`) holds
+everything the handler needs already.
+
+What: the same SuperExec loop (``run_superexec``: task acquisition signed with the SuperExec secret, its
+poll, its parent watch), with :class:`TaskHandover` as its executor:
+
+* a ClientApp task of a node with a resident engine goes to that engine, token and Runtime API address, over
+  the node's local channel (:mod:`fedrecgel_secure.deploy.node.channel`: a 0600 Unix socket in its 0700 state
+  directory); the engine runs the task in its own process (:meth:`~.engine.Engine.run_task`);
+* any other task (the ServerApp's; a ClientApp's while the engine is down or on the per-message path) starts
+  flwr's own app process as before, with ``--token-file /dev/stdin`` and the token in an anonymous file (no name
+  on disk) as its standard input: nothing on a command line, nothing in an environment.
+
+A token is never in a file another account can open, a process's arguments, or its environment
+(``tests/attacks/test_deploy_local_account.py``).
+
+Usage: ``python -m fedrecgel_secure.deploy.launch.superexec [--engine-state-dir DIR] [flower-superexec arguments]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from flwr.supercore.constant import TASK_TYPE_TO_APPIO_API_ADDRESS_ARG, TASK_TYPE_TO_COMMAND, TaskType
+from flwr.supercore.superexec.executor import LaunchResult
+from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+from flwr.supercore.superexec.executor.types import ExecutionSpec
+
+log = logging.getLogger("fedrecgel_secure.deploy.launch.superexec")
+ENGINE_STATE_DIR = "--engine-state-dir"
+POLL_INTERVAL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr's own setting of the acquisition poll (default 1 s)
+HANDOVER_TIMEOUT = 5.0  # seconds to hand a task to a live engine (it answers before it runs the task)
+
+
+def app_argv(spec: ExecutionSpec) -> list[str]:
+    """flwr's app process for ``spec`` as its SubprocessExecutor starts it, with the token read from stdin."""
+    argv = [
+        TASK_TYPE_TO_COMMAND[spec.task_type],
+        TASK_TYPE_TO_APPIO_API_ADDRESS_ARG[spec.task_type],
+        spec.runtime_api_address,
+        "--token-file",
+        "/dev/stdin",  # flwr reads a --token-file path: here the anonymous file the process was given as stdin
+    ]
+    if spec.insecure:
+        argv.append("--insecure")
+    elif spec.root_certificates_path is not None:
+        argv += ["--root-certificates", spec.root_certificates_path]
+    if spec.parent_pid is not None:
+        argv += ["--parent-pid", str(spec.parent_pid)]
+    if spec.runtime_dependency_install:
+        argv.append("--allow-runtime-dependency-installation")
+    return argv
+
+
+class TaskHandover(SubprocessExecutor):
+    """flwr's subprocess executor, with the token off the command line and a node's tasks handed to its engine."""
+
+    def __init__(self, engine_state_dir: Path | None = None):
+        self.engine_state_dir = engine_state_dir
+
+    def launch(self, spec: ExecutionSpec) -> LaunchResult:
+        if spec.task_type == TaskType.CLIENT_APP and self.engine_state_dir is not None and self._hand_over(spec):
+            return LaunchResult.accepted()
+        with tempfile.TemporaryFile() as token:  # O_TMPFILE: no name, readable through the child's fd 0 only
+            token.write(spec.token.encode())
+            token.seek(0)
+            output = subprocess.DEVNULL if spec.suppress_output else None
+            subprocess.Popen(app_argv(spec), stdin=token, stdout=output, stderr=output)
+        return LaunchResult.accepted()
+
+    def _hand_over(self, spec: ExecutionSpec) -> bool:
+        """Give the task to the node's engine; False if it is not up (the relay's process then answers for it)."""
+        from fedrecgel_secure.deploy.node.channel import TASK, TASK_TAKEN, request, task_request
+
+        task = task_request(spec.runtime_api_address, spec.token)
+        try:
+            answer, _ = request(self.engine_state_dir, task, time.time() + HANDOVER_TIMEOUT, kind=TASK)
+        except (OSError, ConnectionError) as exc:
+            log.warning("the node's engine did not take task %d (%s): its relay process answers", spec.task_id, exc)
+            return False
+        return answer == TASK_TAKEN
+
+
+def main(argv: list[str] | None = None) -> None:
+    import flwr.supercore.superexec.run_superexec as loop
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    engine_state_dir = None
+    if ENGINE_STATE_DIR in args:
+        i = args.index(ENGINE_STATE_DIR)
+        engine_state_dir = Path(args[i + 1])
+        del args[i : i + 2]
+    executor = TaskHandover(engine_state_dir)
+    # flwr's loop makes its executor from this name (flwr 1.42: run_superexec.get_executor); a newer flwr without it
+    # fails here, loudly, before any task is taken (tests/deploy/test_superexec.py pins it)
+    if not hasattr(loop, "get_executor"):
+        raise RuntimeError("flwr's run_superexec has no get_executor: this flwr is not the one pinned")
+    loop.get_executor = lambda *a, **k: executor
+    sys.argv = ["flower-superexec", *args]
+    flower_superexec()
+
+
+if __name__ == "__main__":
+    main()

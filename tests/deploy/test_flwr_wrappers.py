@@ -1,0 +1,129 @@
+"""The deployment's SuperExec and SuperNode wrappers (deploy/launch/superexec.py, supernode.py) against the flwr
+they wrap: the internals they rely on are pinned here, so a changed flwr fails these tests loudly; a task's token
+reaches its process on an anonymous standard input and nowhere else; the SuperNode's fixed waits are shortened and
+nothing else of ``time`` is touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+
+def test_the_flwr_internals_the_wrappers_replace_are_where_flwr_1_42_has_them():
+    import flwr.supercore.superexec.run_superexec as loop
+    import flwr.supernode.start_client_internal as node_loop
+    from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+    from flwr.supernode.runtime import run_clientapp
+
+    from fedrecgel_secure.deploy.launch.supernode import check_flwr
+
+    check_flwr(node_loop)  # its time.sleep(3) and time.sleep(0.5)
+    assert node_loop.time is time or type(node_loop.time).__name__ == "Waits"
+    assert callable(loop.get_executor) and hasattr(SubprocessExecutor, "launch")
+    # what Engine.run_task calls, as flwr-clientapp does
+    assert all(callable(getattr(run_clientapp, f)) for f in ("pull_task_input", "push_message", "push_task_output"))
+
+
+def test_check_flwr_refuses_a_loop_without_the_pinned_sleeps():
+    from fedrecgel_secure.deploy.launch.supernode import check_flwr
+
+    with pytest.raises(RuntimeError, match="not the one pinned"):
+        check_flwr(json)  # a module without the loop's two sleeps, as a changed flwr would be
+
+
+def test_the_supernode_waits_are_shortened_and_nothing_else():
+    from fedrecgel_secure.deploy.launch.supernode import POLL, REPLY_WAIT, Waits
+
+    slept = []
+    waits = Waits()
+    real = time.sleep
+    try:
+        time.sleep = slept.append
+        waits.sleep(3)
+        waits.sleep(0.5)
+        waits.sleep(1.25)
+    finally:
+        time.sleep = real
+    assert slept == [POLL, REPLY_WAIT, 1.25]
+    assert POLL < 3 and REPLY_WAIT < 0.5
+    assert waits.time is time.time and waits.monotonic is time.monotonic  # the rest of `time`, as it is
+
+
+# A stand-in for flwr's app process: it reads its --token-file as flwr-clientapp does (flwr.common.args) and writes
+# what it was given: the token, its command line, its environment's names, and where its stdin points.
+PROBE = """import json, os, sys
+args = sys.argv[1:]
+path = args[args.index("--token-file") + 1]
+got = {"token": open(path).read(), "argv": sys.argv, "env": sorted(os.environ),
+       "stdin": os.readlink("/proc/self/fd/0"), "isfile": os.path.isfile(path)}
+open(os.environ["PROBE_OUT"], "w").write(json.dumps(got))
+"""
+
+
+def test_a_task_token_reaches_its_process_on_an_anonymous_stdin_and_nowhere_else(tmp_path, monkeypatch):
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec
+
+    import fedrecgel_secure.deploy.launch.superexec as superexec
+
+    probe = tmp_path / "probe"
+    probe.write_text(f"#!{sys.executable}\n{PROBE}")
+    probe.chmod(0o700)
+    monkeypatch.setitem(superexec.TASK_TYPE_TO_COMMAND, TaskType.CLIENT_APP, str(probe))
+    monkeypatch.setenv("PROBE_OUT", str(tmp_path / "got.json"))
+    token = os.urandom(128).hex()  # flwr's task token: 128 random bytes as hex
+    spec = ExecutionSpec(TaskType.CLIENT_APP, "127.0.0.1:9", token, True, None, False, os.getpid(), False, 7)
+    # no engine in this state directory: the task goes to flwr's app process (the relay's way)
+    assert superexec.TaskHandover(tmp_path / "no-engine").launch(spec).status == "accepted"
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "got.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got = json.loads((tmp_path / "got.json").read_text())
+    assert got["token"] == token and got["isfile"]
+    assert token not in " ".join(got["argv"]) and "--token" not in got["argv"]
+    assert "--token-file" in got["argv"] and got["argv"][got["argv"].index("--token-file") + 1] == "/dev/stdin"
+    assert got["stdin"].endswith("(deleted)") or got["stdin"].startswith("/tmp/#")  # a file with no name on disk
+    assert not any(token in Path(p).read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file()
+                   and p.name != "got.json")  # fmt: skip
+
+
+def test_a_task_goes_to_a_live_engine_and_only_its_receipt_comes_back(tmp_path):
+    # the node's SuperExec side of the handover, against a listener on the node's socket that takes the task as
+    # Engine._one does and records it (the engine's own run of a task is the deployments' tests')
+    import socket
+    import threading
+
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec
+
+    from fedrecgel_secure.deploy.launch.superexec import TaskHandover
+    from fedrecgel_secure.deploy.node.channel import TASK, TASK_TAKEN, receive, send, socket_path, task_of
+
+    state = tmp_path / "node"
+    state.mkdir(mode=0o700)
+    taken = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(socket_path(state)))
+        server.listen(1)
+
+        def engine():
+            conn, _ = server.accept()
+            with conn:
+                kind, data = receive(conn)
+                taken.append((kind, task_of(data)))
+                send(conn, TASK_TAKEN, b"")
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        spec = ExecutionSpec(TaskType.CLIENT_APP, "127.0.0.1:9094", "ab" * 128, True, None, False, None, False, 3)
+        result = TaskHandover(state).launch(spec)
+        thread.join(timeout=30)
+    assert result.status == "accepted"
+    assert taken == [(TASK, ("127.0.0.1:9094", "ab" * 128))]
