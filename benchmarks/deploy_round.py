@@ -34,9 +34,10 @@ from pathlib import Path
 
 from fedrecgel_secure.deploy.launch.layout import resolve_policy
 from fedrecgel_secure.deploy.launch.local import Deployment
+from fedrecgel_secure.deploy.launch.supernode import POLL
 from fedrecgel_secure.deploy.timing import PARTS
 
-SUPERNODE_POLL = 3.0  # seconds: time.sleep(3) in flwr 1.42's supernode/start_client_internal.py
+SUPERNODE_POLL = POLL  # seconds a SuperNode sleeps after a pull that found nothing (flwr 1.42: 3; ours: supernode.py)
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 

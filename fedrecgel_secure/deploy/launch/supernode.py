@@ -51,8 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     import flwr.supernode.start_client_internal as loop
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
+    from fedrecgel_secure.deploy.object_pull import shorten_object_pulls
+
     check_flwr(loop)
     loop.time = Waits()
+    shorten_object_pulls(loop, "pull_objects")  # a message's objects, as they arrive from the SuperLink
     sys.argv = ["flower-supernode", *(sys.argv[1:] if argv is None else argv)]
     flower_supernode()
 

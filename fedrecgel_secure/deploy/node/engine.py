@@ -162,7 +162,13 @@ class Engine:
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
         from flwr.supercore.retry import make_simple_http_retry_invoker
         from flwr.supercore.runtime import RuntimeHttpClient
+        from flwr.supernode.runtime import run_clientapp
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
+
+        from fedrecgel_secure.deploy.object_pull import shorten_object_pulls
+
+        # the SuperNode hands the task over while the message's objects still arrive from the SuperLink
+        shorten_object_pulls(run_clientapp, "pull_and_inflate_object_from_tree")
 
         client = RuntimeHttpClient.from_server_address(
             server_address=address,
