@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import time
@@ -54,6 +55,33 @@ def stage_kind(stage: str) -> str:
     return stage.split("-", 1)[1]
 
 
+KINDS = {  # a deployment process's kind, from its command line
+    "launch.supernode": "SuperNode",
+    "launch.superlink": "SuperLink",
+    "launch.superexec": "SuperExec",
+    "node.engine": "engine",
+    "flwr-serverapp": "ServerApp",
+}
+
+
+def cpu_seconds(flwr_home: Path) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each kind of the deployment's live processes (those whose environment
+    names its FLWR_HOME), from /proc."""
+    needle, tick = f"\0FLWR_HOME={flwr_home}\0".encode(), os.sysconf("SC_CLK_TCK")
+    spent: dict[str, float] = defaultdict(float)
+    for d in Path("/proc").iterdir():
+        try:
+            if not d.name.isdigit() or needle not in b"\0" + (d / "environ").read_bytes() + b"\0":
+                continue
+            cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kind = next((k for s, k in KINDS.items() if s in cmd), "other")
+        spent[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return dict(spent)
+
+
 def run(
     scheme: str,
     nodes: int,
@@ -62,6 +90,8 @@ def run(
     stage_timeout: float,
     resident: bool = True,
     evaluate_in_train: bool = True,
+    handover: bool = True,
+    idle: float = 20.0,
 ) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     overrides = [
@@ -69,18 +99,29 @@ def run(
         "checkpoint.every=1",
         f"deployment.stage_timeout={stage_timeout}",
         f"deployment.evaluate_in_train={str(evaluate_in_train).lower()}",
+        f"deployment.task_handover={str(handover).lower()}",
         f"privacy.secure_aggregation.scheme={'none' if scheme == 'plaintext' else scheme}",
     ]
     dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out, resident=resident)
     start = time.perf_counter()
     try:
         dep.start()
+        # what the processes cost while no run goes on: the SuperNodes' polls of the SuperLink, the SuperExecs'
+        # polls of their Runtime APIs (after the start-up's own work has settled)
+        time.sleep(2.0)
+        before = cpu_seconds(dep.flwr_home)
+        time.sleep(idle)
+        after = cpu_seconds(dep.flwr_home)
+        idle_cpu = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / idle for k in after}
         dep.wait(dep.launch(False), rounds)
+        run_cpu = cpu_seconds(dep.flwr_home)
     finally:
         dep.stop()
     label = scheme if resident else f"{scheme} (per message)"
     label += "" if evaluate_in_train else " (evaluate stage)"
-    return summarize(label, out, rounds, time.perf_counter() - start)
+    label += "" if handover else " (flwr-clientapp a message)"
+    result = summarize(label, out, rounds, time.perf_counter() - start - idle - 2.0)
+    return {**result, "idle_cpu": idle_cpu, "run_cpu": run_cpu}
 
 
 def summarize(scheme: str, out: Path, rounds: int, total: float | None = None) -> dict:
@@ -141,6 +182,12 @@ def main() -> None:
         " node's handlers (the path before deploy/node/engine.py), for the before/after ratio in one run.",
     )
     ap.add_argument(
+        "--no-handover",
+        action="store_true",
+        help="Also run each scheme with deployment.task_handover = false (a flwr-clientapp process a message relays"
+        " it to the engine: flwr's way), for what the handover saves in one run.",
+    )
+    ap.add_argument(
         "--evaluate-stage",
         action="store_true",
         help="Also run each scheme with deployment.evaluate_in_train = false (an evaluate stage every round, the"
@@ -148,15 +195,26 @@ def main() -> None:
     )
     args = ap.parse_args()
     results = []
-    ways = [(True, True)] + [(False, True)] * args.per_message + [(True, False)] * args.evaluate_stage
+    ways = (
+        [(True, True, True)]
+        + [(True, True, False)] * args.no_handover
+        + [(False, True, True)] * args.per_message
+        + [(True, False, True)] * args.evaluate_stage
+    )
     for scheme in args.schemes.split(","):
-        for resident, in_train in ways:
-            out = args.out / (scheme + ("" if resident else "-per-message") + ("" if in_train else "-eval-stage"))
+        for resident, in_train, handover in ways:
+            out = args.out / (
+                scheme
+                + ("" if resident else "-per-message")
+                + ("" if in_train else "-eval-stage")
+                + ("" if handover else "-no-handover")
+            )
             label = scheme + ("" if resident else " (per message)") + ("" if in_train else " (evaluate stage)")
+            label += "" if handover else " (flwr-clientapp a message)"
             if args.report_only:
                 r = summarize(label, out, args.rounds)
             else:
-                r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident, in_train)
+                r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident, in_train, handover)
             results.append(r)
             _print_run(r, args.nodes)
     _print_tables(results)
@@ -170,6 +228,10 @@ def _print_run(r: dict, nodes: int) -> None:
         f" per stage {stages}; set-up {r['setup']:.1f} s{wall}; clients dropped {r['dropped']}",
         flush=True,
     )
+    if "idle_cpu" in r:
+        idle = ", ".join(f"{k} {100 * v:.1f}%" for k, v in sorted(r["idle_cpu"].items()))
+        spent = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(r["run_cpu"].items()))
+        print(f"  idle CPU (share of one core, all of a kind together): {idle}; CPU by the run's end: {spent}")
 
 
 def _print_tables(results: list[dict]) -> None:
@@ -179,6 +241,14 @@ def _print_tables(results: list[dict]) -> None:
     for r in results:
         for kind, ps in r["parts"].items():
             print(f"| {r['scheme']} | {kind} | " + " | ".join(f"{ps.get(p, 0.0):.2f}" for p in PARTS) + " |")
+    if any("idle_cpu" in r for r in results):
+        print()
+        print("| scheme | " + " | ".join(f"idle {k} (% of a core)" for k in KINDS.values()) + " |")
+        print("| --- | " + " | ".join("---" for _ in KINDS) + " |")
+        for r in results:
+            if "idle_cpu" in r:
+                cells = [f"{100 * r['idle_cpu'].get(k, 0.0):.1f}" for k in KINDS.values()]
+                print(f"| {r['scheme']} | " + " | ".join(cells) + " |")
     kinds = []
     for r in results:
         kinds += [k for k in r["stages"] if k not in kinds]
