@@ -39,6 +39,7 @@ from fedrecgel_secure.deploy.launch.supernode import POLL
 from fedrecgel_secure.deploy.timing import PARTS
 
 SUPERNODE_POLL = POLL  # seconds a SuperNode sleeps after a pull that found nothing (flwr 1.42: 3; ours: supernode.py)
+SETTLE = 15.0  # seconds after the start-up before the idle CPU is measured
 SETUP = ("hello", "secagg-keys", "secagg-join", "keyholder-start")
 
 
@@ -107,8 +108,9 @@ def run(
     try:
         dep.start()
         # what the processes cost while no run goes on: the SuperNodes' polls of the SuperLink, the SuperExecs'
-        # polls of their Runtime APIs (after the start-up's own work has settled)
-        time.sleep(2.0)
+        # polls of their Runtime APIs; after the start-up's own work has settled (the SuperExecs, started last,
+        # import flwr for about a second of CPU each)
+        time.sleep(SETTLE)
         before = cpu_seconds(dep.flwr_home)
         time.sleep(idle)
         after = cpu_seconds(dep.flwr_home)
@@ -120,7 +122,7 @@ def run(
     label = scheme if resident else f"{scheme} (per message)"
     label += "" if evaluate_in_train else " (evaluate stage)"
     label += "" if handover else " (flwr-clientapp a message)"
-    result = summarize(label, out, rounds, time.perf_counter() - start - idle - 2.0)
+    result = summarize(label, out, rounds, time.perf_counter() - start - idle - SETTLE)
     return {**result, "idle_cpu": idle_cpu, "run_cpu": run_cpu}
 
 

@@ -7,7 +7,7 @@ parts that span two clocks carry their skew):
   way, ``deployment.task_handover = false``, the ``flwr-clientapp`` process started). The
   SuperNode pulls between idle sleeps (flwr 1.42's 3 s, :data:`~.launch.supernode.POLL`
   here), then its SuperExec polls for the task (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``,
-  0.1 s here).
+  0.25 s here).
 - ``process_start``: -> the engine pulled the message from the SuperNode's Runtime API
   (flwr's way: the process started -> this project's ClientApp module loaded, the
   interpreter, flwr's own imports, pulling the task and the app; that ClientApp is the

@@ -83,9 +83,10 @@ class Deployment:
         self.policy_file = self.out / POLICY_FILE
         self.policy_file.write_text(policy.to_toml())
         self.procs = Processes(self.out / "logs")
-        # SuperExec polls for a new clientapp task every second by default; every stage waits for that poll,
-        # on every node (0.1 s: a stage about 1 s faster, measured; the user's own setting wins)
-        poll = os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
+        # SuperExec polls for a new task every second by default; every stage waits for that poll, on every node
+        # (0.25 s: a stage's mean wait 0.125 s; at 0.1 s the 5 SuperExecs of 4 nodes took a quarter of a core
+        # while idle, docs/results/deploy-round.md; the user's own setting wins)
+        poll = os.environ.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.25")
         self.flwr_home = self.out / ".flwr"
         self.control_token = self.flwr_home / CONTROL_TOKEN_FILE
         self.superexec_secret = self.flwr_home / SUPEREXEC_SECRET_FILE
@@ -225,7 +226,18 @@ class Deployment:
         """Node ``shard``'s resident engine (:mod:`.engine`): the same node config as its SuperNode."""
         state_dir = state_dir_for(self.policy, self.out, shard)
         config = node_config(self.policy_file, shard, state_dir, self.node_data(shard))
-        return [sys.executable, "-m", "fedrecgel_secure.deploy.node.engine", "--node-config", config]
+        # the engines share this machine's cores: each at most its share of threads (the policy's count below it)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        share = max(1, cores // max(1, self.policy.deployment.nodes))
+        return [
+            sys.executable,
+            "-m",
+            "fedrecgel_secure.deploy.node.engine",
+            "--node-config",
+            config,
+            "--threads",
+            str(share),
+        ]
 
     def start_engine(self, shard: int | str) -> subprocess.Popen:
         """Start (or start again, after a crash) node ``shard``'s engine; it listens once torch and its shard are

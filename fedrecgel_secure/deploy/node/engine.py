@@ -198,7 +198,14 @@ def main(argv: list[str] | None = None) -> None:
     doc = __doc__.split("\n")[0]
     parser = argparse.ArgumentParser(prog="python -m fedrecgel_secure.deploy.node.engine", description=doc)
     parser.add_argument("--node-config", required=True, help="the same string as the node's flower-supernode")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="the most torch threads it may use (its share of a shared machine)"
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        from fedrecgel_secure.federation.device import limit_threads
+
+        limit_threads(args.threads)  # a cap on the policy's federation.threads (its "auto" too)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per Runtime API request of each task otherwise
     os.umask(0o077)  # every file the node writes is its own (0600), as in node.private_umask

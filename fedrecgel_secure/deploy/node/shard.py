@@ -49,8 +49,12 @@ class Node(NodeGuard):
     def __post_init__(self):
         from fedrecgel_secure.data.shards import load_shard
         from fedrecgel_secure.federation.build import negatives_index
+        from fedrecgel_secure.federation.device import use_threads
         from fedrecgel_secure.federation.reports import scope_of
 
+        # torch's threads from its own policy, as the simulator's trainer: torch's default (every core) in each of
+        # deploy local's engines put 4 nodes' threads on 2 cores, where they waited on each other
+        use_threads(self.policy.federation.threads)
         self.scope = scope_of(self.policy, deployed=True)  # where its users' metrics go, resolved once
         self.state_dir = Path(self.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
