@@ -13,7 +13,7 @@ from __future__ import annotations
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from fedrecgel_secure.scheme_facts import FACTS, SchemeFacts
 
@@ -22,18 +22,16 @@ from .settings import bfv_params, dpf_params, masking_params
 if TYPE_CHECKING:
     from fedrecgel_secure.policy import SecureAggregationPolicy
 
-    from .bfv.params import BFVParams
-    from .dpf.params import DPFParams
-    from .masking.masks import MaskingParams
+P = TypeVar("P")  # a protocol's parameters (its session's ``Params``): each row its own type, no union of them
 
 
 @dataclass(frozen=True)
-class Scheme:
+class Scheme(Generic[P]):
     """One scheme: its facts (:class:`~fedrecgel_secure.scheme_facts.SchemeFacts`) and the protocol's parameters."""
 
     facts: SchemeFacts
     # the protocol's parameters from the policy section; None when no protocol runs
-    params: Callable[[SecureAggregationPolicy], BFVParams | DPFParams | MaskingParams] | None
+    params: Callable[[SecureAggregationPolicy], P] | None
     # the simulator's session of all its roles in one process (:class:`.session.SecAggSession`), as
     # "module:class", imported only when a session is made (:func:`part`); None when no protocol runs
     session: str | None = None
