@@ -34,6 +34,14 @@ TIMEOUT = 40  # a stage on a loaded 2-core machine (a new flwr-clientapp process
 # aggregation in one process (test_inprocess_round.py) and by the TLS test and the resume test here.
 
 
+def _journaled(out: Path, stage: str) -> bool:
+    """The server has written ``stage``'s line in its stage journal: it has every reply it will wait for."""
+    try:
+        return any(json.loads(line)["stage"] == stage for line in (out / "stages.jsonl").read_text().splitlines())
+    except (OSError, ValueError):  # not written yet, or a line being written
+        return False
+
+
 def _took_part_in_key_sharing(secagg_dir: Path) -> bool:
     """A user of the node holds a cohort: the node ran the share stage (its attempt files, 0600, are ours to read)."""
     for f in secagg_dir.glob("attempt-*.json"):
@@ -73,7 +81,11 @@ def test_a_node_killed_during_masking_is_recovered_or_skipped_within_the_stage_t
                 240,
                 f"node {shard} never shared keys",
             )
-        time.sleep(1.0)  # their share replies are on their way
+        # the moment the server has every share reply (its journal's line), before any node can have masked: a
+        # masked stage is a poll, a pull and a second of masking away (docs/results/deploy-round.md)
+        deadline = time.monotonic() + 120
+        while not _journaled(out, "secagg-share") and time.monotonic() < deadline:
+            time.sleep(0.02)
         pids = {shard: dep.procs.procs[f"{victim}-{shard}"].pid for shard, victim in victims.items()}
         for shard, victim in victims.items():
             os.killpg(pids[shard], signal.SIGKILL)

@@ -94,20 +94,32 @@ def test_a_task_token_reaches_its_process_on_an_anonymous_stdin_and_nowhere_else
                    and p.name != "got.json")  # fmt: skip
 
 
-def test_a_task_goes_to_a_live_engine_and_only_its_receipt_comes_back(tmp_path):
-    # the node's SuperExec side of the handover, against a listener on the node's socket that takes the task as
-    # Engine._one does and records it (the engine's own run of a task is the deployments' tests')
+@pytest.mark.parametrize("engine_ends", ["done", "killed"])
+def test_a_task_goes_to_a_live_engine_which_says_when_it_is_done(tmp_path, engine_ends):
+    # the node's SuperExec side of the handover (channel.hand_over, as TaskHandover calls it), against a listener on
+    # the node's socket that takes the task as Engine._one does and then says it is done, or hangs up as a killed
+    # engine does: then the SuperExec must answer for the task (superexec.answer_unreachable; the deployment test
+    # of a killed engine, tests/deploy/test_deploy.py, has it answer the server at once)
     import socket
     import threading
 
-    from flwr.supercore.constant import TaskType
-    from flwr.supercore.superexec.executor.types import ExecutionSpec
-
-    from fedrecgel_secure.deploy.launch.superexec import TaskHandover
-    from fedrecgel_secure.deploy.node.channel import TASK, TASK_TAKEN, receive, send, socket_path, task_of
+    from fedrecgel_secure.deploy.node.channel import (
+        NOT_TAKEN,
+        TAKEN_AND_DONE,
+        TAKEN_AND_LOST,
+        TASK,
+        TASK_DONE,
+        TASK_TAKEN,
+        hand_over,
+        receive,
+        send,
+        socket_path,
+        task_of,
+    )
 
     state = tmp_path / "node"
     state.mkdir(mode=0o700)
+    assert hand_over(state, "127.0.0.1:9094", "ab" * 128, time.time() + 0.5, 10) == NOT_TAKEN  # no engine
     taken = []
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(socket_path(state)))
@@ -119,14 +131,15 @@ def test_a_task_goes_to_a_live_engine_and_only_its_receipt_comes_back(tmp_path):
                 kind, data = receive(conn)
                 taken.append((kind, task_of(data)))
                 send(conn, TASK_TAKEN, b"")
+                if engine_ends == "done":
+                    send(conn, TASK_DONE, b"")
 
         thread = threading.Thread(target=engine)
         thread.start()
-        spec = ExecutionSpec(TaskType.CLIENT_APP, "127.0.0.1:9094", "ab" * 128, True, None, False, None, False, 3)
-        result = TaskHandover(state).launch(spec)
+        outcome = hand_over(state, "127.0.0.1:9094", "ab" * 128, time.time() + 30, 10)
         thread.join(timeout=30)
-    assert result.status == "accepted"
     assert taken == [(TASK, ("127.0.0.1:9094", "ab" * 128))]
+    assert outcome == (TAKEN_AND_DONE if engine_ends == "done" else TAKEN_AND_LOST)
 
 
 def test_the_object_pulls_are_pinned_where_the_deployment_shortens_them():

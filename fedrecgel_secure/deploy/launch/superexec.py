@@ -26,6 +26,7 @@ Usage: ``python -m fedrecgel_secure.deploy.launch.superexec [--engine-state-dir 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -42,6 +43,7 @@ log = logging.getLogger("fedrecgel_secure.deploy.launch.superexec")
 ENGINE_STATE_DIR = "--engine-state-dir"
 POLL_INTERVAL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr's own setting of the acquisition poll (default 1 s)
 HANDOVER_TIMEOUT = 5.0  # seconds to hand a task to a live engine (it answers before it runs the task)
+TASK_BOUND = 3600.0  # seconds an engine may take over one task before its SuperExec answers for it
 
 
 def app_argv(spec: ExecutionSpec) -> list[str]:
@@ -71,8 +73,18 @@ class TaskHandover(SubprocessExecutor):
         self.engine_state_dir = engine_state_dir
 
     def launch(self, spec: ExecutionSpec) -> LaunchResult:
-        if spec.task_type == TaskType.CLIENT_APP and self.engine_state_dir is not None and self._hand_over(spec):
-            return LaunchResult.accepted()
+        if spec.task_type == TaskType.CLIENT_APP and self.engine_state_dir is not None:
+            from fedrecgel_secure.deploy.node.channel import NOT_TAKEN, TAKEN_AND_LOST, hand_over
+
+            # a SuperNode hands out one message at a time: waiting here for the engine to finish holds up nothing
+            outcome = hand_over(
+                self.engine_state_dir, spec.runtime_api_address, spec.token, time.time() + HANDOVER_TIMEOUT, TASK_BOUND
+            )
+            if outcome == TAKEN_AND_LOST:
+                answer_unreachable(spec)
+            if outcome != NOT_TAKEN:
+                return LaunchResult.accepted()
+            log.warning("the node's engine did not take task %d: its relay process answers", spec.task_id)
         with tempfile.TemporaryFile() as token:  # O_TMPFILE: no name, readable through the child's fd 0 only
             token.write(spec.token.encode())
             token.seek(0)
@@ -80,17 +92,47 @@ class TaskHandover(SubprocessExecutor):
             subprocess.Popen(app_argv(spec), stdin=token, stdout=output, stderr=output)
         return LaunchResult.accepted()
 
-    def _hand_over(self, spec: ExecutionSpec) -> bool:
-        """Give the task to the node's engine; False if it is not up (the relay's process then answers for it)."""
-        from fedrecgel_secure.deploy.node.channel import TASK, TASK_TAKEN, request, task_request
 
-        task = task_request(spec.runtime_api_address, spec.token)
-        try:
-            answer, _ = request(self.engine_state_dir, task, time.time() + HANDOVER_TIMEOUT, kind=TASK)
-        except (OSError, ConnectionError) as exc:
-            log.warning("the node's engine did not take task %d (%s): its relay process answers", spec.task_id, exc)
-            return False
-        return answer == TASK_TAKEN
+def answer_unreachable(spec: ExecutionSpec) -> None:
+    """Answer a task whose engine took it and died before it replied, as the relay answers for a dead engine: the
+    error reply ``unreachable`` (flwr's format of the relay's raised :class:`~.replies.NodeError`), at once rather
+    than when the SuperNode gives up on the task's heartbeat. The message is pulled again with the task's token
+    (its objects are not needed: an error reply carries none)."""
+    from types import SimpleNamespace
+
+    from flwr.app import Error, Message
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.common.serde import message_from_proto
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
+    from flwr.supercore.runtime import RuntimeHttpClient
+    from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
+
+    from fedrecgel_secure.deploy.replies import NodeError
+
+    client = RuntimeHttpClient.from_server_address(
+        server_address=spec.runtime_api_address,
+        insecure=True,
+        root_certificates=None,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+                      RuntimeTokenHttpInterceptor(spec.token)],
+    )  # fmt: skip
+    try:
+        with contextlib.suppress(Exception):  # the engine may have started the task already
+            client.PullTaskInput(PullTaskInputRequest())
+        pulled = client.PullMessages(PullAppMessagesRequest()).messages_list
+        if pulled:
+            message = message_from_proto(pulled[0])
+            unreachable = NodeError("unreachable")
+            reason = str(type(unreachable)) + ":<'" + str(unreachable) + "'>"
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+            where = SimpleNamespace(node_id=message.metadata.dst_node_id, run_id=message.metadata.run_id)
+            push_message(client, reply, where)
+        push_task_output(client, None, SubStatus.FAILED, "the node's engine died")
+    except Exception:  # nothing more to do: the SuperNode gives up on the task when its heartbeat lapses
+        log.exception("could not answer task %d for the node's dead engine", spec.task_id)
+    finally:
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,8 @@ account can even reach the socket; the engine also checks each peer's uid (``SO_
 other. What travels: one request, one answer per connection, each a frame of a kind byte, a length and bytes;
 the request is a Flower Message as flwr's own protobuf (``flwr.common.serde``), the answer the reply Message the
 same way, or an error's text; or a task (:func:`task_request`: the node's Runtime API address and the task's
-token, which only this channel and the Runtime API ever carry), answered at once with :data:`TASK_TAKEN`.
+token, which only this channel and the Runtime API ever carry), answered at once with :data:`TASK_TAKEN` and, on
+the same connection, with :data:`TASK_DONE` once the engine has pushed its reply (:func:`hand_over`).
 No pickle: neither side can make the other run code.
 
 Imports nothing of torch or of the node's engine: the relay runs in a fresh ``flwr-clientapp`` process per message.
@@ -26,7 +27,7 @@ from pathlib import Path
 
 SOCKET = "engine.sock"
 MESSAGE, ERROR = b"M", b"E"  # a frame's kind: a serialized Flower Message, or an error's text (UTF-8)
-TASK, TASK_TAKEN = b"T", b"K"  # a task handed over (JSON: address, token), and the engine's receipt
+TASK, TASK_TAKEN, TASK_DONE = b"T", b"K", b"D"  # a task handed over (JSON: address, token), its receipt, its end
 _HEADER = struct.Struct("!cQ")
 _MAX_PATH = 100  # sun_path holds 107 bytes on Linux
 
@@ -102,6 +103,41 @@ def request(
     (SIGKILL leaves the file) and none is starting, so :class:`EngineUnreachable` after :data:`REFUSED_GRACE`,
     not at the TTL: the server hears of the dropout at once. An engine that dies while working: ConnectionError.
     Each ends in an error reply, i.e. this node drops out of the stage."""
+
+    def talk(sock: socket.socket) -> tuple[bytes, bytes]:
+        send(sock, kind, data)
+        return receive(sock)
+
+    return _exchange(state_dir, deadline, retry, talk)
+
+
+TAKEN_AND_DONE, NOT_TAKEN, TAKEN_AND_LOST = "done", "not taken", "lost"
+
+
+def hand_over(state_dir: Path | str, address: str, token: str, deadline: float, bound: float) -> str:
+    """Hand the engine of ``state_dir`` a task (:func:`task_request`) and wait, at most ``bound`` seconds, for it to
+    say the task is done. :data:`TAKEN_AND_DONE`; :data:`NOT_TAKEN` (no engine took it by ``deadline``, as
+    :func:`request` decides); or :data:`TAKEN_AND_LOST`: the engine took it and died (or hung) before it was done,
+    and whoever holds the token must answer for it."""
+
+    def talk(sock: socket.socket) -> str:
+        send(sock, TASK, task_request(address, token))
+        if receive(sock)[0] != TASK_TAKEN:
+            return NOT_TAKEN
+        sock.settimeout(bound)
+        try:
+            return TAKEN_AND_DONE if receive(sock)[0] == TASK_DONE else TAKEN_AND_LOST
+        except (OSError, ConnectionError):  # hung up (killed) or timed out while running it
+            return TAKEN_AND_LOST
+
+    try:
+        return _exchange(state_dir, deadline, 0.2, talk)
+    except (OSError, ConnectionError):
+        return NOT_TAKEN
+
+
+def _exchange(state_dir: Path | str, deadline: float, retry: float, talk):
+    """``talk(socket)`` on a connection to the engine of ``state_dir``, made as :func:`request` describes."""
     path = socket_path(state_dir)
     refused_until = None
     while True:
@@ -112,8 +148,7 @@ def request(
             with reachable(path) as address, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(left)
                 sock.connect(address)
-                send(sock, kind, data)
-                return receive(sock)
+                return talk(sock)
         except FileNotFoundError:
             refused_until = None
         except ConnectionRefusedError as exc:

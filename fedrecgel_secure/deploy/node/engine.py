@@ -40,6 +40,7 @@ from fedrecgel_secure.deploy.node.channel import (
     ERROR,
     MESSAGE,
     TASK,
+    TASK_DONE,
     TASK_TAKEN,
     reachable,
     receive,
@@ -146,8 +147,8 @@ class Engine:
             if kind == TASK:
                 task = task_of(data)  # ValueError for a malformed one: nothing is taken
                 send(conn, TASK_TAKEN, b"")
-                conn.close()  # the SuperExec goes back to its poll while the task runs here
                 self.run_task(*task)
+                send(conn, TASK_DONE, b"")  # until this comes, the SuperExec answers for a task whose engine died
                 return
             send(conn, *(self.answer(data) if kind == MESSAGE else (ERROR, b"malformed")))
         except (OSError, ConnectionError, ValueError) as exc:  # the relay gave up or died: its stage goes on
