@@ -13,13 +13,15 @@ poll, its parent watch), with :class:`TaskHandover` as its executor:
 
 * a ClientApp task of a node with a resident engine goes to that engine, token and Runtime API address, over
   the node's local channel (:mod:`fedrecgel_secure.deploy.node.channel`: a 0600 Unix socket in its 0700 state
-  directory); the engine runs the task in its own process (:meth:`~.engine.Engine.run_task`);
+  directory); the engine runs the task in its own process (:meth:`~.engine.Engine.run_task`) and says when it is
+  done; for a task whose engine died first, the SuperExec, which holds the token, sends the error reply a relay
+  would have sent (:func:`answer_unreachable`);
 * any other task (the ServerApp's; a ClientApp's while the engine is down or on the per-message path) starts
   flwr's own app process as before, with ``--token-file /dev/stdin`` and the token in an anonymous file (no name
   on disk) as its standard input: nothing on a command line, nothing in an environment.
 
 A token is never in a file another account can open, a process's arguments, or its environment
-(``tests/attacks/test_deploy_local_account.py``).
+(``tests/deploy/test_deploy_isolation.py``: another account watching the process table of a whole deployment).
 
 Usage: ``python -m fedrecgel_secure.deploy.launch.superexec [--engine-state-dir DIR] [flower-superexec arguments]``.
 """
@@ -41,7 +43,6 @@ from flwr.supercore.superexec.executor.types import ExecutionSpec
 
 log = logging.getLogger("fedrecgel_secure.deploy.launch.superexec")
 ENGINE_STATE_DIR = "--engine-state-dir"
-POLL_INTERVAL = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # flwr's own setting of the acquisition poll (default 1 s)
 HANDOVER_TIMEOUT = 5.0  # seconds to hand a task to a live engine (it answers before it runs the task)
 TASK_BOUND = 3600.0  # seconds an engine may take over one task before its SuperExec answers for it
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         del args[i : i + 2]
     executor = TaskHandover(engine_state_dir)
     # flwr's loop makes its executor from this name (flwr 1.42: run_superexec.get_executor); a newer flwr without it
-    # fails here, loudly, before any task is taken (tests/deploy/test_superexec.py pins it)
+    # fails here, loudly, before any task is taken (tests/deploy/test_flwr_wrappers.py pins it)
     if not hasattr(loop, "get_executor"):
         raise RuntimeError("flwr's run_superexec has no get_executor: this flwr is not the one pinned")
     loop.get_executor = lambda *a, **k: executor
