@@ -136,13 +136,17 @@ def _print_summary(summary, dataset: str) -> None:
         p = summary.privacy
         out.print(
             f"privacy: ({p.epsilon:.3f}, {p.delta:g})-DP per user "
-            f"(δ: the accountant's plus {p.delta_tail:.1e} from the noise sampler's tails; "
+            f"(δ: the accountant's plus {p.delta_tail:.1e} from the noise sampler's tails"
+            + (" and the nodes' training slots; " if p.participation == "hidden" else "; ")
             + ("per user, cyclic participation" if p.sampler == "cyclic" else p.accountant)
             + f", z = {p.noise_multiplier:.4g}, q = {p.sample_rate:g}, {p.noise} noise; RDP ε"
             f" {p.epsilon_rdp:.3f}); against the server: "
             + (
                 "no bound (it sees the clipped uploads)"
                 if p.epsilon_server is None
+                else f"ε {p.epsilon_server:.3g} (the same: hidden participation, the server does not know who took"
+                " part)"
+                if p.participation == "hidden"
                 else f"ε {p.epsilon_server:.3g}"
                 f" (its most exposed user, in {p.server_rounds} rounds, no amplification by sampling"
                 + (": the same ε)" if p.sampler == "cyclic" else ")")

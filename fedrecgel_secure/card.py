@@ -49,6 +49,7 @@ def _privacy(summary) -> dict:
         "mode": p.mode,
         "accountant": p.accountant,
         "sampler": p.sampler,
+        "participation": p.participation,
         "noise_multiplier": p.noise_multiplier,
         "sample_rate": p.sample_rate,
         "clip_norm": p.clip_norm,
@@ -170,7 +171,8 @@ def _privacy_lines(p: dict) -> list[str]:
         return [f"- {p['guarantee']}"]
     server = "no bound (it sees the clipped uploads)" if p["epsilon"]["server"] is None else p["epsilon"]["server"]
     return [
-        f"- client-level DP ({p['mode']} noise, {p['accountant']}, sampler {p['sampler']}):"
+        f"- client-level DP ({p['mode']} noise, {p['accountant']}, sampler {p['sampler']},"
+        f" participation {p.get('participation', 'known')}):"
         f" ε = {p['epsilon']['release']} against anyone who sees the released models,"
         f" ε = {server} against the server; δ = {p['delta']}",
         f"- noise: **{p['noise']}**" + (" (SEEDED: research mode)" if p["seeded"] else ""),

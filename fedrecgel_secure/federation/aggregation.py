@@ -79,6 +79,7 @@ class Aggregate:
     contributors: np.ndarray  # positions (in the round's client list) of the uploads in it
     info: RoundInfo
     reports: torch.Tensor | None = None  # the released sums of the reported metrics (evaluation.scope = "round")
+    reporters: float | None = None  # what the report sums are divided by (None: the contributors)
 
 
 class CanaryHook(Protocol):

@@ -45,7 +45,14 @@ def make_aggregation(
 def make_dp_rule(policy: Policy, n_users: int, scope: Scope) -> DPFedAvg:
     """The policy's DP-FedAvg, with no summer yet. Its randomness is a fresh CSPRNG secret unless the policy asks
     for seeded noise."""
-    return DPFedAvg(make_dp_mechanism(policy, n_users, scope))
+    return DPFedAvg(make_dp_mechanism(policy, n_users, scope), nodes=node_users(policy, n_users))
+
+
+def node_users(policy: Policy, n_users: int) -> list[np.ndarray]:
+    """Each deployment node's user ids (``deployment``'s sharding): the groups hidden participation draws in
+    (:mod:`fedrecgel_secure.privacy.dp.hidden`), in a simulation as in the deployment it stands for."""
+    d = policy.deployment
+    return [d.shard_users(n_users, s) for s in range(d.nodes)]
 
 
 def make_dp_mechanism(policy: Policy, n_users: int, scope: Scope) -> DPMechanism:

@@ -20,6 +20,7 @@ from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import Contributions, Summer
 from fedrecgel_secure.federation.uploads import Uploads
 from fedrecgel_secure.privacy.dp import client_sampling, gaussian
+from fedrecgel_secure.privacy.dp.hidden import OVERFLOW, node_sample
 from fedrecgel_secure.privacy.dp.matrix import noise_row
 from fedrecgel_secure.privacy.dp.randomness import GUARANTEE, DPRandomness
 from fedrecgel_secure.privacy.dp.resolution import ResolvedDP
@@ -72,9 +73,11 @@ class DPFedAvg:
 
     canaries: CanaryHook | None = None  # set by the trainer when the policy inserts audit canaries
 
-    def __init__(self, mechanism: DPMechanism, summer: Summer | None = None):
+    def __init__(self, mechanism: DPMechanism, summer: Summer | None = None, nodes: list[np.ndarray] | None = None):
         self.mechanism = mechanism  # the run's one: its attempt counter is the rounds'
         self.summer = summer
+        # hidden participation: the deployment's nodes (user ids each), in which users are drawn (privacy.dp.hidden)
+        self.nodes = nodes if nodes is not None else [np.arange(mechanism.dp.population)]
         from fedrecgel_secure.privacy.dp.observers import PrivacyLedger
 
         self.ledger = PrivacyLedger(self.dp)
@@ -112,6 +115,12 @@ class DPFedAvg:
     def sample(self, round_idx: int, rng: np.random.Generator, n_clients: int) -> np.ndarray:
         """Round ``round_idx``'s clients from the run's secret: a Poisson sample, or under cyclic participation the
         round's slot (each client's slot drawn once, from draw "slots" of round 0)."""
+        if self.dp.hidden:  # each node's draw, as the node makes it (its drawn users; the ghosts are not the run's)
+            drawn = [
+                node_sample(self.randomness, round_idx, n_clients, users, self.dp.sample_rate)[0]
+                for users in self.nodes
+            ]
+            return np.sort(np.concatenate(drawn)).astype(np.int64)
         if self.dp.cyclic:
             if self._slots is None or self._slots.size != n_clients:  # a run constant: drawn once, not each round
                 uniforms = self.randomness.uniform("slots", 0, 0, n_clients).numpy()
@@ -180,16 +189,16 @@ class DPFedAvg:
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
-            tail = self.mechanism.release_tail_delta(self.clip_norm, dim, 0, 0)
+            tail = self.mechanism.release_tail_delta(self.clip_norm, dim, 0, 0) + self._overflow
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
-            info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
+            info = self._as_the_server_sees(RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z), True)
             self.last_released = round_idx
             gradient = gaussian.fixed_denominator_mean(
                 _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
             )
             if self.canaries is not None:
                 self.canaries.released(round_idx, gradient)
-            return Aggregate(gradient, np.zeros(0, dtype=np.int64), info)
+            return Aggregate(gradient, np.zeros(0, dtype=np.int64), info, reporters=self._reporters(0))
         if uploads.sealed:  # a deployment's nodes protected their own uploads (DPMechanism.protect, on each node)
             contributions = Contributions(clients, dim + self.extra, dtype, uploads.vector)
         else:
@@ -208,20 +217,40 @@ class DPFedAvg:
         if result.total is None:
             self._spent = _Spent(z)
             info.noise_multiplier = z
-            return Aggregate(None, result.contributors, info)
+            return Aggregate(None, result.contributors, self._as_the_server_sees(info, False, uploads.sealed))
         self.last_released = round_idx
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
         reports = result.total[dim + self.extra - self.dp.reports : dim + self.extra] if self.dp.reports else None
         tail = self.mechanism.release_tail_delta(self.clip_norm, dim, participants, result.contributors.size)
-        self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail)
+        self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail + self._overflow)
         info.noise_multiplier = reached
+        self._as_the_server_sees(info, True, uploads.sealed)
         gradient = gaussian.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
         )
         if self.canaries is not None:
             self.canaries.released(round_idx, gradient)
-        return Aggregate(gradient, result.contributors, info, reports)
+        return Aggregate(gradient, result.contributors, info, reports, self._reporters(result.contributors.size))
+
+    @property
+    def _overflow(self) -> float:
+        """The δ a round adds when nodes draw in fixed training slots (hidden participation): :data:`OVERFLOW`."""
+        return OVERFLOW if self.dp.hidden else 0.0
+
+    def _as_the_server_sees(self, info: RoundInfo, released: bool, deployed: bool = False) -> RoundInfo:
+        """``info`` as a deployment's server records it. Under hidden participation every user answers every
+        round (those not drawn with zeros), so the round names the whole population, and how many were drawn is
+        nowhere in the run's records. (A deployment's own round already counts the users that answered.)"""
+        if self.dp.hidden and not deployed:
+            info.sampled = self.dp.population
+            info.contributors = self.dp.population if released else 0
+        return info
+
+    def _reporters(self, contributors: int) -> float:
+        """What the reported metrics' sums are divided by: the users whose reports are in them, or under hidden
+        participation, where that count is the node's secret, its expectation m = qN (a fixed denominator)."""
+        return self.dp.expected_clients if self.dp.hidden else float(contributors)
 
     def commit(self, info: RoundInfo) -> None:
         """The round happened: spend its privacy, move the adaptive clip norm, and say so in ``info``."""
@@ -259,6 +288,7 @@ class DPFedAvg:
             shares=r.shares,
             simulate_shares=r.simulate_shares,
             sampler=r.sampler,
+            participation=r.participation,
             correlation=r.correlation,
         )
 

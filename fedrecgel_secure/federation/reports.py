@@ -158,12 +158,13 @@ def with_reports(contributions: Contributions, reports: torch.Tensor | None) -> 
     )
 
 
-def metrics_of(sums: torch.Tensor, contributors: int, policy) -> dict[str, float]:
-    """A round's released report sums as metrics: means over the round's contributors (under DP, noisy)."""
+def metrics_of(sums: torch.Tensor, contributors: float, policy) -> dict[str, float]:
+    """A round's released report sums as metrics: means over the round's contributors (under DP, noisy; under
+    hidden participation over their expected number, :meth:`~.dp_aggregation.DPFedAvg._reporters`)."""
     keys = report_keys(policy)
     values = sums.double().tolist()
     return {
         **{k: v / max(1, contributors) for k, v in zip(keys, values, strict=True)},
         "evaluated_by": ROUND,
-        "eval_users": int(contributors),
+        "eval_users": round(contributors),
     }

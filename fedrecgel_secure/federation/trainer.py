@@ -91,7 +91,7 @@ class Trainer:
         self.scope = scope_of(policy, self.deployed)  # resolved here, once; what the run builds reads it
         self.aggregation = make_aggregation(policy, self.catalogue.n_users, self.model, self.make_summer, self.scope)
         self.defers_evaluation = self.defers_evaluation or self.scope == ROUND
-        self.reported: tuple[torch.Tensor | None, int] = (None, 0)  # the last round's released report sums, and n
+        self.reported: tuple[torch.Tensor | None, float] = (None, 0)  # the last round's released report sums, and n
         self.stopped: str | None = None  # why training ended before federation.rounds
         self.interrupted: int | None = None  # the signal that stopped :meth:`run` between rounds
         self.rng = np.random.default_rng(policy.seed)
@@ -114,7 +114,7 @@ class Trainer:
         A round that secure aggregation skips (too few valid uploads) changes
         neither the model nor any client's state.
         """
-        sampled = self.aggregation.sample(self.round + 1, self.rng, self.catalogue.n_users)
+        sampled = self.sample(self.round + 1)
         clients, update = self.client_updates(sampled)
         dim = sum(p.numel() for p in self.model.parameters())
         result = self.aggregation.aggregate(
@@ -128,7 +128,8 @@ class Trainer:
         if sampled.size > clients.size:  # a deployment's clients that did not answer in time
             result.info.sampled = int(sampled.size)
             result.info.dropped += int(sampled.size - clients.size)
-        self.reported = (result.reports, int(result.contributors.size))
+        reporters = result.reporters if result.reporters is not None else result.contributors.size
+        self.reported = (result.reports, reporters)
         if result.gradient is not None:
             self.server.step(result.gradient)
             if update is not None:
@@ -137,6 +138,11 @@ class Trainer:
         self.aggregation.commit(result.info)
         self.round += 1
         return (None if update is None else update.loss), result.info
+
+    def sample(self, round_idx: int) -> np.ndarray:
+        """The clients round ``round_idx`` trains (under hidden participation, the nodes' draws, made here as each
+        node makes its own)."""
+        return self.aggregation.sample(round_idx, self.rng, self.catalogue.n_users)
 
     def client_updates(self, clients: np.ndarray) -> tuple[np.ndarray, RoundUpdate | None]:
         """The sampled clients' local training: (the clients that answered, their update), in process here.

@@ -75,6 +75,15 @@ class Uploads:
         """The tensors that make this holder (:func:`uploads_from_state`), for a checkpoint file."""
         raise NotImplementedError
 
+    def select(self, clients: torch.Tensor) -> Uploads:
+        """The uploads (and reports) of the clients at positions ``clients`` (sorted ``int64``), in that order."""
+        raise NotImplementedError
+
+    def _select_reports(self, out: Uploads, clients: torch.Tensor) -> Uploads:
+        if self.reports is not None:
+            out.reports = self.reports[clients.to(self.reports.device)]
+        return out
+
     def norms(self) -> torch.Tensor:
         return self.group_sq_norms().sum(dim=1).sqrt()
 
@@ -124,6 +133,10 @@ class DenseUploads(Uploads):
 
     def state_dict(self) -> dict:
         return {"vectors": self.vectors, "n_item_values": self.n_item_values, "reports": self.reports}
+
+    def select(self, clients: torch.Tensor) -> DenseUploads:
+        out = DenseUploads(self.vectors[clients.to(self.device)], self.n_item_values)
+        return self._select_reports(out, clients)
 
 
 class RowUploads(Uploads):
@@ -198,6 +211,15 @@ class RowUploads(Uploads):
     def state_dict(self) -> dict:
         keys = ("rows", "row_owner", "row_item", "mlp", "n_items", "reports")
         return {k: getattr(self, k) for k in keys}
+
+    def select(self, clients: torch.Tensor) -> RowUploads:
+        clients = clients.to(self.row_owner.device)
+        position = torch.full((self.num_clients,), -1, dtype=torch.int64, device=clients.device)
+        position[clients] = torch.arange(clients.numel(), device=clients.device)
+        take = position[self.row_owner] >= 0
+        owner = position[self.row_owner[take]]
+        out = RowUploads(self.rows[take], owner, self.row_item[take], self.mlp[clients], self.n_items)
+        return self._select_reports(out, clients)
 
     def grid_total(self, grid, clients: np.ndarray, stop: int) -> tuple[np.ndarray, int] | None:
         # An untouched row is zero on the grid, and a client touches each row once (its rows are unique

@@ -114,6 +114,16 @@ class DPSettings(Section):
         " trains in rounds s+1, s+1+b, ...: every client at most ceil(rounds/b) times, b rounds apart (a deployment's"
         " nodes enforce both), and epsilon, with no amplification, holds against the server too. fixed: not with DP.",
     )
+    participation: Literal["known", "hidden"] = Field(
+        "known",
+        description="Who knows which users took part in a round. known: the server draws the sample and sends the"
+        " train message to the sampled users only, so amplification by sampling holds against the release, not"
+        " against the server. hidden: each user's node draws the user's participation from its own secret (Poisson"
+        " at rate q), every node answers every round with a reply of one shape, and a user not drawn adds zeros"
+        " inside the secure sum: amplification holds against the server too, and epsilon against the server is"
+        " epsilon against the release (zero-out adjacency). Needs sampler = 'poisson', mode = 'central' and a"
+        " scheme whose key holder adds the noise (bfv, dpf).",
+    )
     evaluation_share: float = Field(
         0.1,
         description="Under evaluation.scope = 'round': the share s of each round's privacy (1/z^2) spent on the"
@@ -176,6 +186,11 @@ class DPSettings(Section):
             raise BadInputError(
                 f"{DP}.simulate_shares = 'summed' draws distributed noise shares as one: it needs {DP}.mode ="
                 f" 'distributed', got {self.mode!r}"
+            )
+        if self.participation == "hidden" and self.sampler != "poisson":
+            raise BadInputError(
+                f"{DP}.participation = 'hidden' has each node draw its users' Poisson sample: it needs {DP}.sampler ="
+                f" 'poisson', got {self.sampler!r}"
             )
         if self.sampler == "fixed":
             raise BadInputError(

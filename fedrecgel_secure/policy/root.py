@@ -99,10 +99,19 @@ class Policy(Section):
                 " protocol's clients each draw their own share; set simulation = 'arithmetic' (the same sum without"
                 " cryptography) or simulate_shares = 'per_client'"
             )
-        if dp.enabled and dp.max_epsilon_against == "server" and (dp.mode != "distributed" or not scheme.sealed):
+        server_bound = (dp.mode == "distributed" and scheme.sealed) or dp.participation == "hidden"
+        if dp.enabled and dp.max_epsilon_against == "server" and not server_bound:
             raise BadInputError(
                 "privacy.dp.max_epsilon_against = 'server' bounds what the server learns from the noisy sums: it"
-                " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload)"
+                " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload),"
+                " or participation = 'hidden'"
+            )
+        if dp.enabled and dp.participation == "hidden" and (dp.mode != "central" or not scheme.key_holder):
+            raise BadInputError(
+                "privacy.dp.participation = 'hidden' needs noise that no party sizes from who took part, and that the"
+                " server never sees without: mode = 'central' with privacy.secure_aggregation.scheme = 'bfv' or 'dpf'"
+                f" (the key holder adds it); got mode = {dp.mode!r}, scheme ="
+                f" {self.privacy.secure_aggregation.scheme!r}"
             )
         return self
 

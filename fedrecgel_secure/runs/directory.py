@@ -217,6 +217,7 @@ class PrivacySpent(_Record):
     shares: str = "sampled"  # distributed noise shares sized for everyone sampled, or for the survivor threshold
     delta_tail: float = 0.0  # what the noise sampler's truncation added to delta (randomness.tail_delta)
     sampler: str = "poisson"  # privacy.dp.sampler: "cyclic" accounts per user, one epsilon against everyone
+    participation: str = "known"  # privacy.dp.participation: "hidden": nodes draw, one epsilon against everyone
     correlation: str = "independent"  # privacy.dp.correlation: "banded" noise (BandMF) across rounds
     simulate_shares: str = "per_client"  # privacy.dp.simulate_shares: "summed" is a study mode, not the protocol's bits
 

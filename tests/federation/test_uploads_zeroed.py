@@ -48,3 +48,16 @@ def test_a_holder_written_and_read_back_is_the_same_bit_for_bit():
         for c in range(3):
             assert torch.equal(back.vector(c).nan_to_num(7.0), holder.vector(c).nan_to_num(7.0))
         assert torch.equal(back.reports.nan_to_num(7.0), holder.reports.nan_to_num(7.0))
+
+
+def test_a_selection_holds_the_chosen_clients_uploads_and_reports_in_both_holders():
+    # A node under hidden participation keeps its drawn users' uploads of those it trained (the ghosts dropped).
+    for picked in ([0, 2], [1], [], [0, 1, 2]):
+        index = torch.tensor(picked, dtype=torch.int64)
+        row, dense = (h.select(index) for h in holders())
+        assert row.num_clients == dense.num_clients == len(picked)
+        for i, c in enumerate(picked):
+            original = holders()[1].vector(c).nan_to_num(7.0)
+            assert torch.equal(row.vector(i).nan_to_num(7.0), original)
+            assert torch.equal(dense.vector(i).nan_to_num(7.0), original)
+        assert torch.equal(row.reports.nan_to_num(7.0), holders()[0].reports[index].nan_to_num(7.0))

@@ -91,8 +91,9 @@ class PrivacyLedger:
     ``release``: the accountant of the released models (:class:`.accounting.PrivacyAccountant`), or under cyclic
     participation (``per_user``) a :class:`UserExposure` of the releases, since nothing is amplified.
     ``server``: :class:`UserExposure` of what the server saw, or None where the server sees the clipped uploads
-    themselves (central noise it adds itself). ``privacy.dp.max_epsilon_against`` says which one ``max_epsilon``
-    bounds.
+    themselves (central noise it adds itself), or where it knows no more than the release (hidden participation:
+    the release's epsilon is reported as the server's). ``privacy.dp.max_epsilon_against`` says which one
+    ``max_epsilon`` bounds.
     """
 
     def __init__(self, resolved):
@@ -102,12 +103,17 @@ class PrivacyLedger:
             UserExposure(resolved.population, resolved.delta) if self.per_user else resolved.make_accountant()
         )
         sees_noise = resolved.server_noise_multiplier(1, 1) is not None
-        self.server = UserExposure(resolved.population, resolved.delta) if sees_noise else None
+        # hidden participation: the server sees what the release shows, a sum over a sample it does not know, so
+        # the release's accountant is its bound too (zero-out adjacency, :mod:`.hidden`)
+        self.same_for_server = resolved.hidden
+        self.server = UserExposure(resolved.population, resolved.delta) if sees_noise and not resolved.hidden else None
         self.tail_delta = 0.0  # the δ the sampler's truncation added over the releases so far
 
     @property
     def against_server(self) -> bool:
-        return self.dp.max_epsilon is not None and self.dp.max_epsilon_against == "server"
+        """Whether max_epsilon bounds a ledger of the server's own (not the release's, which is the server's
+        bound under hidden participation)."""
+        return self.dp.max_epsilon is not None and self.dp.max_epsilon_against == "server" and self.server is not None
 
     def refusal_before(self, round: int, users: np.ndarray | None = None) -> str | None:
         """Why round ``round`` must not start, or None: at its planned noise it could overshoot max_epsilon
@@ -163,14 +169,19 @@ class PrivacyLedger:
         """``epsilon`` (the accounted one), ``epsilon_rdp`` (its cross-check), ``epsilon_server`` (None where
         there is no bound against the server) and ``server_rounds`` (the most exposed user's rounds), each at
         ``delta``: the accountant's δ plus ``delta_tail``, what the sampler's truncation added over the releases."""
-        server = self.server
+        server, epsilon = self.server, self.release.epsilon()
+        if self.same_for_server:
+            epsilon_server, server_rounds = epsilon, None
+        else:
+            epsilon_server = None if server is None else server.epsilon()
+            server_rounds = None if server is None else int(server.rounds[server.most_exposed])
         return {
             "delta": self.dp.delta + self.tail_delta,
             "delta_tail": self.tail_delta,
-            "epsilon": self.release.epsilon(),
+            "epsilon": epsilon,
             "epsilon_rdp": self.release.rdp_epsilon(),
-            "epsilon_server": None if server is None else server.epsilon(),
-            "server_rounds": None if server is None else int(server.rounds[server.most_exposed]),
+            "epsilon_server": epsilon_server,
+            "server_rounds": server_rounds,
         }
 
     def state_dict(self) -> dict:

@@ -76,6 +76,9 @@ class ResolvedDP:
     """z_m of the reports, on their sensitivity sqrt(reports): z / sqrt(privacy.dp.evaluation_share)."""
     correlation: str = "independent"
     """privacy.dp.correlation: "independent" noise each round, or "banded" (BandMF, :mod:`.matrix`)."""
+    participation: str = "known"
+    """privacy.dp.participation: "known" (the server draws the sample) or "hidden" (each node draws its users',
+    :mod:`.hidden`)."""
 
     @cached_property
     def bands(self) -> np.ndarray | None:
@@ -90,6 +93,11 @@ class ResolvedDP:
     @property
     def cyclic(self) -> bool:
         return self.sampler == "cyclic"
+
+    @property
+    def hidden(self) -> bool:
+        """Whether nobody but a user's node knows if it took part (:mod:`.hidden`)."""
+        return self.participation == "hidden"
 
     @property
     def period(self) -> int:
@@ -247,6 +255,7 @@ def validate_against_population(
         consistency=getattr(secagg, secagg.scheme).consistency if settings.shares == "threshold" else None,
         sampler=settings.sampler,
         correlation=settings.correlation,
+        participation=settings.participation,
         reports=reports,
         report_noise_multiplier=z_reports,
     )
