@@ -41,6 +41,14 @@ class Group:
     clients: np.ndarray  # the users, as the message named them
     uploads: object  # Uploads
     reply: object  # TrainReply
+    inputs: np.ndarray | None = (
+        None  # the users ``uploads`` holds, in order (None: ``clients``); every other adds zeros
+    )
+
+    @property
+    def trained(self) -> np.ndarray:
+        """The users whose uploads the answer holds (under hidden participation, the node's draw and ghosts)."""
+        return self.clients if self.inputs is None else self.inputs
 
     def state_dict(self) -> dict:
         """Tensors and plain values only: a checkpoint loads nothing else (``weights_only``)."""
@@ -49,7 +57,13 @@ class Group:
         import torch
 
         reply = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in asdict(self.reply).items()}
-        return {"clients": self.clients.tolist(), "uploads": self.uploads.state_dict(), "reply": reply}
+        inputs = None if self.inputs is None else self.inputs.tolist()
+        return {
+            "clients": self.clients.tolist(),
+            "uploads": self.uploads.state_dict(),
+            "reply": reply,
+            "inputs": inputs,
+        }
 
     @classmethod
     def from_state(cls, state: dict) -> Group:
@@ -59,8 +73,12 @@ class Group:
         from fedrecgel_secure.federation.uploads import uploads_from_state
 
         reply = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in state["reply"].items()}
+        inputs = state.get("inputs")  # answers kept before hidden participation: their uploads are their users'
         return cls(
-            np.asarray(state["clients"], dtype=np.int64), uploads_from_state(state["uploads"]), TrainReply(**reply)
+            np.asarray(state["clients"], dtype=np.int64),
+            uploads_from_state(state["uploads"]),
+            TrainReply(**reply),
+            None if inputs is None else np.asarray(inputs, dtype=np.int64),
         )
 
 

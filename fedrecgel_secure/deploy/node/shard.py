@@ -165,10 +165,14 @@ class Node(NodeGuard):
         metrics on ``shared`` (the model they were sent, before they train it) when ``report`` (the server asks
         for the evaluation of that model), zeros otherwise; the reports go into the sum with the uploads.
 
-        Returns the reply (:class:`TrainReply`: their uploads as item rows and
-        dense parts, their summed BCE and number of examples) and the uploads
-        themselves (:class:`Uploads`), for secure aggregation. The new private
-        state waits in ``pending-R.pt``.
+        Returns the answer (:class:`.answers.Group`): the reply (:class:`TrainReply`: their uploads as item rows
+        and dense parts, their summed BCE and number of examples) and the uploads themselves (:class:`Uploads`),
+        for secure aggregation. The new private state waits in ``pending-R.pt``.
+
+        Under hidden participation (:mod:`fedrecgel_secure.privacy.dp.hidden`) the message names every user of
+        the node; the node draws which of them train from its own secret, trains them and the ghosts that fill
+        its training slots, and the answer's uploads are those of the trained users (the ghosts' zeroed): every
+        other user adds zeros. Only the drawn users' private updates wait to be committed.
 
         Each user trains a round label once: a message for a label its users
         trained already is answered from what they computed then, or refused
@@ -188,7 +192,7 @@ class Node(NodeGuard):
         # recorded once the answer is kept, before it leaves: a node stopped while training kept nothing that left
         # it (its users train the label afresh), one stopped after keeping the answer gives that answer again
         self.admit(round_idx, clients)
-        return stored.reply, stored.uploads
+        return stored
 
     def _train(self, round_idx, clients, shared, commits, keep_from, report):
         """The training of :meth:`train` for users new to ``round_idx``: an answer to keep (:class:`.answers.Group`)."""
@@ -202,6 +206,7 @@ class Node(NodeGuard):
         self.forget_after(round_idx - 1)
         states = self.state(round_idx - 1, commits, keep_from)
         self.load_shared(shared)
+        named, (clients, ghosts) = clients, self.hidden_draw(round_idx, clients)
         rows = self.local_index(clients)
         reports = None
         if self.scope == ROUND:
@@ -212,6 +217,11 @@ class Node(NodeGuard):
         update = make_engine(self.policy).train_round(self.model, states, local)
         update.uploads.reports = reports
         update = contained(update, states, rows)
+        if ghosts.size:  # trained for the time it takes, then discarded: they add zeros and keep their state
+            keep = np.flatnonzero(~np.isin(clients, ghosts))
+            clients = clients[keep]
+            update.uploads = update.uploads.select(torch.from_numpy(keep))
+            update.private = update.private.select(torch.from_numpy(keep))
         reports = update.uploads.reports
         p = update.private
         self._save_pending(round_idx, p)
@@ -226,10 +236,11 @@ class Node(NodeGuard):
             row_owner.append(torch.full((touched.numel(),), c, dtype=torch.int64))
         examples = int(local.sizes.sum())
         # the per-client engine reports each client's BCE (added in client order, as the engine adds them); the
-        # batched one the mean over all examples
+        # batched one the mean over all examples (ghosts' included: under hidden participation DP is on, and no
+        # loss leaves the node, deploy.replies.reports_in_clear)
         bce = sum(update.client_bce, 0.0) if update.client_bce is not None else update.loss * examples
         reply = TrainReply(
-            clients=clients.astype(np.int64),
+            clients=named.astype(np.int64),
             bce=bce,
             examples=examples,
             rows=torch.cat(rows).numpy(),
@@ -239,7 +250,22 @@ class Node(NodeGuard):
             # in the clear (no secure sum) only their sum leaves the node: no user's rank, as before the round scope
             reports=None if reports is None else reports.clamp(0.0, 1.0).sum(0).numpy(),
         )
-        return Group(np.asarray(clients, dtype=np.int64), update.uploads, reply)
+        return Group(np.asarray(named, dtype=np.int64), update.uploads, reply, np.asarray(clients, dtype=np.int64))
+
+    def hidden_draw(self, round_idx: int, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the users who train, the ghosts among them) of the named ``clients``: all of them and none, or under
+        hidden participation the node's own draw and the ghosts that fill its slots (:func:`.hidden.node_sample`,
+        with this node's randomness: in seeded mode the simulator's draws)."""
+        dp = self.policy.privacy.dp
+        if not (dp.enabled and dp.participation == "hidden"):
+            return np.asarray(clients, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        from fedrecgel_secure.privacy.dp.hidden import node_sample
+
+        mechanism = self.dp_mechanism
+        drawn, ghosts = node_sample(
+            mechanism.randomness, round_idx, self.population, self.users, mechanism.dp.sample_rate
+        )
+        return np.union1d(drawn, ghosts).astype(np.int64), ghosts
 
     def _save_pending(self, round_idx: int, p) -> None:
         """Add the private updates ``p`` to round ``round_idx``'s (``pending-R.pt``: every user who trained it)."""

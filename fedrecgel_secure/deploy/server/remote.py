@@ -135,6 +135,14 @@ class RemoteTrainer(Trainer):
         commits = {r: c for r, c in self.contributors.items() if r <= upto}
         return {"shared": shared, "commits": commits, "keep_from": self.checkpointed, "digest": self.policy.digest()}
 
+    def sample(self, round_idx: int) -> np.ndarray:
+        """Under hidden participation every user: each node draws its own users' sample, which the server never
+        learns (:mod:`fedrecgel_secure.privacy.dp.hidden`); otherwise the simulator's sample."""
+        dp = self.policy.privacy.dp
+        if dp.enabled and dp.participation == "hidden":
+            return np.arange(self.catalogue.n_users, dtype=np.int64)
+        return super().sample(round_idx)
+
     def client_updates(self, clients: np.ndarray) -> tuple[np.ndarray, RoundUpdate | None]:
         r = self.round + 1
         self.contributors[r] = []

@@ -133,13 +133,16 @@ class BFVGroup:
     ) -> bytes:
         """The partial aggregate (:meth:`EncryptedAggregate.serialize`) of row ``i`` of ``x`` (plus row ``i`` of
         ``noise``) from ``clients[i]``, each proof signed under ``binding`` (a deployment's node); ``last_clipped``
-        counts the values the grid clipped."""
+        counts the values the grid clipped. A row of None is a zero input (a user of a node under hidden
+        participation who was not drawn): it adds nothing to the sum, and its client still tags and signs."""
         check_round(round_idx)
         first, t = self.clients[0], self.clients[0].params.plain_modulus
-        total, self.last_clipped = None, 0
+        total, self.last_clipped = np.zeros(first._alpha.shape[1:], dtype=np.int64), 0
         for i, client in enumerate(self.clients):
+            if x[i] is None and (noise is None or noise[i] is None):
+                continue
             rows = client.rows(x[i], None if noise is None else noise[i]) % t  # in [0, t): no int64 overflow
-            total = rows if total is None else (total + rows) % t
+            total = (total + rows) % t
             self.last_clipped += client.last_clipped
         body = first.encrypt(round_idx, centre_lift(total, t), [c._pad_key for c in self.clients])
         digest = hashlib.sha256(body).digest()
