@@ -33,7 +33,21 @@ MEANING = {
     ("cyclic", "banded", "adam"): "cyclic (bounded participation), banded correlated noise (BandMF), BFV key holder",
     ("cyclic", "independent", "sgd"): "cyclic, independent noise, BFV key holder, server SGD",
     ("cyclic", "banded", "sgd"): "cyclic, banded correlated noise (BandMF), BFV key holder, server SGD",
+    ("hidden", "independent", "adam"): "hidden participation (each node draws, Poisson), BFV key holder",
 }
+
+
+HEADER = [
+    "target ε",
+    "sampling, noise",
+    "q",
+    "z",
+    "ε against the release",
+    "ε against the server",
+    "best HR@10",
+    "best NDCG@10",
+    "seeds",
+]
 
 
 def settings_of(run_dir: Path) -> dict[str, str]:
@@ -60,8 +74,10 @@ def rows(studies: list[Path]) -> list[list[str]]:
                 sampler = s.get("privacy.dp.sampler", privacy.get("sampler", "cyclic"))  # older summaries: the grid's
                 resolved = tomllib.loads((summary_file.parent / "policy.resolved.toml").read_text())
                 optimizer = resolved["federation"].get("server_optimizer", "adam")
-                noise = (sampler, privacy.get("correlation", "independent"), optimizer)
-                lr = float(resolved["federation"]["server_lr"]) if optimizer == "sgd" else None  # Adam's: 0.01
+                hidden = privacy.get("participation") == "hidden"
+                noise = ("hidden" if hidden else sampler, privacy.get("correlation", "independent"), optimizer)
+                # the learning rate where a study varies it: SGD's, and hidden participation's Adam (elsewhere 0.01)
+                lr = float(resolved["federation"]["server_lr"]) if optimizer == "sgd" or hidden else None
                 target = s.get(EPSILON, resolved["privacy"]["dp"].get("target_epsilon"))  # a grid's, or fixed
                 runs[(float(target), noise, q, lr)].append(summary)
     if not runs:
@@ -91,17 +107,6 @@ def main() -> None:
     parser.add_argument("studies", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=Path("docs/results/participation.md"))
     args = parser.parse_args()
-    header = [
-        "target ε",
-        "sampling, noise",
-        "q",
-        "z",
-        "ε against the release",
-        "ε against the server",
-        "best HR@10",
-        "best NDCG@10",
-        "seeds",
-    ]
     text = (
         "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
         ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
@@ -111,7 +116,7 @@ def main() -> None:
         " participation each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF,"
         " b = 1/q bands) is central, added by the BFV key holder (simulated), at the same z and ε as independent"
         " noise; the server steps with Adam unless the row says SGD (the two SGD studies). ε is the largest"
-        " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(header, rows(args.studies))
+        " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(HEADER, rows(args.studies))
     )
     args.out.write_text(text)
     print(text)
