@@ -18,7 +18,7 @@ import torch
 from fedrecgel_secure.federation.aggregation import Aggregate, CanaryHook, RoundInfo, _with_canaries
 from fedrecgel_secure.federation.dp_mechanism import DPMechanism
 from fedrecgel_secure.federation.summers import Contributions, Summer
-from fedrecgel_secure.federation.uploads import Uploads
+from fedrecgel_secure.federation.uploads import DenseUploads, Uploads
 from fedrecgel_secure.privacy.dp import client_sampling, gaussian
 from fedrecgel_secure.privacy.dp.hidden import OVERFLOW, node_sample
 from fedrecgel_secure.privacy.dp.matrix import noise_row
@@ -186,12 +186,15 @@ class DPFedAvg:
     ) -> Aggregate:
         z = self.dp.noise_multiplier
         self._begin_attempt(round_idx)
+        drawn = None  # hidden participation in the simulator: the drawn clients, among everyone who answers
+        if self.dp.hidden and not (uploads is not None and uploads.sealed):
+            drawn, (clients, uploads, sampled) = clients, self._everyone(clients, uploads, dim, dtype)
         if uploads is None:  # nobody sampled: nobody adds a share, so the server adds the full z*C
             noise = self.central_noise(round_idx, dim, nobody_sampled=True)
             total = torch.from_numpy(self.grid.decode(self.grid.encode_noise(noise.numpy()).astype(np.int64)))
             tail = self.mechanism.release_tail_delta(self.clip_norm, dim, 0, 0) + self._overflow
             self._spent = _Spent(z, None if self.adaptive is None else float(total[dim]), tail_delta=tail)
-            info = self._as_the_server_sees(RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z), True)
+            info = RoundInfo(clip_norm=self.clip_norm, noise_multiplier=z)
             self.last_released = round_idx
             gradient = gaussian.fixed_denominator_mean(
                 _with_canaries(self.canaries, round_idx, total[:dim].to(dtype))[0], self.dp.expected_clients
@@ -217,7 +220,7 @@ class DPFedAvg:
         if result.total is None:
             self._spent = _Spent(z)
             info.noise_multiplier = z
-            return Aggregate(None, result.contributors, self._as_the_server_sees(info, False, uploads.sealed))
+            return Aggregate(None, self._trained(drawn, clients, result.contributors), info)
         self.last_released = round_idx
         reached = self.dp.reached_noise_multiplier(participants, result.contributors.size)
         counted = None if self.adaptive is None else float(result.total[dim])
@@ -225,27 +228,38 @@ class DPFedAvg:
         tail = self.mechanism.release_tail_delta(self.clip_norm, dim, participants, result.contributors.size)
         self._spent = _Spent(reached, counted, participants, clients[result.contributors], tail + self._overflow)
         info.noise_multiplier = reached
-        self._as_the_server_sees(info, True, uploads.sealed)
         gradient = gaussian.fixed_denominator_mean(
             _with_canaries(self.canaries, round_idx, result.total[:dim])[0], self.dp.expected_clients
         )
         if self.canaries is not None:
             self.canaries.released(round_idx, gradient)
-        return Aggregate(gradient, result.contributors, info, reports, self._reporters(result.contributors.size))
+        contributors = self._trained(drawn, clients, result.contributors)
+        return Aggregate(gradient, contributors, info, reports, self._reporters(result.contributors.size))
 
     @property
     def _overflow(self) -> float:
         """The δ a round adds when nodes draw in fixed training slots (hidden participation): :data:`OVERFLOW`."""
         return OVERFLOW if self.dp.hidden else 0.0
 
-    def _as_the_server_sees(self, info: RoundInfo, released: bool, deployed: bool = False) -> RoundInfo:
-        """``info`` as a deployment's server records it. Under hidden participation every user answers every
-        round (those not drawn with zeros), so the round names the whole population, and how many were drawn is
-        nowhere in the run's records. (A deployment's own round already counts the users that answered.)"""
-        if self.dp.hidden and not deployed:
-            info.sampled = self.dp.population
-            info.contributors = self.dp.population if released else 0
-        return info
+    def _everyone(self, drawn: np.ndarray, uploads: Uploads | None, dim: int, dtype) -> tuple[np.ndarray, Uploads, int]:
+        """Hidden participation in the simulator: every client answers, as in a deployment (those not drawn with
+        zeros), so the secure sum's checks (min_clients) and the records see the population and never the draw.
+        A zero upload adds nothing, and its clipping and central noise are the deployment's."""
+        n = self.dp.population
+        everyone = np.arange(n, dtype=np.int64)
+        if uploads is None:  # nobody drawn: every client uploads zeros (and reports zeros)
+            zeros = DenseUploads(torch.zeros(n, dim, dtype=dtype), dim)
+            zeros.reports = torch.zeros(n, self.dp.reports, dtype=torch.float64) if self.dp.reports else None
+            return everyone, zeros, n
+        return everyone, uploads.spread(torch.from_numpy(np.asarray(drawn, dtype=np.int64)), n), n
+
+    @staticmethod
+    def _trained(drawn: np.ndarray | None, clients: np.ndarray, contributors: np.ndarray) -> np.ndarray:
+        """The positions, in the caller's client list, of the contributors: under hidden participation in the
+        simulator the caller's list is the drawn clients (whose private state commits), not everyone summed."""
+        if drawn is None:
+            return contributors
+        return np.flatnonzero(np.isin(drawn, clients[contributors])).astype(np.int64)
 
     def _reporters(self, contributors: int) -> float:
         """What the reported metrics' sums are divided by: the users whose reports are in them, or under hidden

@@ -79,6 +79,17 @@ class Uploads:
         """The uploads (and reports) of the clients at positions ``clients`` (sorted ``int64``), in that order."""
         raise NotImplementedError
 
+    def spread(self, positions: torch.Tensor, n: int) -> Uploads:
+        """The inverse of :meth:`select`: ``n`` clients, client ``positions[i]`` uploading this holder's ``i``-th
+        upload (and report) and every other exactly zero."""
+        raise NotImplementedError
+
+    def _spread_reports(self, out: Uploads, positions: torch.Tensor, n: int) -> Uploads:
+        if self.reports is not None:
+            out.reports = self.reports.new_zeros((n, self.reports.shape[1]))
+            out.reports[positions.to(self.reports.device)] = self.reports
+        return out
+
     def _select_reports(self, out: Uploads, clients: torch.Tensor) -> Uploads:
         if self.reports is not None:
             out.reports = self.reports[clients.to(self.reports.device)]
@@ -133,6 +144,11 @@ class DenseUploads(Uploads):
 
     def state_dict(self) -> dict:
         return {"vectors": self.vectors, "n_item_values": self.n_item_values, "reports": self.reports}
+
+    def spread(self, positions: torch.Tensor, n: int) -> DenseUploads:
+        vectors = self.vectors.new_zeros((n, self.vectors.shape[1]))
+        vectors[positions.to(self.device)] = self.vectors
+        return self._spread_reports(DenseUploads(vectors, self.n_item_values), positions, n)
 
     def select(self, clients: torch.Tensor) -> DenseUploads:
         out = DenseUploads(self.vectors[clients.to(self.device)], self.n_item_values)
@@ -211,6 +227,13 @@ class RowUploads(Uploads):
     def state_dict(self) -> dict:
         keys = ("rows", "row_owner", "row_item", "mlp", "n_items", "reports")
         return {k: getattr(self, k) for k in keys}
+
+    def spread(self, positions: torch.Tensor, n: int) -> RowUploads:
+        positions = positions.to(self.row_owner.device)
+        mlp = self.mlp.new_zeros((n, self.mlp.shape[1]))
+        mlp[positions] = self.mlp
+        out = RowUploads(self.rows, positions[self.row_owner], self.row_item, mlp, self.n_items)
+        return self._spread_reports(out, positions, n)
 
     def select(self, clients: torch.Tensor) -> RowUploads:
         clients = clients.to(self.row_owner.device)

@@ -192,6 +192,11 @@ class DPSettings(Section):
                 f"{DP}.participation = 'hidden' has each node draw its users' Poisson sample: it needs {DP}.sampler ="
                 f" 'poisson', got {self.sampler!r}"
             )
+        if self.participation == "hidden" and self.adaptive_clipping is not None:
+            raise BadInputError(
+                f"{DP}.participation = 'hidden' with {DP}.adaptive_clipping: every user answers every round, and a"
+                " user who was not drawn would add its clipped bit to the count; use a fixed clip_norm"
+            )
         if self.sampler == "fixed":
             raise BadInputError(
                 f"{DP}.sampler = 'fixed' cannot be used with DP: the accountants' amplification by"

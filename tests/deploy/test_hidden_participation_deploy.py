@@ -21,6 +21,8 @@ def test_a_hidden_participation_deployment_equals_the_simulator_exactly(tmp_path
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, HIDDEN, rounds=3)
+    # q = 0.1: the population (24) is far above any Poisson sample a node would accept from a server that draws
+    policy_file.write_text(policy_file.read_text().replace("fraction = 0.5", "fraction = 0.1"))
     sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
     _deploy(policy_file, out, key_holder=True)

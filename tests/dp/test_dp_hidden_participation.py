@@ -121,6 +121,7 @@ def test_a_simulated_run_reports_one_epsilon_and_names_the_population_never_the_
         ({"mode": "distributed"}, "mode = 'central'"),
         ({"scheme": "masking"}, "scheme = 'bfv' or 'dpf'"),
         ({"scheme": "none"}, "scheme = 'bfv' or 'dpf'"),
+        ({"adaptive_clipping": {"initial": 0.1}}, "adaptive_clipping"),
     ],
 )
 def test_hidden_participation_refuses_what_would_show_or_size_by_the_draw(extra, field):

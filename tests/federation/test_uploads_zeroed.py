@@ -61,3 +61,17 @@ def test_a_selection_holds_the_chosen_clients_uploads_and_reports_in_both_holder
             assert torch.equal(row.vector(i).nan_to_num(7.0), original)
             assert torch.equal(dense.vector(i).nan_to_num(7.0), original)
         assert torch.equal(row.reports.nan_to_num(7.0), holders()[0].reports[index].nan_to_num(7.0))
+
+
+def test_spreading_a_selection_back_gives_zeros_elsewhere_in_both_holders():
+    # The simulator under hidden participation: the drawn clients' uploads among every client's, the rest zero.
+    index = torch.tensor([0, 2])
+    for holder in holders():
+        out = holder.select(index).spread(index, 3)
+        assert out.num_clients == 3
+        assert torch.equal(out.vector(1), torch.zeros_like(out.vector(1)))
+        assert torch.equal(out.reports[1], torch.zeros(2, dtype=torch.float64))
+        for c in (0, 2):
+            assert torch.equal(out.vector(c).nan_to_num(7.0), holder.vector(c).nan_to_num(7.0))
+    row, dense = (h.select(index).spread(index, 3) for h in holders())
+    assert all(torch.equal(row.vector(c).nan_to_num(7.0), dense.vector(c).nan_to_num(7.0)) for c in range(3))

@@ -108,14 +108,15 @@ class NodeGuard:
         if clip_norm is not None and float(clip_norm) != own:
             rule = "privacy.dp.clip_norm" if dp.adaptive is None else "privacy.dp.adaptive_clipping over the counts"
             self._refuse("dp_settings", f"{where}: the server's clip norm {float(clip_norm)!r} is not {own!r} ({rule})")
-        if dp.hidden and (participants is None or int(participants) != dp.population or hosted != self.users.size):
-            # every user answers every round: a message that leaves one out, or a sample size the server chose,
-            # asks the node for what only the node's own draw decides
-            self._refuse(
-                "dp_settings",
-                f"{where}: under hidden participation the message names all {self.users.size} users of this node"
-                f" and participants = N = {dp.population}; it named {hosted}, participants = {participants}",
-            )
+        if dp.hidden:
+            if participants is None or int(participants) != dp.population or hosted != self.users.size:
+                # every user answers every round: a message that leaves one out, or a sample size the server chose,
+                # asks the node for what only the node's own draw decides
+                self._refuse(
+                    "dp_settings",
+                    f"{where}: under hidden participation the message names all {self.users.size} users of this"
+                    f" node and participants = N = {dp.population}; it named {hosted}, participants = {participants}",
+                )
         elif participants is None:
             if dp.mode == "distributed":
                 self._refuse(

@@ -239,14 +239,16 @@ class Node(NodeGuard):
         # batched one the mean over all examples (ghosts' included: under hidden participation DP is on, and no
         # loss leaves the node, deploy.replies.reports_in_clear)
         bce = sum(update.client_bce, 0.0) if update.client_bce is not None else update.loss * examples
+        dense = sum(p.numel() for p in self.model.parameters()) - n_item_values
+        none = torch.zeros(0, dtype=torch.int64)  # hidden participation: a node may have drawn none of its users
         reply = TrainReply(
             clients=named.astype(np.int64),
             bce=bce,
             examples=examples,
-            rows=torch.cat(rows).numpy(),
-            row_item=torch.cat(row_item).numpy(),
-            row_owner=torch.cat(row_owner).numpy(),
-            mlp=torch.stack(mlp).numpy(),
+            rows=torch.cat([torch.zeros(0, width), *rows]).numpy(),
+            row_item=torch.cat([none, *row_item]).numpy(),
+            row_owner=torch.cat([none, *row_owner]).numpy(),
+            mlp=(torch.stack(mlp) if mlp else torch.zeros(0, dense)).numpy(),
             # in the clear (no secure sum) only their sum leaves the node: no user's rank, as before the round scope
             reports=None if reports is None else reports.clamp(0.0, 1.0).sum(0).numpy(),
         )
@@ -296,6 +298,8 @@ class Node(NodeGuard):
 
         dim = sum(p.numel() for p in self.model.parameters())
         dtype = self.model.item_embeddings.dtype
+        if not clients.size:  # hidden participation: none of the node's users was drawn, every one adds zeros
+            return np.zeros((0, dim + (0 if dp is None else dp.mechanism.extra))), None
         if dp is None:
             part = with_reports(Contributions(clients, dim, dtype, uploads.vector), uploads.reports)
             return torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy(), None
