@@ -28,9 +28,6 @@ class SchemeFacts:
     noise_shares: bool = True
     # distributed noise shares may be sized for the protocol's survivor threshold (privacy.dp.shares = "threshold")
     threshold_shares: bool = False
-    # a deployment's node sends its users' inputs as one upload (so a user who adds zeros costs it a signature, not
-    # an upload: what hidden participation needs to be deployable, privacy.dp.participation)
-    node_upload: bool = False
 
 
 FACTS: dict[str, SchemeFacts] = {
@@ -38,7 +35,7 @@ FACTS: dict[str, SchemeFacts] = {
     for f in (
         SchemeFacts("none", sealed=False, key_holder=False),
         SchemeFacts("masking", sealed=True, key_holder=False, threshold_shares=True),
-        SchemeFacts("bfv", sealed=True, key_holder=True, node_upload=True),
+        SchemeFacts("bfv", sealed=True, key_holder=True),
         SchemeFacts("dpf", sealed=True, key_holder=True, sparse=True, noise_shares=False),
     )
 }

@@ -63,12 +63,6 @@ def check_deployable(policy) -> None:
             " too small to protect an upload the server sees alone; set privacy.secure_aggregation.scheme ="
             " 'masking' or 'bfv', or use mode = 'central'"
         )
-    if dp.enabled and dp.participation == "hidden" and not scheme_of(secagg).facts.node_upload:
-        raise BadInputError(
-            "privacy.dp.participation = 'hidden' cannot yet be deployed with privacy.secure_aggregation.scheme ="
-            f" {secagg.scheme!r}: every user would upload keys every round (N, not qN, uploads to expand); use"
-            " scheme = 'bfv', whose node sums its users into one ciphertext"
-        )
     if dp.enabled and dp.simulate_shares == "summed":
         raise BadInputError(
             "privacy.dp.simulate_shares = 'summed' is a simulation's study mode: a deployment's clients each draw"

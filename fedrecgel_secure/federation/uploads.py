@@ -75,24 +75,15 @@ class Uploads:
         """The tensors that make this holder (:func:`uploads_from_state`), for a checkpoint file."""
         raise NotImplementedError
 
-    def select(self, clients: torch.Tensor) -> Uploads:
-        """The uploads (and reports) of the clients at positions ``clients`` (sorted ``int64``), in that order."""
-        raise NotImplementedError
-
     def spread(self, positions: torch.Tensor, n: int) -> Uploads:
-        """The inverse of :meth:`select`: ``n`` clients, client ``positions[i]`` uploading this holder's ``i``-th
-        upload (and report) and every other exactly zero."""
+        """``n`` clients: client ``positions[i]`` (distinct ``int64``) uploads this holder's ``i``-th upload (and
+        report), every other exactly zero."""
         raise NotImplementedError
 
     def _spread_reports(self, out: Uploads, positions: torch.Tensor, n: int) -> Uploads:
         if self.reports is not None:
             out.reports = self.reports.new_zeros((n, self.reports.shape[1]))
             out.reports[positions.to(self.reports.device)] = self.reports
-        return out
-
-    def _select_reports(self, out: Uploads, clients: torch.Tensor) -> Uploads:
-        if self.reports is not None:
-            out.reports = self.reports[clients.to(self.reports.device)]
         return out
 
     def norms(self) -> torch.Tensor:
@@ -149,10 +140,6 @@ class DenseUploads(Uploads):
         vectors = self.vectors.new_zeros((n, self.vectors.shape[1]))
         vectors[positions.to(self.device)] = self.vectors
         return self._spread_reports(DenseUploads(vectors, self.n_item_values), positions, n)
-
-    def select(self, clients: torch.Tensor) -> DenseUploads:
-        out = DenseUploads(self.vectors[clients.to(self.device)], self.n_item_values)
-        return self._select_reports(out, clients)
 
 
 class RowUploads(Uploads):
@@ -234,15 +221,6 @@ class RowUploads(Uploads):
         mlp[positions] = self.mlp
         out = RowUploads(self.rows, positions[self.row_owner], self.row_item, mlp, self.n_items)
         return self._spread_reports(out, positions, n)
-
-    def select(self, clients: torch.Tensor) -> RowUploads:
-        clients = clients.to(self.row_owner.device)
-        position = torch.full((self.num_clients,), -1, dtype=torch.int64, device=clients.device)
-        position[clients] = torch.arange(clients.numel(), device=clients.device)
-        take = position[self.row_owner] >= 0
-        owner = position[self.row_owner[take]]
-        out = RowUploads(self.rows[take], owner, self.row_item[take], self.mlp[clients], self.n_items)
-        return self._select_reports(out, clients)
 
     def grid_total(self, grid, clients: np.ndarray, stop: int) -> tuple[np.ndarray, int] | None:
         # An untouched row is zero on the grid, and a client touches each row once (its rows are unique

@@ -121,8 +121,9 @@ class DPSettings(Section):
         " against the server. hidden: each user's node draws the user's participation from its own secret (Poisson"
         " at rate q), every node answers every round with a reply of one shape, and a user not drawn adds zeros"
         " inside the secure sum: amplification holds against the server too, and epsilon against the server is"
-        " epsilon against the release (zero-out adjacency). Needs sampler = 'poisson', mode = 'central' and a"
-        " scheme whose key holder adds the noise (bfv, dpf).",
+        " epsilon against the release (zero-out adjacency). Needs sampler = 'poisson' and secure aggregation with"
+        " noise the server never sees without: mode = 'central' under a key holder (bfv, dpf), or 'distributed'"
+        " (masking, bfv), where every user adds its share, sized for N.",
     )
     evaluation_share: float = Field(
         0.1,

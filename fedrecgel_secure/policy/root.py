@@ -106,12 +106,13 @@ class Policy(Section):
                 " needs mode = 'distributed' and a secure aggregation scheme (without one the server sees each upload),"
                 " or participation = 'hidden'"
             )
-        if dp.enabled and dp.participation == "hidden" and (dp.mode != "central" or not scheme.key_holder):
+        noise_hidden = (dp.mode == "central" and scheme.key_holder) or (dp.mode == "distributed" and scheme.sealed)
+        if dp.enabled and dp.participation == "hidden" and not noise_hidden:
             raise BadInputError(
                 "privacy.dp.participation = 'hidden' needs noise that no party sizes from who took part, and that the"
                 " server never sees without: mode = 'central' with privacy.secure_aggregation.scheme = 'bfv' or 'dpf'"
-                f" (the key holder adds it); got mode = {dp.mode!r}, scheme ="
-                f" {self.privacy.secure_aggregation.scheme!r}"
+                " (the key holder adds it), or mode = 'distributed' with 'masking' or 'bfv' (every user adds its"
+                f" share); got mode = {dp.mode!r}, scheme = {self.privacy.secure_aggregation.scheme!r}"
             )
         return self
 

@@ -31,7 +31,8 @@ ROUNDS, NODES = 8, 3
 
 class Watching(InProcessGrid):
     """The real grid, and what the server can observe of each train stage: per (round, node) the users its message
-    named, the users its reply named, the proofs its ciphertext carries, its size in bytes and its time."""
+    named, the users its reply named, the users whose part it carries (BFV: the proofs in its ciphertext; DPF: the
+    users' own uploads), its size in bytes and its time."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -53,24 +54,29 @@ class Watching(InProcessGrid):
             if not group.startswith("round-") or mid not in self.replies or self.replies[mid].has_error():
                 continue
             sent, reply = from_record(msg.content), from_record(self.replies[mid].content)
-            proofs = parse_aggregate(bytes(reply["partial"]))[2]
+            if "partial" in reply:  # BFV
+                parts = [p.client_id for p in parse_aggregate(bytes(reply["partial"]))[2]]
+            else:  # DPF: one upload a user (its keys cover every bucket); masking: one advert a user
+                prefix = "dpf:" if any(k.startswith("dpf:") for k in reply) else "r:"
+                parts = [int(k.split(":")[1]) for k in reply if k.startswith(prefix)]
             self.seen[(int(group.split("-")[1]), msg.metadata.dst_node_id - FIRST_NODE_ID)] = {
                 "asked": sorted(int(u) for u in sent["sampled"]),
                 "named": sorted(int(u) for u in reply["clients"]),
-                "proofs": sorted(p.client_id for p in proofs),
+                "proofs": sorted(parts),
                 "bytes": len(message_to_proto(self.replies[mid]).SerializeToString()),
                 "seconds": took,
             }
         return ids
 
 
-def _deploy(tmp_path, participation: str):
+def _deploy(tmp_path, participation: str, scheme: str = "bfv", mode: str = "central"):
     from fedrecgel_secure.deploy.server.serverapp import run_server
 
-    extra = BFV + seeded_dp("central") + f'participation = "{participation}"\n'
+    extra = BFV.replace("bfv", scheme) + seeded_dp(mode) + f'participation = "{participation}"\n'
     policy_file = write_deploy_policy(tmp_path, extra, rounds=ROUNDS, nodes=NODES, timeout=1.0, heartbeat=0.05)
     out = tmp_path / "deployed"
-    grid = Watching(policy_file, [out / "nodes" / str(s) for s in range(NODES)], key_holder_dir=out / "nodes" / "kh")
+    key_holder = out / "nodes" / "kh" if scheme != "masking" else None
+    grid = Watching(policy_file, [out / "nodes" / str(s) for s in range(NODES)], key_holder_dir=key_holder)
     run_server(grid, policy_file, out, resume=False, catalogue=grid.catalogue)
     return policy_file, grid
 
@@ -88,14 +94,15 @@ def _balanced_accuracy(guess: dict, truth: dict) -> float:
     return float((tpr + tnr) / 2)
 
 
-def test_under_hidden_participation_no_channel_of_the_deployment_tells_the_server_who_took_part(tmp_path):
+@pytest.mark.parametrize(("scheme", "mode"), [("bfv", "central"), ("dpf", "central"), ("masking", "distributed")])
+def test_under_hidden_participation_no_channel_of_the_deployment_tells_the_server_who_took_part(tmp_path, scheme, mode):
     from scipy.stats import spearmanr
 
     from fedrecgel_secure.policy import load_policy
     from fedrecgel_secure.privacy.dp.hidden import node_sample
     from fedrecgel_secure.privacy.dp.randomness import DPRandomness
 
-    policy_file, grid = _deploy(tmp_path, "hidden")
+    policy_file, grid = _deploy(tmp_path, "hidden", scheme, mode)
     policy = load_policy(policy_file)
     n, q = 24, policy.federation.fraction
     secret = DPRandomness.from_seed(policy.seed)  # seeded: the test can recompute each node's draw, the server not
@@ -109,17 +116,20 @@ def test_under_hidden_participation_no_channel_of_the_deployment_tells_the_serve
         assert seen["asked"] == seen["named"] == seen["proofs"] == users[s].tolist()
     accuracy = _balanced_accuracy(_names_attack(grid.seen), truth)
     assert accuracy == 0.5  # exactly chance: it guesses "took part" for everyone
-    # 2. sizes: a node's reply has one size in every round, however many of its users were drawn
-    for s in range(NODES):
-        assert len({grid.seen[(r, s)]["bytes"] for r in range(1, ROUNDS + 1)}) == 1
-    # 3. time: a node trains the same number of users every round (its slots), so its reply's time does not follow
-    # how many it drew. Spearman's rho over the 24 (round, node) pairs; under no association |rho| exceeds
-    # 3 / sqrt(23) = 0.63 with chance below 0.3%.
-    counts = [drawn[k].size for k in sorted(grid.seen)]
-    seconds = [grid.seen[k]["seconds"] for k in sorted(grid.seen)]
-    rho = spearmanr(counts, seconds).statistic
-    print(f"names attack: balanced accuracy {accuracy}; time against drawn count: rho = {rho:.3f}")
-    assert abs(rho) < 3 / np.sqrt(len(counts) - 1)
+    # 2. sizes and 3. time: neither follows how many users a node drew. Under BFV and DPF a node's reply has one
+    # size in every round; under masking the adverts' ECDSA signatures vary by a byte or two whatever the draw. A
+    # node trains its slots' users every round, drawn or not. Spearman's rho over the 24 (round, node) pairs:
+    # under no association |rho| exceeds 3 / sqrt(23) = 0.63 with chance below 0.3%.
+    keys = sorted(grid.seen)
+    counts = [drawn[k].size for k in keys]
+    if scheme != "masking":
+        for s in range(NODES):
+            assert len({grid.seen[(r, s)]["bytes"] for r in range(1, ROUNDS + 1)}) == 1
+    observed = {what: [grid.seen[k][what] for k in keys] for what in ("bytes", "seconds")}
+    # one size everywhere: no association at all (Spearman's rho is undefined for a constant)
+    rho = {what: float(spearmanr(counts, v).statistic) if len(set(v)) > 1 else 0.0 for what, v in observed.items()}
+    print(f"names attack: balanced accuracy {accuracy}; against the drawn count: rho {rho}")
+    assert all(abs(r) < 3 / np.sqrt(len(counts) - 1) for r in rho.values())
 
 
 def test_when_the_server_draws_the_sample_it_knows_who_took_part(tmp_path):

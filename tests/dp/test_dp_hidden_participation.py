@@ -118,9 +118,9 @@ def test_a_simulated_run_reports_one_epsilon_and_names_the_population_never_the_
     ("extra", "field"),
     [
         ({"sampler": "cyclic"}, "privacy.dp.sampler"),
-        ({"mode": "distributed"}, "mode = 'central'"),
-        ({"scheme": "masking"}, "scheme = 'bfv' or 'dpf'"),
+        ({"scheme": "masking"}, "scheme = 'bfv' or 'dpf'"),  # central: the masking server would add the noise
         ({"scheme": "none"}, "scheme = 'bfv' or 'dpf'"),
+        ({"scheme": "none", "mode": "distributed"}, "'masking' or 'bfv'"),
         ({"adaptive_clipping": {"initial": 0.1}}, "adaptive_clipping"),
     ],
 )

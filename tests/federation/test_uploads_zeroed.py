@@ -50,28 +50,17 @@ def test_a_holder_written_and_read_back_is_the_same_bit_for_bit():
         assert torch.equal(back.reports.nan_to_num(7.0), holder.reports.nan_to_num(7.0))
 
 
-def test_a_selection_holds_the_chosen_clients_uploads_and_reports_in_both_holders():
-    # A node under hidden participation keeps its drawn users' uploads of those it trained (the ghosts dropped).
-    for picked in ([0, 2], [1], [], [0, 1, 2]):
-        index = torch.tensor(picked, dtype=torch.int64)
-        row, dense = (h.select(index) for h in holders())
-        assert row.num_clients == dense.num_clients == len(picked)
-        for i, c in enumerate(picked):
-            original = holders()[1].vector(c).nan_to_num(7.0)
-            assert torch.equal(row.vector(i).nan_to_num(7.0), original)
-            assert torch.equal(dense.vector(i).nan_to_num(7.0), original)
-        assert torch.equal(row.reports.nan_to_num(7.0), holders()[0].reports[index].nan_to_num(7.0))
-
-
-def test_spreading_a_selection_back_gives_zeros_elsewhere_in_both_holders():
+def test_spread_uploads_are_the_holders_at_their_positions_and_zero_elsewhere_in_both_holders():
     # The simulator under hidden participation: the drawn clients' uploads among every client's, the rest zero.
-    index = torch.tensor([0, 2])
+    positions = torch.tensor([4, 0, 2])
     for holder in holders():
-        out = holder.select(index).spread(index, 3)
-        assert out.num_clients == 3
-        assert torch.equal(out.vector(1), torch.zeros_like(out.vector(1)))
-        assert torch.equal(out.reports[1], torch.zeros(2, dtype=torch.float64))
-        for c in (0, 2):
-            assert torch.equal(out.vector(c).nan_to_num(7.0), holder.vector(c).nan_to_num(7.0))
-    row, dense = (h.select(index).spread(index, 3) for h in holders())
-    assert all(torch.equal(row.vector(c).nan_to_num(7.0), dense.vector(c).nan_to_num(7.0)) for c in range(3))
+        out = holder.spread(positions, 5)
+        assert out.num_clients == 5
+        for c in (1, 3):
+            assert torch.equal(out.vector(c), torch.zeros_like(out.vector(c)))
+            assert torch.equal(out.reports[c], torch.zeros(2, dtype=torch.float64))
+        for i, c in enumerate(positions.tolist()):
+            assert torch.equal(out.vector(c).nan_to_num(7.0), holder.vector(i).nan_to_num(7.0))
+            assert torch.equal(out.reports[c].nan_to_num(7.0), holder.reports[i].nan_to_num(7.0))
+    row, dense = (h.spread(positions, 5) for h in holders())
+    assert all(torch.equal(row.vector(c).nan_to_num(7.0), dense.vector(c).nan_to_num(7.0)) for c in range(5))

@@ -101,7 +101,12 @@ class DPFNode(UserIdentities):
         out, clipped, dropped = {}, 0, 0
         users = [int(c) for c in clients]
         for user, client, vector in zip(users, self.clients(users), vectors):
-            out[f"{DPF_UPLOAD}{user}"] = client.upload(round_idx, vector, binding=binding)
+            if vector is None:  # hidden participation, a user not drawn: no row, a zero dense part, keys all the same
+                empty = np.zeros((0, client.params.width))
+                dense = np.zeros(client.dim - client.params.table_values)
+                out[f"{DPF_UPLOAD}{user}"] = client.upload_rows(round_idx, np.zeros(0, int), empty, dense, binding)
+            else:
+                out[f"{DPF_UPLOAD}{user}"] = client.upload(round_idx, vector, binding=binding)
             clipped, dropped = clipped + client.last_clipped, dropped + client.last_dropped_rows
         if clipped:
             log.warning("round %d: the grid clipped %d values of this node's users' vectors", round_idx, clipped)

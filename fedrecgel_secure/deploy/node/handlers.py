@@ -121,23 +121,13 @@ def train(msg: Message, context: Context) -> Message:
         # the users' vectors (clipped, under DP, with their noise shares) are masked, encrypted or split here: the
         # reply carries the scheme's part (masking: the round's first stage, the adverts; BFV: the encrypted sum;
         # DPF: each user's upload, its share for each of the two servers)
-        # the users who trained (under hidden participation the node's draw and its ghosts; every other adds zeros)
-        vectors, shares = node.protect(round_idx, answer.trained, answer.uploads, dp)
-        if answer.inputs is not None:
-            vectors = spread(out["clients"], answer.inputs, vectors)
+        vectors, shares = node.protect_answer(round_idx, answer, dp)
         role = _role(context, node, int(req["dim"]))
         participants = None if dp is None else dp.participants  # the sample the noise shares are sized for
         out.update(role.train_reply(round_idx, out["clients"], vectors, shares, participants, req))
     if evaluation is not None:
         out["evaluation"] = evaluation
     return _reply(msg, node.policy, out)
-
-
-def spread(clients, inputs, vectors) -> list:
-    """``vectors`` (one row per user of ``inputs``) as one entry per user of ``clients``: its row, or None for a
-    user who adds zeros (hidden participation: not drawn)."""
-    row = {int(u): i for i, u in enumerate(inputs)}
-    return [vectors[row[int(u)]] if int(u) in row else None for u in clients]
 
 
 def _reply(msg: Message, policy, out: dict) -> Message:

@@ -217,11 +217,12 @@ class Node(NodeGuard):
         update = make_engine(self.policy).train_round(self.model, states, local)
         update.uploads.reports = reports
         update = contained(update, states, rows)
-        if ghosts.size:  # trained for the time it takes, then discarded: they add zeros and keep their state
-            keep = np.flatnonzero(~np.isin(clients, ghosts))
-            clients = clients[keep]
-            update.uploads = update.uploads.select(torch.from_numpy(keep))
-            update.private = update.private.select(torch.from_numpy(keep))
+        if ghosts.size:
+            # trained for the time it takes, then discarded: they upload zeros (still encoded and tagged, so the
+            # node's work after training is its slots' too, not its draw's) and keep their private state
+            ghost = np.isin(clients, ghosts)
+            update.uploads = update.uploads.zeroed(torch.from_numpy(ghost))
+            update.private = update.private.select(torch.from_numpy(np.flatnonzero(~ghost)))
         reports = update.uploads.reports
         p = update.private
         self._save_pending(round_idx, p)
@@ -310,6 +311,24 @@ class Node(NodeGuard):
         vectors = torch.stack([part.vector(c).double() for c in range(clients.size)]).numpy()
         shares = None if part.noise is None else torch.stack([part.noise(c) for c in range(clients.size)]).numpy()
         return vectors, shares
+
+    def protect_answer(self, round_idx: int, answer, dp: DPRound | None) -> tuple:
+        """What each user an answer (:class:`.answers.Group`) names puts into secure aggregation: :meth:`protect`
+        of their uploads, one row per user. Under hidden participation only the users who trained (drawn and
+        ghosts) have a row, every other None (a zero input, not even encoded), except under distributed noise:
+        there every named user adds its share, sized for the N users who answer, to its zero upload."""
+        import torch
+
+        if answer.inputs is None:
+            return self.protect(round_idx, answer.clients, answer.uploads, dp)
+        row = {int(u): i for i, u in enumerate(answer.clients)}
+        if dp is not None and dp.participants is not None:  # distributed noise: every user adds a share
+            positions = torch.tensor([row[int(u)] for u in answer.inputs], dtype=torch.int64)
+            uploads = answer.uploads.spread(positions, answer.clients.size)
+            return self.protect(round_idx, answer.clients, uploads, dp)
+        vectors, shares = self.protect(round_idx, answer.inputs, answer.uploads, dp)
+        mine = {int(u): i for i, u in enumerate(answer.inputs)}
+        return [vectors[mine[int(u)]] if int(u) in mine else None for u in answer.clients], shares
 
     def evaluate(self, round_idx: int, shared: np.ndarray, commits: dict[int, list[int]], keep_from: int):
         """Its users' HR and NDCG, summed (:class:`EvaluationReply`), as the engine's evaluation computes them:
