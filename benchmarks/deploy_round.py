@@ -93,6 +93,7 @@ def run(
     evaluate_in_train: bool = True,
     handover: bool = True,
     idle: float = 20.0,
+    extra: tuple[str, ...] = (),
 ) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     overrides = [
@@ -102,6 +103,7 @@ def run(
         f"deployment.evaluate_in_train={str(evaluate_in_train).lower()}",
         f"deployment.task_handover={str(handover).lower()}",
         f"privacy.secure_aggregation.scheme={'none' if scheme == 'plaintext' else scheme}",
+        *extra,
     ]
     dep = Deployment(resolve_policy(out, None, overrides, nodes, False), out, resident=resident)
     start = time.perf_counter()
@@ -178,6 +180,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/deploy-bench"))
     ap.add_argument("--report-only", action="store_true", help="Summarize the runs already in --out.")
     ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A policy override for every run (repeatable), e.g. federation.fraction=1.0.",
+    )
+    ap.add_argument("--label", default="", help="Appended to each run's label and directory (runs with --set).")
+    ap.add_argument("--idle", type=float, default=20.0, help="Seconds the idle processes' CPU is measured over.")
+    ap.add_argument(
         "--per-message",
         action="store_true",
         help="Also run each scheme the plain way: no resident engines, Flower's own process per message runs the"
@@ -207,16 +219,30 @@ def main() -> None:
         for resident, in_train, handover in ways:
             out = args.out / (
                 scheme
+                + args.label
                 + ("" if resident else "-per-message")
                 + ("" if in_train else "-eval-stage")
                 + ("" if handover else "-no-handover")
             )
-            label = scheme + ("" if resident else " (per message)") + ("" if in_train else " (evaluate stage)")
+            label = scheme + (f" {args.label}" if args.label else "")
+            label += ("" if resident else " (per message)") + ("" if in_train else " (evaluate stage)")
             label += "" if handover else " (flwr-clientapp a message)"
             if args.report_only:
                 r = summarize(label, out, args.rounds)
             else:
-                r = run(scheme, args.nodes, args.rounds, out, args.stage_timeout, resident, in_train, handover)
+                r = run(
+                    scheme,
+                    args.nodes,
+                    args.rounds,
+                    out,
+                    args.stage_timeout,
+                    resident,
+                    in_train,
+                    handover,
+                    args.idle,
+                    tuple(args.overrides),
+                )
+                r["scheme"] = label
             results.append(r)
             _print_run(r, args.nodes)
     _print_tables(results)

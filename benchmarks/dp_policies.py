@@ -24,7 +24,18 @@ from fedrecgel_secure.data.prepare import load_split
 from fedrecgel_secure.federation.trainer import Trainer
 from fedrecgel_secure.policy import POLICY_DIR, load_policy
 
-POLICIES = ["default", "dp-eps8", "dp-eps4", "dp-eps1", "dp-distributed", "secagg-dp", "bfv-banded-dp"]
+POLICIES = [
+    "default",
+    "dp-eps8",
+    "dp-eps4",
+    "dp-eps1",
+    "dp-distributed",
+    "secagg-dp",
+    "bfv-banded-dp",
+    "hidden-eps8",
+    "hidden-eps4",
+    "hidden-eps1",
+]
 
 
 def row(name: str) -> str:
@@ -43,6 +54,7 @@ def row(name: str) -> str:
     z = f"{privacy['noise_multiplier']:.3f}" if dp.enabled else "-"
     scheme = policy.privacy.secure_aggregation.scheme
     sampling = "cyclic" if dp.sampler == "cyclic" else "Poisson"
+    sampling += ", hidden participation" if dp.participation == "hidden" else ""
     mode = f"{dp.mode}, {sampling}" + ("" if scheme == "none" else f", {scheme}") if dp.enabled else "-"
     if dp.enabled and dp.correlation == "banded":
         mode += ", banded noise"
@@ -60,6 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", nargs="+", default=POLICIES)
     parser.add_argument("--out", type=Path, default=None, help="Also write the table to this file.")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="Keep the other rows of --out and its heading: replace (or add, in --policies order) only the rows of"
+        " --policies, for policies added since the table was measured.",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared 2-core machine
     lines = [
@@ -74,9 +92,28 @@ def main() -> None:
     for name in args.policies:
         lines.append(row(name))
         print(lines[-1], flush=True)
+    if args.out is not None and args.update and args.out.exists():
+        lines = _updated(args.out.read_text().splitlines(), lines[4:], args.policies)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")
+
+
+def _updated(old: list[str], new_rows: list[str], names: list[str]) -> list[str]:
+    """``old`` (a table this script wrote) with the rows of ``names`` replaced by ``new_rows``, or added."""
+    by_name = dict(zip(names, new_rows, strict=True))
+    out = [by_name.pop(name, line) for line in old for name in [_policy_of(line)]]
+    return out + list(by_name.values())
+
+
+def _policy_of(line: str) -> str | None:
+    """``| `dp-eps8.toml` | ...`` -> ``dp-eps8``."""
+    cells = line.split("|")
+    return (
+        cells[1].strip().strip("`").removesuffix(".toml")
+        if len(cells) > 2 and cells[1].strip().startswith("`")
+        else None
+    )
 
 
 if __name__ == "__main__":
