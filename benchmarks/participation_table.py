@@ -102,24 +102,32 @@ def rows(studies: list[Path]) -> list[list[str]]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+CAPTION = (
+    "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
+    ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
+    " `python benchmarks/participation_table.py` from `examples/participation_study.toml`,"
+    " `examples/participation_rate_study.toml`, `examples/correlated_study.toml`,"
+    " `examples/correlated_sgd_study.toml` and `examples/correlated_sgd_epsilon_study.toml`. Under cyclic"
+    " participation each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF,"
+    " b = 1/q bands) is central, added by the BFV key holder (simulated), at the same z and ε as independent"
+    " noise; the server steps with Adam unless the row says SGD (the two SGD studies). ε is the largest"
+    " over the seeds, HR@10 and NDCG@10 are mean ± sd."
+)
+
+
+def write_table(caption: str, out: str, description: str) -> None:
+    """The command line of a table script: study directories in, ``caption`` and their rows' table to ``--out``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("studies", type=Path, nargs="+")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/participation.md"))
+    parser.add_argument("--out", type=Path, default=Path(out))
     args = parser.parse_args()
-    text = (
-        "FilmTrust, 100 rounds, masking with distributed noise (policies/secagg-dp.toml: C = 0.5, server_lr = 0.01),"
-        ' δ = 1e-4, seeded noise, the masking protocol\'s exact sum (`simulation = "arithmetic"`); written by'
-        " `python benchmarks/participation_table.py` from `examples/participation_study.toml`,"
-        " `examples/participation_rate_study.toml`, `examples/correlated_study.toml`,"
-        " `examples/correlated_sgd_study.toml` and `examples/correlated_sgd_epsilon_study.toml`. Under cyclic"
-        " participation each user trains in at most k = 100·q rounds, 1/q apart. Banded correlated noise (BandMF,"
-        " b = 1/q bands) is central, added by the BFV key holder (simulated), at the same z and ε as independent"
-        " noise; the server steps with Adam unless the row says SGD (the two SGD studies). ε is the largest"
-        " over the seeds, HR@10 and NDCG@10 are mean ± sd.\n\n" + markdown_table(HEADER, rows(args.studies))
-    )
+    text = caption + "\n\n" + markdown_table(HEADER, rows(args.studies))
     args.out.write_text(text)
     print(text)
+
+
+def main() -> None:
+    write_table(CAPTION, "docs/results/participation.md", __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
