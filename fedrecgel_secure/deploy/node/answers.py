@@ -25,10 +25,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedrecgel_secure.deploy.replies import Refused
+from fedrecgel_secure.deploy.replies import Refused, TrainReply
+
+if TYPE_CHECKING:  # torch stays unimported until a node trains
+    from fedrecgel_secure.federation.uploads import Uploads
 
 log = logging.getLogger("fedrecgel_secure.deploy")
 
@@ -39,16 +43,11 @@ class Group:
     reports included), the reply's plaintext parts (:class:`~fedrecgel_secure.deploy.replies.TrainReply`)."""
 
     clients: np.ndarray  # the users, as the message named them
-    uploads: object  # Uploads
-    reply: object  # TrainReply
-    inputs: np.ndarray | None = (
-        None  # the users ``uploads`` holds, in order (None: ``clients``); every other adds zeros
-    )
-
-    @property
-    def trained(self) -> np.ndarray:
-        """The users whose uploads the answer holds (under hidden participation, the node's draw and ghosts)."""
-        return self.clients if self.inputs is None else self.inputs
+    uploads: Uploads
+    reply: TrainReply
+    # the users ``uploads`` holds, in order (None: ``clients``); every other adds zeros (hidden participation: the
+    # node's draw and its ghosts, :meth:`~.shard.Node.protect_answer`)
+    inputs: np.ndarray | None = None
 
     def state_dict(self) -> dict:
         """Tensors and plain values only: a checkpoint loads nothing else (``weights_only``)."""
@@ -69,7 +68,6 @@ class Group:
     def from_state(cls, state: dict) -> Group:
         import torch
 
-        from fedrecgel_secure.deploy.replies import TrainReply
         from fedrecgel_secure.federation.uploads import uploads_from_state
 
         reply = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in state["reply"].items()}
