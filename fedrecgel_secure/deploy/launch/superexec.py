@@ -101,32 +101,22 @@ def answer_unreachable(spec: ExecutionSpec) -> None:
     (its objects are not needed: an error reply carries none)."""
     from types import SimpleNamespace
 
-    from flwr.app import Error, Message
-    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.common.constant import SubStatus
     from flwr.common.serde import message_from_proto
     from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
-    from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-    from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
     from fedrecgel_secure.deploy.replies import NodeError
+    from fedrecgel_secure.deploy.runtime_api import error_reply, task_client
 
-    client = RuntimeHttpClient.from_server_address(
-        server_address=spec.runtime_api_address,
-        insecure=True,
-        root_certificates=None,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                      RuntimeTokenHttpInterceptor(spec.token)],
-    )  # fmt: skip
+    client = task_client(spec.runtime_api_address, spec.token)
     try:
         with contextlib.suppress(Exception):  # the engine may have started the task already
             client.PullTaskInput(PullTaskInputRequest())
         pulled = client.PullMessages(PullAppMessagesRequest()).messages_list
         if pulled:
             message = message_from_proto(pulled[0])
-            unreachable = NodeError("unreachable")
-            reason = str(type(unreachable)) + ":<'" + str(unreachable) + "'>"
-            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+            reply = error_reply(NodeError("unreachable"), message)
             where = SimpleNamespace(node_id=message.metadata.dst_node_id, run_id=message.metadata.run_id)
             push_message(client, reply, where)
         push_task_output(client, None, SubStatus.FAILED, "the node's engine died")

@@ -103,18 +103,16 @@ class Engine:
         record, or the same error reply (flwr's format of the relay's raised reason class); in its ``timing``,
         ``started`` is when the engine took the task and ``loaded`` when it had pulled the message (a relay's
         process start and its pull, deploy/timing.py)."""
-        from flwr.app import Error, Message
-        from flwr.common.constant import ErrorCode
         from flwr.common.serde import message_to_proto
 
         from fedrecgel_secure.deploy.node.clientapp import reply_of
         from fedrecgel_secure.deploy.replies import NodeError
+        from fedrecgel_secure.deploy.runtime_api import error_reply
 
         try:
             return reply_of(*self.answer(message_to_proto(msg).SerializeToString()), started=started, loaded=loaded)
-        except NodeError as exc:  # as flwr's run_clientapp formats an exception a ClientApp raised
-            reason = str(type(exc)) + ":<'" + str(exc) + "'>"
-            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+        except NodeError as exc:
+            return error_reply(exc, msg)
 
     def serve(self, path: Path) -> None:
         """Listen on ``path`` (0600, in the 0700 state directory) and answer one connection at a time, forever."""
@@ -160,25 +158,16 @@ class Engine:
         functions these are), with this engine's handlers in place of a loaded app and no process start."""
         from flwr.common.constant import SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
         from flwr.supernode.runtime import run_clientapp
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
         from fedrecgel_secure.deploy.object_pull import shorten_object_pulls
+        from fedrecgel_secure.deploy.runtime_api import task_client
 
         # the SuperNode hands the task over while the message's objects still arrive from the SuperLink
         shorten_object_pulls(run_clientapp, "pull_and_inflate_object_from_tree")
 
-        client = RuntimeHttpClient.from_server_address(
-            server_address=address,
-            insecure=True,  # the node's own Runtime API, on its loopback address, as its SuperExec reaches it
-            root_certificates=None,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                          RuntimeTokenHttpInterceptor(token)],
-            retry_invoker=make_simple_http_retry_invoker(),
-        )  # fmt: skip
+        client = task_client(address, token, retry=True)
         taken = time.time()
         heartbeat, context, status = HeartbeatSender(make_task_heartbeat_fn_http(client)), None, SubStatus.FAILED
         heartbeat.start()
