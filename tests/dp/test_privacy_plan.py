@@ -51,3 +51,8 @@ def test_policy_plan_prints_z_and_both_epsilons_before_training():
     assert "ε against the release: 8.00" in lines and any("against the server: 8.00" in line for line in lines)
     plain = fedrecgel("policy", "plan")
     assert plain.returncode == 0 and "no DP, no bound" in plain.stdout
+    hidden = fedrecgel("policy", "plan", "hidden-eps1", env={"COLUMNS": "200"})
+    assert hidden.returncode == 0, hidden.stderr
+    lines = hidden.stdout.splitlines()
+    assert "ε against the release: 1.00" in lines
+    assert any(line.startswith("ε against the server: 1.00 (hidden participation") for line in lines)

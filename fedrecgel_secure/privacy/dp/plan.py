@@ -5,7 +5,8 @@ release accounted by the policy's accountant over ``federation.rounds`` (per use
 user in at most :math:`\lceil R/b \rceil` rounds); the server, which knows who took part, per user without
 amplification, at the noise it cannot remove. Under Poisson sampling nothing bounds how many rounds a user is
 sampled in, so the plan states the server's ε for a user sampled at the expected rate :math:`qR` and for one
-sampled in every round; the run reports the ε of its most exposed user as it happens.
+sampled in every round; the run reports the ε of its most exposed user as it happens. Under hidden participation
+(:mod:`.hidden`) the server does not know who took part: its ε is the release's.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ class PrivacyPlan:
     server_rounds: float  # the rounds of the user that epsilon_server is for
     epsilon_server_worst: float  # Poisson: a user sampled in every round; else as epsilon_server
     cyclic: bool
+    hidden: bool = False  # hidden participation: the server's epsilon is the release's
 
     def lines(self) -> list[str]:
         """The plan in a few sentences, and what would change it."""
         against = (
             "ε against the server: ∞ (it adds the noise to uploads it sees clipped but bare)"
             if math.isinf(self.epsilon_server)
+            else f"ε against the server: {self.epsilon_server:.2f} (hidden participation: it does not know who took"
+            " part, the same as against the release)"
+            if self.hidden
             else (
                 f"ε against the server: {self.epsilon_server:.2f} (a user in at most {self.server_rounds:g} rounds:"
                 " nothing amplified, the same as against the release)"
@@ -66,6 +71,9 @@ def plan_privacy(resolved) -> PrivacyPlan:
     for _ in range(rounds):
         accountant.step(z)
     mean_rounds = resolved.sample_rate * rounds
+    if resolved.hidden:
+        epsilon = accountant.epsilon()
+        return PrivacyPlan(z, rounds, delta, epsilon, epsilon, mean_rounds, epsilon, False, hidden=True)
 
     def against_server(k: float) -> float:
         return math.inf if server_z is None else gaussian_epsilon(server_z / math.sqrt(max(k, 1e-12)), delta)
