@@ -21,19 +21,13 @@ exits without drawing anything.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from fedrecgel_secure.machine import cores
+
 ANSWER_TIMEOUT_S = 120  # drawing takes a fraction of a second; past this the process is taken to be stuck
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class CurvesProcess:
@@ -43,7 +37,7 @@ class CurvesProcess:
     def __init__(self) -> None:
         self.process: subprocess.Popen | None = None
         self.asked: Path | None = None  # the run directory the process was asked to draw
-        if usable_cores() < 2:  # nothing to overlap with: importing matplotlib twice would only cost
+        if cores() < 2:  # nothing to overlap with: importing matplotlib twice would only cost
             return
         try:
             self.process = subprocess.Popen(

@@ -13,6 +13,7 @@ import torch
 import torch.utils.deterministic
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.machine import cores
 
 
 def resolve_device(name: str) -> torch.device:
@@ -40,11 +41,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 _share: int | None = None  # cores this process may use at most: a study's parallel run gets its share of them
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def limit_threads(share: int) -> None:

@@ -175,7 +175,7 @@ def run_study(
     else:
         # spawn, not fork: a forked child inherits torch's thread pools in an undefined state.
         context = multiprocessing.get_context("spawn")
-        from fedrecgel_secure.federation.device import cores
+        from fedrecgel_secure.machine import cores
 
         workers = min(jobs, len(pending))
         share = max(1, cores() // workers)

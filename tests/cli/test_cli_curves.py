@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fedrecgel_secure.cli.curves import CurvesProcess, usable_cores
+from fedrecgel_secure.cli.curves import CurvesProcess
+from fedrecgel_secure.machine import cores
 from fedrecgel_secure.runs.directory import CURVES, METRICS
 from fedrecgel_secure.study.plots import draw_run
 
-pytestmark = pytest.mark.skipif(usable_cores() < 2, reason="one usable core: train draws in process")
+pytestmark = pytest.mark.skipif(cores() < 2, reason="one usable core: train draws in process")
 
 
 def run_dir(parent: Path, rounds: int = 3) -> Path:

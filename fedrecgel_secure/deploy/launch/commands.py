@@ -8,13 +8,14 @@ programs with the changes those modules explain), and :mod:`fedrecgel_secure.dep
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from fedrecgel_secure.deploy.launch.layout import node_config
 from fedrecgel_secure.deploy.node.files import state_dir_for
+from fedrecgel_secure.deploy.schemes import deployed
+from fedrecgel_secure.machine import cores
 
 
 class ProcessCommands:
@@ -110,9 +111,10 @@ class ProcessCommands:
         """Node ``shard``'s resident engine (:mod:`.engine`): the same node config as its SuperNode."""
         state_dir = state_dir_for(self.policy, self.out, shard)
         config = node_config(self.policy_file, shard, state_dir, self.node_data(shard))
-        # the engines share this machine's cores: each at most its share of threads (the policy's count below it)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        share = max(1, cores // max(1, self.policy.deployment.nodes))
+        # the engines (every node's, and the key holder's) share this machine's cores: each at most its share of
+        # threads (the policy's count below it)
+        engines = self.policy.deployment.nodes + deployed(self.policy).scheme.key_holder
+        share = max(1, cores() // max(1, engines))
         return [
             sys.executable,
             "-m",
