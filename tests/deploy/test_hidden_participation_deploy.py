@@ -24,12 +24,16 @@ def test_a_hidden_participation_deployment_equals_the_simulator_exactly(tmp_path
 
     from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
-    policy_file = _policy(tmp_path, BFV.replace("bfv", scheme) + seeded_dp(mode) + HIDDEN, rounds=3)
-    # q = 0.1: the population (24) is far above any Poisson sample a node would accept from a server that draws
+    from fedrecgel_secure.privacy.dp.hidden import training_slots
+
+    policy_file = _policy(tmp_path, BFV.replace("bfv", scheme) + seeded_dp(mode) + HIDDEN, rounds=3, nodes=2)
+    # q = 0.1: the population (24) is far above any Poisson sample a node would accept from a server that draws;
+    # each node's 12 users train in 10 slots, so some are ghosts and some neither drawn nor trained
     policy_file.write_text(policy_file.read_text().replace("fraction = 0.5", "fraction = 0.1"))
+    assert training_slots(12, 0.1) == 10
     sim = simulate(policy_file, tmp_path / "sim")
     out = tmp_path / "deployed"
-    _deploy(policy_file, out, key_holder=True)
+    _deploy(policy_file, out, nodes=2, key_holder=scheme != "masking")
     deployed = run_records(out)
     assert deployed == summed_per_node(run_records(tmp_path / "sim"), policy_file)
     # every user answered every round: the records name the population, never the draw
