@@ -22,9 +22,8 @@ def test_a_hidden_participation_deployment_equals_the_simulator_exactly(tmp_path
     # central: the key holder's noise; distributed: every user, drawn or not, adds its share sized for N
     import torch
 
-    from fedrecgel_secure.runs.checkpoint import load_checkpoint
-
     from fedrecgel_secure.privacy.dp.hidden import training_slots
+    from fedrecgel_secure.runs.checkpoint import load_checkpoint
 
     policy_file = _policy(tmp_path, BFV.replace("bfv", scheme) + seeded_dp(mode) + HIDDEN, rounds=3, nodes=2)
     # q = 0.1: the population (24) is far above any Poisson sample a node would accept from a server that draws;
