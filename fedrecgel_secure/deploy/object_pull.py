@@ -14,7 +14,10 @@ rest of it flwr's (its total time limit, the jitter, what it does with an object
 * the SuperNode's loop (``flwr/supernode/start_client_internal.py``: ``pull_objects``, a message from the
   SuperLink; :mod:`.launch.supernode`);
 * the node's engine running a task (``flwr/supernode/runtime/run_clientapp.py``:
-  ``pull_and_inflate_object_from_tree``, the message from its SuperNode; :mod:`.node.engine`).
+  ``pull_and_inflate_object_from_tree``, the message from its SuperNode; :mod:`.node.engine`), which also gives up
+  after its policy's stage timeout: a message of a run stopped while its node received it never gets its objects,
+  and the engine, which runs one task at a time, would wait on it for minutes while the resumed run's messages
+  queued behind it (a resumed deployment lost that node).
 
 A retry is one small request on the machine or its network: at most a few per second, only while a message is
 incomplete.
@@ -30,12 +33,14 @@ INITIAL_BACKOFF = 0.05  # seconds before the first retry of an object not yet st
 BACKOFF_CAP = 1.0  # the most between two retries (flwr: 10)
 
 
-def shorten_object_pulls(module: ModuleType, name: str) -> None:
-    """Make ``module.name`` (flwr's object pull, as that module imported it) retry with the short backoff; once: a
-    second call changes nothing. A function without flwr 1.42's backoff parameters is refused loudly."""
+def shorten_object_pulls(module: ModuleType, name: str, max_time: float | None = None) -> None:
+    """Make ``module.name`` (flwr's object pull, as that module imported it) retry with the short backoff, and give
+    up after ``max_time`` seconds where given (flwr: 7200, or 500 tries an object); once: a second call changes
+    nothing. A function without flwr 1.42's backoff parameters is refused loudly."""
     pull = getattr(module, name)
     if isinstance(pull, functools.partial):
         return
-    if not {"initial_backoff", "backoff_cap"} <= set(inspect.signature(pull).parameters):
+    if not {"initial_backoff", "backoff_cap", "max_time"} <= set(inspect.signature(pull).parameters):
         raise RuntimeError(f"flwr's {module.__name__}.{name} has no backoff parameters: not the flwr pinned (1.42)")
-    setattr(module, name, functools.partial(pull, initial_backoff=INITIAL_BACKOFF, backoff_cap=BACKOFF_CAP))
+    bound = {} if max_time is None else {"max_time": max_time}
+    setattr(module, name, functools.partial(pull, initial_backoff=INITIAL_BACKOFF, backoff_cap=BACKOFF_CAP, **bound))

@@ -195,3 +195,31 @@ def test_the_serverapp_grid_pulls_a_late_object_again_after_50_ms_not_a_second(m
     start = time.monotonic()
     assert grid.pull_objects(["a"], pull) == {"a": b"content"}
     assert len(asks) == 3 and time.monotonic() - start < 1.0
+
+
+def test_an_engine_gives_up_on_a_message_whose_objects_never_come_after_its_policys_stage_timeout(
+    tmp_path, monkeypatch
+):
+    # A message of a run stopped while the node received it is stored without its objects: the engine, which runs
+    # one task at a time, must not wait on it (flwr: up to 500 tries an object) while the resumed run's hello waits
+    # behind it, which lost a node of a resumed deployment (test_deploy.py, killed ServerApp) before this bound.
+    from flwr.proto.message_pb2 import ObjectTree
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError, pull_and_inflate_object_from_tree
+    from flwr.supernode.runtime import run_clientapp
+
+    from fedrecgel_secure.deploy.messages import POLICY
+    from fedrecgel_secure.deploy.node.engine import bound_message_pulls
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[deployment]\nstage_timeout = 0.5\n")
+    monkeypatch.setattr(run_clientapp, "pull_and_inflate_object_from_tree", pull_and_inflate_object_from_tree)
+    bound_message_pulls({POLICY: str(policy)})
+    assert run_clientapp.pull_and_inflate_object_from_tree.keywords["max_time"] == 0.5
+
+    def never(object_id: str) -> bytes:
+        raise ObjectUnavailableError(object_id)
+
+    start = time.monotonic()
+    with pytest.raises(Exception, match="Failed to pull object"):
+        run_clientapp.pull_and_inflate_object_from_tree(ObjectTree(object_id="a" * 64), never, lambda _: None)
+    assert time.monotonic() - start < 3.0

@@ -158,14 +158,9 @@ class Engine:
         functions these are), with this engine's handlers in place of a loaded app and no process start."""
         from flwr.common.constant import SubStatus
         from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-        from flwr.supernode.runtime import run_clientapp
         from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
-        from fedrecgel_secure.deploy.object_pull import shorten_object_pulls
         from fedrecgel_secure.deploy.runtime_api import task_client
-
-        # the SuperNode hands the task over while the message's objects still arrive from the SuperLink
-        shorten_object_pulls(run_clientapp, "pull_and_inflate_object_from_tree")
 
         client = task_client(address, token, retry=True)
         taken = time.time()
@@ -205,7 +200,22 @@ def main(argv: list[str] | None = None) -> None:
     # engine's socket would refuse and make the relay give up (channel.request)
     path.unlink(missing_ok=True)
     engine = Engine(config)
+    bound_message_pulls(config)
     engine.serve(path)
+
+
+def bound_message_pulls(config: dict) -> None:
+    """A task's message pulled as :mod:`fedrecgel_secure.deploy.object_pull` says: its objects retried after 50 ms
+    (the SuperNode hands the task over while they still arrive from the SuperLink), and given up on after the node
+    policy's stage timeout, by when the server has given up on the reply (a stopped run's message never arrives)."""
+    from flwr.supernode.runtime import run_clientapp
+
+    from fedrecgel_secure.deploy.messages import POLICY
+    from fedrecgel_secure.deploy.object_pull import shorten_object_pulls
+    from fedrecgel_secure.policy import load_policy
+
+    stage_timeout = load_policy(config[POLICY]).deployment.stage_timeout
+    shorten_object_pulls(run_clientapp, "pull_and_inflate_object_from_tree", max_time=stage_timeout)
 
 
 if __name__ == "__main__":
