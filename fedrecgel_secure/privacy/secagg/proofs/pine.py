@@ -1,0 +1,173 @@
+"""PINE's validity circuit (Rothblum, Omri, Chen, Talwar, arXiv 2311.10237; draft-chen-cfrg-vdaf-pine): a vector
+of integers x has Σ x_i² ≤ B², checked on additive shares of x in a prime field, where a square can wrap around.
+
+Concern: what the client encodes besides x and the one circuit that checks it (:class:`L2Bound`), for :mod:`.flp`.
+
+* **The norm.** The client sends the bits of v = Σ x_i² and of u = B² − v; the circuit checks that they are bits,
+  that v = Σ x_i² in the field and that v + u = B². Since v, u < 2^b with 2^(b+1) < p, that proves 0 ≤ v ≤ B² for
+  the norm *as the field computes it*, which a vector with huge entries can meet by wrapping around p.
+* **The wraparound tests** (the paper's §3): for r random vectors a_j with entries −1, 0, 1 (probability ¼, ½, ¼),
+  derived from a seed the client cannot choose (:func:`wraparound_matrix`), the client proves that each
+  ⟨a_j, x⟩ lies in [−w + 1, w] (w, :attr:`L2Bound.wr_bound`, the power of two above ⌈α·B⌉), by its bits and a
+  success bit g_j, and that all r succeeded. The verifiers compute ⟨a_j, x⟩ from their shares themselves. For an
+  honest x, ⟨a_j, x⟩ has variance ‖x‖²/2 ≤ B²/2, so it lies outside α·B = 8.7·B with probability below 10^-30 a
+  test; a vector that wraps around meets all r tests with the probability the paper bounds (its Lemma 3.3), and
+  the field sizes it needs are checked here.
+
+The circuit's gadget is ParallelSum(Mul, L) throughout: the norm (x_i · x_i), the bit tests
+(r_bit^i · b_i · (b_i − 1)) and the success tests (r_wr^j · (result_j − claimed_j) · g_j), combined with powers of
+r_final. Joint randomness: r_bit, r_wr, r_final and the wraparound seed, drawn after the client committed to its
+shares (the integration's concern).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from fedrecgel_secure.errors import BadInputError
+
+from .field import Field
+from .flp import Circuit, GadgetCall, Mul, ParallelSum
+
+ALPHA = 8.7
+WRAPAROUND_TESTS = 100
+
+
+class L2Bound:
+    """Σ x_i² ≤ ``bound``² for ``dim`` integers (on the fixed-point grid), over ``field``, with a gadget of
+    ``chunk`` products a call (√(dim) or so makes the proof shortest). :meth:`circuit` is the circuit :mod:`.flp`
+    proves and queries, given one party's shares of the wraparound tests' results."""
+
+    joint_rand_len = 3
+
+    def __init__(
+        self,
+        field: Field,
+        dim: int,
+        bound: int,
+        *,
+        chunk: int | None = None,
+        alpha: float = ALPHA,
+        tests: int = WRAPAROUND_TESTS,
+    ) -> None:
+        if dim < 1 or bound < 1 or tests < 1:
+            raise BadInputError(f"an L2 bound needs dim, bound and tests >= 1, got {dim}, {bound}, {tests}")
+        p = field.p
+        self.field, self.dim, self.bound, self.alpha, self.tests = field, dim, bound, alpha, tests
+        self.sq_bound = bound * bound
+        if 3 * self.sq_bound + 2 >= p:  # the paper's Figure 1: v + u = B² must not wrap
+            raise BadInputError(f"an L2 bound of {bound} on the grid is too large for {field.name}'s squares")
+        self.wr_bound = 1 << math.ceil(alpha * bound).bit_length()  # the power of two ≥ ⌈α·B⌉ + 1
+        if p < 2600 * self.wr_bound or self.wr_bound**2 > 4000 * p or p < 2 * tests:  # Lemma 3.3's field size
+            raise BadInputError(f"an L2 bound of {bound} is too large for {field.name}'s wraparound tests")
+        self.sq_bits = self.sq_bound.bit_length()
+        self.wr_bits = (2 * self.wr_bound - 1).bit_length()
+        self.bits_len = 2 * self.sq_bits + (self.wr_bits + 1) * tests
+        self.meas_len = dim + self.bits_len  # the tests' results are the verifiers' own, from x
+        self.chunk = chunk or max(1, math.isqrt(dim + self.bits_len))
+        self.gadget = ParallelSum(Mul(), self.chunk)
+        self.calls = sum(-(-n // self.chunk) for n in (dim, self.bits_len, tests))
+
+    # the client's side
+
+    def encode(self, x: Sequence[int], matrix: np.ndarray) -> list[int]:
+        """The measurement of the integers ``x``: x, then the bits of v and u, then each test's bits and success
+        bit. :class:`BadInputError` if x is over the bound (no proof exists) or a test fails (draw new shares)."""
+        f = self.field
+        x = [int(v) for v in x]
+        if len(x) != self.dim:
+            raise BadInputError(f"a vector of {self.dim} values, got {len(x)}")
+        norm = sum(v * v for v in x)
+        if norm > self.sq_bound:
+            raise BadInputError(f"squared norm {norm} on the grid is over the bound {self.sq_bound}")
+        out = [f.element(v) for v in x] + f.bits(norm, self.sq_bits) + f.bits(self.sq_bound - norm, self.sq_bits)
+        for result in self.results_int(x, matrix):
+            if not -self.wr_bound < result <= self.wr_bound:
+                raise BadInputError("a wraparound test failed (about 10^-30 for a vector within the bound): retry")
+            out += [*f.bits(result + self.wr_bound - 1, self.wr_bits), 1]
+        return out
+
+    def results_int(self, x: Sequence[int], matrix: np.ndarray) -> list[int]:
+        """⟨a_j, x⟩ over the integers, for the client."""
+        return [sum(int(a) * v for a, v in zip(row, x, strict=True)) for row in matrix]
+
+    # the verifiers' side
+
+    def results(self, x_share: Sequence[int], matrix: np.ndarray) -> list[int]:
+        """A verifier's shares of ⟨a_j, x⟩: linear in its share of x."""
+        p = self.field.p
+        return [sum(int(a) * v for a, v in zip(row, x_share, strict=True) if a) % p for row in matrix]
+
+    def circuit(self, results: Sequence[int]) -> Circuit:
+        """The circuit with one party's shares of the tests' results bound in (the prover's: the results)."""
+        return _Checked(self, results)
+
+    def _eval(self, meas, results, joint_rand, gadget: GadgetCall, shares: int) -> int:
+        f, p = self.field, self.field.p
+        inv = f.inv(shares)
+        r_bit, r_wr, r_final = joint_rand
+        x, bits = meas[: self.dim], meas[self.dim :]
+        norm_sq = self._sum(gadget, [v for value in x for v in (value, value)])
+        sq_v = f.from_bits(bits[: self.sq_bits])
+        sq_u = f.from_bits(bits[self.sq_bits : 2 * self.sq_bits])
+        pairs, power = [], 1
+        for b in bits:
+            pairs += [power * b % p, (b - inv) % p]
+            power = power * r_bit % p
+        bit_test = self._sum(gadget, pairs)
+        pairs, power, successes = [], 1, 0
+        tests = bits[2 * self.sq_bits :]
+        step = self.wr_bits + 1
+        for j in range(self.tests):
+            claimed = f.from_bits(tests[j * step : j * step + self.wr_bits])
+            g = tests[j * step + self.wr_bits]
+            computed = (claimed - (self.wr_bound - 1) * inv) % p
+            pairs += [power * (results[j] - computed) % p, g]
+            successes += g
+            power = power * r_wr % p
+        wr_test = self._sum(gadget, pairs)
+        parts = [
+            (sq_v - norm_sq) % p,
+            bit_test,
+            (sq_v + sq_u - self.sq_bound * inv) % p,
+            wr_test,
+            (successes - self.tests * inv) % p,
+        ]
+        return sum(part * pow(r_final, i, p) for i, part in enumerate(parts)) % p
+
+    def _sum(self, gadget: GadgetCall, inputs: list[int]) -> int:
+        """Σ of the Mul gadget over consecutive pairs of ``inputs``, ``chunk`` pairs a call (zeros pad the last)."""
+        width = self.gadget.arity
+        total = 0
+        for start in range(0, len(inputs), width):
+            part = inputs[start : start + width]
+            total += gadget(part + [0] * (width - len(part)))
+        return total % self.field.p
+
+
+class _Checked(Circuit):
+    """:class:`L2Bound` with one party's shares of the wraparound tests' results: the circuit :mod:`.flp` runs."""
+
+    def __init__(self, base: L2Bound, results: Sequence[int]) -> None:
+        if len(results) != base.tests:
+            raise ValueError(f"{base.tests} results, got {len(results)}")
+        self.base, self.results = base, list(results)
+        self.field, self.gadget, self.calls = base.field, base.gadget, base.calls
+        self.meas_len, self.joint_rand_len = base.meas_len, base.joint_rand_len
+
+    def eval(self, meas, joint_rand, gadget: GadgetCall, shares: int) -> int:
+        return self.base._eval(meas, self.results, joint_rand, gadget, shares)
+
+
+def wraparound_matrix(seed: bytes, tests: int, dim: int) -> np.ndarray:
+    """(tests, dim) int8 of −1, 0, 1 with probability ¼, ½, ¼, two bits of SHAKE128(seed) each (00: −1; 01, 10: 0;
+    11: 1), least significant pair first: PINE's distribution, exactly."""
+    count = tests * dim
+    raw = np.frombuffer(hashlib.shake_128(b"fedrecgel/pine-wraparound/v1" + seed).digest(-(-count // 4)), np.uint8)
+    pairs = ((raw[:, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3).reshape(-1)[:count]
+    table = np.array([-1, 0, 0, 1], dtype=np.int8)
+    return table[pairs].reshape(tests, dim)

@@ -1,0 +1,270 @@
+"""The proof system of client-update checks (fedrecgel_secure.privacy.secagg.proofs): the fields, the FLP, and
+PINE's L2 circuit. Completeness: every honest vector at the bound is accepted. Soundness: over-bound vectors of
+every shape, and a cheating prover's best encodings of them, are refused; so is a proof changed anywhere."""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+
+import numpy as np
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg.proofs import flp
+from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64, FIELD128
+from fedrecgel_secure.privacy.secagg.proofs.pine import L2Bound, wraparound_matrix
+
+F = FIELD64
+P = F.p
+
+
+def _share(values, parties, rng):
+    shares = [[rng.randrange(P) for _ in values] for _ in range(parties - 1)]
+    last = [(v - sum(col)) % P for v, col in zip(values, zip(*shares, strict=True) if shares else [()] * len(values))]
+    return [*shares, last]
+
+
+# --- the fields ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", [FIELD64, FIELD128], ids=lambda f: f.name)
+def test_field_ntt_interpolates_at_the_roots_of_unity(field):
+    rng = random.Random(1)
+    p = field.p
+    assert pow(field.generator, 1 << field.two_adicity, p) == 1
+    assert pow(field.generator, 1 << (field.two_adicity - 1), p) != 1  # of order exactly 2^k
+    coeffs = [rng.randrange(p) for _ in range(13)]
+    values = field.ntt(coeffs, 16)
+    w = field.root(16)
+    assert values == [field.poly_eval(coeffs, pow(w, i, p)) for i in range(16)]
+    assert field.inv_ntt(values) == [*coeffs, 0, 0, 0]
+    a, b = coeffs[:5], coeffs[5:]
+    naive = [0] * (len(a) + len(b) - 1)
+    for i, x in enumerate(a):
+        for j, y in enumerate(b):
+            naive[i + j] = (naive[i + j] + x * y) % p
+    assert field.poly_mul(a, b) == naive
+
+
+def test_field_elements_bytes_and_bits():
+    values = [0, 1, P - 1, 2**63]
+    assert F.decode(F.encode(values)) == values
+    with pytest.raises(BadInputError, match="modulus"):
+        F.decode(P.to_bytes(8, "little"))  # not canonical: the same element as 0
+    with pytest.raises(BadInputError, match="whole number"):
+        F.decode(b"\x00" * 9)
+    assert F.from_bits(F.bits(0b1011, 6)) == 0b1011
+    assert F.signed(P - 5) == -5 and F.element(-5) == P - 5
+    with pytest.raises(ValueError):
+        F.bits(64, 6)
+
+
+# --- the FLP on a small circuit ------------------------------------------------------------------------------------
+
+
+class _Bits(flp.Circuit):
+    """Every input is 0 or 1: Σ r^i · b_i · (b_i − 1) = 0, two products a call."""
+
+    field, joint_rand_len = F, 1
+
+    def __init__(self, n):
+        self.meas_len, self.gadget = n, flp.ParallelSum(flp.Mul(), 2)
+        self.calls = -(-n // 2)
+
+    def eval(self, meas, joint_rand, gadget, shares):
+        inputs, power = [], 1
+        for b in meas:
+            inputs += [power * b % P, (b - F.inv(shares)) % P]
+            power = power * joint_rand[0] % P
+        inputs += [0] * (-len(inputs) % 4)
+        return sum(gadget(inputs[i : i + 4]) for i in range(0, len(inputs), 4)) % P
+
+
+def _verify(circuit, meas, proof, joint_rand, parties=2, rng=None, t=None, circuit_of=None):
+    rng = rng or random.Random(7)
+    t = rng.randrange(P) if t is None else t
+    meas_shares, proof_shares = _share(meas, parties, rng), _share(proof, parties, rng)
+    verifier = flp.combine(
+        F,
+        [
+            flp.query(circuit_of(m) if circuit_of else circuit, m, pr, t, joint_rand, parties)
+            for m, pr in zip(meas_shares, proof_shares, strict=True)
+        ],
+    )
+    return flp.decide(circuit, verifier)
+
+
+@pytest.mark.parametrize("parties", [2, 3])
+def test_flp_accepts_a_valid_input_from_its_shares(parties):
+    rng = random.Random(parties)
+    circuit, meas = _Bits(9), [rng.randrange(2) for _ in range(9)]
+    jr = [rng.randrange(P)]
+    proof = flp.prove(circuit, meas, [rng.randrange(P) for _ in range(4)], jr)
+    assert len(proof) == circuit.proof_len
+    assert _verify(circuit, meas, proof, jr, parties, rng)
+
+
+def test_flp_refuses_an_invalid_input_and_any_changed_proof():
+    rng = random.Random(3)
+    circuit = _Bits(9)
+    jr = [rng.randrange(P)]
+    seeds = [rng.randrange(P) for _ in range(4)]
+    bad = [1, 0, 2, 1, 0, 0, 1, 1, 0]  # one 2
+    assert not _verify(circuit, bad, flp.prove(circuit, bad, seeds, jr), jr, rng=rng)
+    good = [1, 0, 1, 1, 0, 0, 1, 1, 0]
+    proof = flp.prove(circuit, good, seeds, jr)
+    for i in range(len(proof)):  # every element of the proof is checked
+        changed = list(proof)
+        changed[i] = (changed[i] + rng.randrange(1, P)) % P
+        assert not _verify(circuit, good, changed, jr, rng=rng), i
+
+
+def test_flp_query_refuses_a_point_that_would_reveal_a_call():
+    circuit, meas = _Bits(9), [1] * 9
+    proof = flp.prove(circuit, meas, [1, 2, 3, 4], [5])
+    with pytest.raises(ValueError, match="root of unity"):
+        flp.query(circuit, meas, proof, F.root(circuit.points) ** 3 % P, [5], 1)
+
+
+# --- PINE's L2 circuit ---------------------------------------------------------------------------------------------
+
+
+def _at_norm(rng: np.random.Generator, dim: int, norm: float) -> list[int]:
+    """A random integer vector of L2 norm ≤ ``norm`` and as close to it as rounding down allows."""
+    x = rng.standard_normal(dim) * rng.choice([1.0, 1e-3], size=dim)  # some coordinates far smaller than others
+    x = np.trunc(x / np.linalg.norm(x) * norm).astype(np.int64)
+    return x.tolist()
+
+
+def _direct(check: L2Bound, meas, x_results, joint_rand) -> int:
+    """The circuit's output on a whole measurement, each gadget call evaluated: zero iff it accepts."""
+    circuit = check.circuit(x_results)
+    return circuit.eval(meas, joint_rand, lambda inputs: check.gadget.eval(F, inputs), 1)
+
+
+def test_pine_accepts_1000_honest_vectors_at_the_bound():
+    """Honest vectors of many shapes, with squared norms from B² − 2·dim·B (rounding) up to exactly B², evaluated
+    on the whole circuit; a few go through the whole proof on shares."""
+    rng, rr = np.random.default_rng(11), random.Random(11)
+    dim, bound = 24, 1 << 14
+    check = L2Bound(F, dim, bound)
+    for i in range(1000):
+        x = _at_norm(rng, dim, bound) if i % 10 else [0] * (dim - 1) + [bound * (-1) ** i]  # exactly B
+        assert sum(v * v for v in x) <= bound * bound
+        matrix = wraparound_matrix(secrets.token_bytes(16), check.tests, dim)
+        meas = check.encode(x, matrix)
+        results = [F.element(r) for r in check.results_int(x, matrix)]
+        jr = [rr.randrange(P) for _ in range(3)]
+        assert _direct(check, meas, results, jr) == 0, i
+        if i % 250 == 0:
+            proof = flp.prove(check.circuit(results), meas, [rr.randrange(P) for _ in range(check.gadget.arity)], jr)
+            assert _verify(
+                check.circuit(results),
+                meas,
+                proof,
+                jr,
+                rng=rr,
+                circuit_of=lambda m, matrix=matrix: check.circuit(check.results(m[:dim], matrix)),
+            )
+
+
+def _cheat(check: L2Bound, x: list[int], matrix: np.ndarray) -> list[int]:
+    """A cheating client's best encoding of ``x``: the norm as the field computes it (its bits, if they fit, else
+    the bound's), each test's result as the field computes it, a success bit only where the result is in range
+    (a false one fails the quadratic test), and everything else as an honest client would."""
+    f = F
+    field_norm = sum(v * v for v in x) % P
+    v = field_norm if field_norm <= check.sq_bound else check.sq_bound
+    out = [f.element(a) for a in x] + f.bits(v, check.sq_bits) + f.bits(check.sq_bound - v, check.sq_bits)
+    for row in matrix:
+        r = f.signed(sum(int(a) * b for a, b in zip(row, x, strict=True)) % P)
+        ok = -check.wr_bound < r <= check.wr_bound
+        out += [*f.bits(r + check.wr_bound - 1 if ok else 0, check.wr_bits), int(ok)]
+    return out
+
+
+def _refused(check: L2Bound, x: list[int], rr: random.Random) -> bool:
+    matrix = wraparound_matrix(secrets.token_bytes(16), check.tests, check.dim)
+    meas = _cheat(check, x, matrix)
+    results = check.results([F.element(v) for v in x], matrix)
+    jr = [rr.randrange(P) for _ in range(3)]
+    proof = flp.prove(check.circuit(results), meas, [rr.randrange(P) for _ in range(check.gadget.arity)], jr)
+    accepted = _verify(
+        check.circuit(results),
+        meas,
+        proof,
+        jr,
+        rng=rr,
+        circuit_of=lambda m: check.circuit(check.results(m[: check.dim], matrix)),
+    )
+    return not accepted and _direct(check, meas, results, jr) != 0
+
+
+def _wrapping(dim: int) -> list[int]:
+    """A vector whose squares sum to 3 in the field: √2 mod p (an element near p/2 in size) and a one."""
+    root = _sqrt(2)
+    assert root * root % P == 2 and abs(F.signed(root)) > 2**39  # its square as an integer is near 2^80
+    return [F.signed(root), 1] + [0] * (dim - 2)
+
+
+def _sqrt(a: int) -> int:
+    """Tonelli–Shanks: a square root of ``a`` mod P."""
+    q, s = P - 1, 0
+    while q % 2 == 0:
+        q, s = q // 2, s + 1
+    z = next(z for z in range(2, 100) if pow(z, (P - 1) // 2, P) == P - 1)
+    m, c, t, r = s, pow(z, q, P), pow(a, q, P), pow(a, (q + 1) // 2, P)
+    while t != 1:
+        i, t2 = 0, t
+        while t2 != 1:
+            t2, i = t2 * t2 % P, i + 1
+        b = pow(c, 1 << (m - i - 1), P)
+        m, c, t, r = i, b * b % P, t * b * b % P, r * b % P
+    return r
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["one huge coordinate", "just over the bound", "over the bound in every coordinate", "wraps around the field"],
+)
+def test_pine_refuses_every_over_bound_shape(shape):
+    rng, rr = np.random.default_rng(5), random.Random(5)
+    dim, bound = 24, 1 << 14
+    check = L2Bound(F, dim, bound)
+    if shape == "one huge coordinate":
+        x = [0] * dim
+        x[3] = 10**15
+    elif shape == "just over the bound":  # B² + 1
+        x = [0] * dim
+        x[0], x[1] = bound, 1
+    elif shape == "over the bound in every coordinate":
+        x = _at_norm(rng, dim, 3 * bound)
+    else:
+        x = _wrapping(dim)
+        assert sum(v * v for v in x) % P == 3  # the field's norm is tiny
+    assert sum(v * v for v in x) > bound * bound
+    with pytest.raises(BadInputError):
+        check.encode(x, wraparound_matrix(b"s", check.tests, dim))  # an honest client cannot prove it
+    assert _refused(check, x, rr)
+
+
+def test_pine_parameters_follow_the_field():
+    check = L2Bound(F, 45_000, 1 << 30)
+    assert check.wr_bound == 1 << 34 and check.sq_bits == 61
+    assert check.calls == sum(-(-n // check.chunk) for n in (45_000, check.bits_len, 100))
+    assert check.chunk == math.isqrt(45_000 + check.bits_len)
+    with pytest.raises(BadInputError, match="too large"):
+        L2Bound(F, 10, 1 << 32)  # B² ≥ p / 3
+    assert L2Bound(FIELD128, 10, 1 << 40).sq_bits == 81
+
+
+def test_wraparound_matrix_is_pine_distribution():
+    m = wraparound_matrix(b"seed", 100, 1000)
+    assert m.shape == (100, 1000) and set(np.unique(m)) <= {-1, 0, 1}
+    counts = np.array([(m == v).mean() for v in (-1, 0, 1)])
+    assert np.allclose(counts, [0.25, 0.5, 0.25], atol=0.01)
+    assert (wraparound_matrix(b"seed", 100, 1000) == m).all() and not (
+        wraparound_matrix(b"other", 100, 1000) == m
+    ).all()
