@@ -268,3 +268,74 @@ def test_wraparound_matrix_is_pine_distribution():
     assert (wraparound_matrix(b"seed", 100, 1000) == m).all() and not (
         wraparound_matrix(b"other", 100, 1000) == m
     ).all()
+
+
+# --- the vectorised path, held to the plain one ---------------------------------------------------------------------
+
+
+def test_goldilocks_arithmetic_equals_python_integers():
+    from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+
+    rng = random.Random(4)
+    edge = [0, 1, 2, P - 1, P - 2, 2**63, 2**32, 2**32 - 1, 2**64 - 2**32]
+    a_list = [rng.randrange(P) for _ in range(3000)] + edge + edge[::-1]
+    b_list = [rng.randrange(P) for _ in range(3000)] + edge[::-1] + edge
+    a, b = g.array(a_list), g.array(b_list)
+    assert g.mul(a, b).tolist() == [x * y % P for x, y in zip(a_list, b_list, strict=True)]
+    assert g.add(a, b).tolist() == [(x + y) % P for x, y in zip(a_list, b_list, strict=True)]
+    assert g.sub(a, b).tolist() == [(x - y) % P for x, y in zip(a_list, b_list, strict=True)]
+    assert int(g.total(a)) == sum(a_list) % P
+    assert g.to_signed(g.from_signed(np.array([-5, 0, 7, -(2**62)]))).tolist() == [-5, 0, 7, -(2**62)]
+    for n in (1, 2, 8, 512):
+        coeffs = [rng.randrange(P) for _ in range(n)]
+        assert g.ntt(g.array(coeffs)).tolist() == F.ntt(coeffs, n)
+        assert g.ntt(g.ntt(g.array(coeffs)), inverse=True).tolist() == coeffs
+
+
+@pytest.mark.parametrize("dim", [7, 300])
+def test_pine_fast_path_gives_the_plain_paths_proof_and_verifier_shares(dim):
+    from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+    from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+
+    rr = random.Random(dim)
+    bound = 1 << 20
+    check = L2Bound(F, dim, bound)
+    x = np.trunc(_unit(dim) * bound).astype(np.int64)
+    seed = secrets.token_bytes(16)
+    matrix = wraparound_matrix(seed, check.tests, dim)
+    meas, results = pine_fast.encode(check, x, seed)
+    plain_meas = check.encode(x.tolist(), matrix)
+    plain_results = [F.element(r) for r in check.results_int(x.tolist(), matrix)]
+    assert meas.tolist() == plain_meas and results.tolist() == plain_results
+    jr, seeds = [rr.randrange(P) for _ in range(3)], [rr.randrange(P) for _ in range(check.gadget.arity)]
+    proof = pine_fast.prove(check, meas, results, g.array(seeds), jr)
+    assert proof.tolist() == flp.prove(check.circuit(plain_results), plain_meas, seeds, jr)
+    share = g.array([rr.randrange(P) for _ in plain_meas])
+    proof_share = g.array([rr.randrange(P) for _ in proof.tolist()])
+    mine = pine_fast.wraparound_dots(seed, check.tests, share[:dim])
+    assert mine.tolist() == check.results(share[:dim].tolist(), matrix)
+    t = rr.randrange(P)
+    assert pine_fast.query(check, share, proof_share, mine, t, jr, 2) == flp.query(
+        check.circuit(mine.tolist()), share.tolist(), proof_share.tolist(), t, jr, 2
+    )
+
+
+def test_wraparound_dots_are_exact_past_a_float32_block():
+    """More columns than one float32 block (2^16) and elements of every size: the limb products stay exact."""
+    from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+    from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+
+    rng = np.random.default_rng(8)
+    x = g.from_signed(rng.integers(-(2**62), 2**62, size=70_000))
+    x[:5] = [0, 1, P - 1, 2**63, P - 2**32]
+    matrix = wraparound_matrix(b"block", 3, x.size)
+    assert (
+        pine_fast.wraparound_dots(b"block", 3, x).tolist()
+        == g.dot_small(matrix, x).tolist()
+        == [sum(int(a) * int(v) for a, v in zip(row, x.tolist(), strict=True)) % P for row in matrix]
+    )
+
+
+def _unit(dim: int) -> np.ndarray:
+    x = np.random.default_rng(dim).standard_normal(dim)
+    return x / np.linalg.norm(x)

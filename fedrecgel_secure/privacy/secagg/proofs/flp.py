@@ -72,6 +72,16 @@ class ParallelSum(Gadget):
 GadgetCall = Callable[[Sequence[int]], int]
 
 
+def points(calls: int) -> int:
+    """P: the wire polynomials' points, a power of two above the calls (one point more: the seed)."""
+    return 1 << calls.bit_length()
+
+
+def proof_len(gadget: Gadget, calls: int) -> int:
+    """The wires' seeds and the gadget polynomial's coefficients (degree · (P − 1) + 1)."""
+    return gadget.arity + gadget.degree * (points(calls) - 1) + 1
+
+
 class Circuit(ABC):
     """A validity circuit: ``eval`` calls ``gadget`` exactly :attr:`calls` times and is affine in the input given
     those calls' outputs, each constant scaled by 1/``shares`` (so the verifiers' shares of v add up to v)."""
@@ -87,12 +97,11 @@ class Circuit(ABC):
 
     @property
     def points(self) -> int:
-        """P: the wire polynomials' points, a power of two above the calls (one point more: the seed)."""
-        return 1 << self.calls.bit_length()
+        return points(self.calls)
 
     @property
     def proof_len(self) -> int:
-        return self.gadget.arity + self.gadget.degree * (self.points - 1) + 1
+        return proof_len(self.gadget, self.calls)
 
     @property
     def verifier_len(self) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
 
+from . import flp
 from .field import Field
 from .flp import Circuit, GadgetCall, Mul, ParallelSum
 
@@ -71,6 +72,14 @@ class L2Bound:
         self.chunk = chunk or max(1, math.isqrt(dim + self.bits_len))
         self.gadget = ParallelSum(Mul(), self.chunk)
         self.calls = sum(-(-n // self.chunk) for n in (dim, self.bits_len, tests))
+
+    @property
+    def points(self) -> int:
+        return flp.points(self.calls)
+
+    @property
+    def proof_len(self) -> int:
+        return flp.proof_len(self.gadget, self.calls)
 
     # the client's side
 
@@ -163,11 +172,16 @@ class _Checked(Circuit):
         return self.base._eval(meas, self.results, joint_rand, gadget, shares)
 
 
+def wraparound_bytes(seed: bytes, tests: int, dim: int) -> np.ndarray:
+    """The stream the tests' vectors are read from: SHAKE128 of the seed, two bits an entry."""
+    count = -(-tests * dim // 4)
+    return np.frombuffer(hashlib.shake_128(b"fedrecgel/pine-wraparound/v1" + seed).digest(count), np.uint8)
+
+
 def wraparound_matrix(seed: bytes, tests: int, dim: int) -> np.ndarray:
-    """(tests, dim) int8 of −1, 0, 1 with probability ¼, ½, ¼, two bits of SHAKE128(seed) each (00: −1; 01, 10: 0;
-    11: 1), least significant pair first: PINE's distribution, exactly."""
-    count = tests * dim
-    raw = np.frombuffer(hashlib.shake_128(b"fedrecgel/pine-wraparound/v1" + seed).digest(-(-count // 4)), np.uint8)
-    pairs = ((raw[:, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3).reshape(-1)[:count]
+    """(tests, dim) int8 of −1, 0, 1 with probability ¼, ½, ¼, two bits of :func:`wraparound_bytes` each (00: −1;
+    01, 10: 0; 11: 1), least significant pair first: PINE's distribution, exactly."""
+    raw = wraparound_bytes(seed, tests, dim)
+    pairs = ((raw[:, None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3).reshape(-1)[: tests * dim]
     table = np.array([-1, 0, 0, 1], dtype=np.int8)
     return table[pairs].reshape(tests, dim)

@@ -1,0 +1,125 @@
+"""Field64 (p = 2^64 − 2^32 + 1) on numpy uint64 arrays: the vectorised arithmetic the fast path of the proofs
+runs on, held to :mod:`.field`'s Python integers by the tests.
+
+Concern: elementwise +, −, ×, sums and the NTT, on canonical elements (< p). A product's 128 bits are assembled from
+32-bit halves and reduced with 2^64 ≡ 2^32 − 1 and 2^96 ≡ −1 (mod p), the reduction p's shape was chosen for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .field import FIELD64
+
+P = np.uint64(FIELD64.p)
+EPSILON = np.uint64(0xFFFFFFFF)  # 2^64 mod p
+_32 = np.uint64(32)
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+def array(values) -> np.ndarray:
+    """A flat sequence of Python ints (of either sign) as canonical elements (never through float64, which would
+    round them)."""
+    return np.array([int(v) % FIELD64.p for v in values], dtype=np.uint64)
+
+
+def from_signed(x: np.ndarray) -> np.ndarray:
+    """int64 integers as elements (−1 is p − 1)."""
+    x = np.asarray(x, dtype=np.int64)
+    out = x.astype(np.uint64)
+    neg = x < 0
+    out[neg] = P - (-x[neg]).astype(np.uint64)
+    return out
+
+
+def to_signed(x: np.ndarray) -> np.ndarray:
+    """Elements as the int64 integers of least magnitude they stand for (exact for |value| < 2^63)."""
+    x = np.asarray(x, dtype=np.uint64)
+    out = x.astype(np.int64)  # wraps for x ≥ 2^63: fixed below
+    neg = x > P // np.uint64(2)
+    out[neg] = -((P - x[neg]).astype(np.int64))
+    return out
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    s = a + b
+    s += (s < a) * EPSILON  # a carry out of 64 bits is 2^64 ≡ 2^32 − 1; the result then stays below p
+    return s - (s >= P) * P
+
+
+def neg(a: np.ndarray) -> np.ndarray:
+    return (a != 0) * (P - a)  # P - 0 would be p, not 0
+
+
+def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return add(a, neg(b))
+
+
+def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """hi · 2^64 + lo mod p: 2^64 ≡ 2^32 − 1 and 2^96 ≡ −1, so it is lo − hi_high + hi_low · (2^32 − 1)."""
+    hi_high, hi_low = hi >> _32, hi & _LOW
+    t = lo - hi_high
+    t -= (lo < hi_high) * EPSILON  # a borrow is −2^64 ≡ −(2^32 − 1)
+    u = hi_low * EPSILON  # < 2^64
+    r = t + u
+    r += (r < u) * EPSILON
+    return r - (r >= P) * P
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.broadcast_arrays(np.asarray(a, np.uint64), np.asarray(b, np.uint64))
+    a_lo, a_hi, b_lo, b_hi = a & _LOW, a >> _32, b & _LOW, b >> _32
+    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
+    mid = lh + hl
+    mid_carry = (mid < lh).astype(np.uint64)
+    lo = ll + (mid << _32)
+    lo_carry = (lo < ll).astype(np.uint64)
+    hi = hh + (mid >> _32) + lo_carry + (mid_carry << _32)
+    return _reduce128(hi, lo)
+
+
+def total(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Σ along ``axis`` mod p, by 32-bit halves (each half's sum fits 64 bits for up to 2^32 terms)."""
+    a = np.asarray(a, np.uint64)
+    lo = (a & _LOW).sum(axis=axis, dtype=np.uint64)
+    hi = (a >> _32).sum(axis=axis, dtype=np.uint64)  # Σ hi · 2^32 = (hi_high · 2^64 + hi_low · 2^32)
+    return add(_reduce128(hi >> _32, (hi & _LOW) << _32), lo - (lo >= P) * P)
+
+
+def dot_small(rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """rows · x mod p for a matrix of small signed integers (|entry| ≤ 1, int8) and elements x: float64 products
+    of x's four 16-bit limbs (a sum of at most 2^36 / 2^16 … exact below 2^53), recombined mod p."""
+    limbs = np.stack([(x >> np.uint64(16 * i)) & np.uint64(0xFFFF) for i in range(4)], axis=1).astype(np.float64)
+    if rows.shape[1] * 0xFFFF >= 2**53:
+        raise ValueError("too many columns for exact float64 limb products")
+    sums = rows.astype(np.float64) @ limbs  # (tests, 4), exact integers
+    out = np.zeros(rows.shape[0], dtype=np.uint64)
+    for i in range(4):
+        part = from_signed(np.rint(sums[:, i]).astype(np.int64))
+        out = add(out, mul(part, np.uint64(1 << (16 * i)) % P))
+    return out
+
+
+def ntt(values: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """The NTT of each row of ``values`` (…, n), n a power of two: coefficients → values at ω^0 … ω^(n−1), or back
+    with ``inverse``; :meth:`.field.Field.ntt` and ``inv_ntt`` row by row."""
+    a = np.array(values, dtype=np.uint64)
+    n = a.shape[-1]
+    w = FIELD64.root(n)
+    if inverse:
+        w = FIELD64.inv(w)
+    bits = n.bit_length() - 1
+    rev = np.array([int(f"{i:0{bits}b}"[::-1], 2) if bits else 0 for i in range(n)])
+    a = a[..., rev]
+    length = 2
+    while length <= n:
+        half = length // 2
+        step = pow(w, n // length, FIELD64.p)
+        tw = array([pow(step, k, FIELD64.p) for k in range(half)])
+        a = a.reshape(*a.shape[:-1], n // length, length)
+        u, v = a[..., :half], mul(a[..., half:], tw)
+        a = np.concatenate([add(u, v), sub(u, v)], axis=-1).reshape(*a.shape[:-2], n)
+        length *= 2
+    if inverse:
+        a = mul(a, np.uint64(FIELD64.inv(n)))
+    return a
