@@ -76,7 +76,8 @@ class DpfPolicy(Section):
     )
     value_bits: Literal[32, 64] = Field(
         64,
-        description="The group the values are summed in: 64 (Z_2^64) or 32 (half the upload; the grid's"
+        description="The group the values are summed in: 64 (Field64, the field of the norm check) or 32 (Z_2^32,"
+        " half the upload; the grid's"
         " clip_range, frac_bits and the clients per round must let a round's sum fit, checked at the start).",
     )
     device: Literal["cpu", "auto", "cuda"] = Field(

@@ -20,6 +20,7 @@ from fedrecgel_secure.errors import BadInputError
 from ..fixedpoint import FixedPoint
 from ..identity import ClientIdentity, Kind, check_round, check_session_tag
 from ..vectors import check_dim, check_upload, check_vector
+from . import group as group_ops
 from . import wire
 from .params import DPFParams
 from .sparse import KeyArrays, encode
@@ -99,7 +100,7 @@ class DPFClient:
         values (in the group), which it splits between the two servers."""
         cid, group = self.identity.client_id, self.params.group
         pad_seed = secrets.token_bytes(wire.PAD_SEED_BYTES)
-        masked = (dense - wire.pad(pad_seed, dense.size, group)).astype(f"<u{np.dtype(group).itemsize}")
+        masked = group_ops.sub(dense, wire.pad(pad_seed, dense.size, group)).astype(f"<u{np.dtype(group).itemsize}")
         boxes = [
             wire.seal(self.seal_keys[party], plain, wire.box_info(self.session_tag, round_idx, cid, party))
             for party, plain in ((0, k0.seeds.tobytes() + masked.tobytes()), (1, k1.seeds.tobytes() + pad_seed))

@@ -2,12 +2,14 @@
 :func:`.sparse.add_client`, which is its oracle (``tests/secagg/test_dpf_torch.py`` holds the two bit-equal).
 
 Each function here is the tensor form of its namesake in :mod:`.prg` or :mod:`.sparse`, with AES from
-:mod:`.aes_torch`. The group's values live in int64 (Z_2^64) or int32 (Z_2^32) tensors with the bits of the
-numpy path's uint64 or uint32: two's-complement addition and negation wrap exactly as the unsigned group's do
-(torch has no unsigned 64-bit arithmetic; CrypTen keeps its int64 secret shares on GPUs the same way). A leaf's
-share goes into its row with ``index_add_``, which adds a repeated row every time, so the leaves of a chunk go in
-one call. The digest is SHA-256 of the proofs on the host, in the numpy path's order, so either server may run
-either path.
+:mod:`.aes_torch`. The group's values live in int64 (Field64) or int32 (Z_2^32) tensors with the bits of the
+numpy path's uint64 or uint32 (torch has no unsigned 64-bit arithmetic; CrypTen keeps its int64 secret shares on
+GPUs the same way): Z_2^32's two's-complement addition wraps as the group's does; Field64's sum is reduced mod p
+(:func:`_add`, unsigned comparisons by flipping the sign bit). A leaf's share goes into its row with
+``index_add_``, which adds a repeated row every time, so the leaves of a chunk go in one call; a Field64 table
+keeps each value's two 32-bit halves apart, summed in int64 without overflow, and is reduced mod p when it leaves
+the device (:func:`to_group`). The digest is SHA-256 of the proofs on the host, in the numpy path's order, so
+either server may run either path.
 
 :func:`device_for` picks the path from ``privacy.secure_aggregation.dpf.device``: numpy unless the policy asks for
 the GPU, since this AES is not constant-time (its S-box lookups are indexed by bytes of the server's key shares);
@@ -25,6 +27,8 @@ import torch
 
 from fedrecgel_secure.errors import BadInputError
 
+from ..proofs import goldilocks
+from . import group as group_ops
 from . import prg
 from .aes_torch import AES128
 from .prg import KEYS, SEED_BYTES
@@ -67,17 +71,57 @@ def expand(seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def convert(seeds: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
     """:func:`.prg.convert`: each leaf seed stretched to ``width`` elements, ``H_value(seed ⊕ i)`` for counters i
-    in the block's last two bytes (big-endian), read little-endian as ``dtype`` (int64 or int32)."""
+    in the block's last two bytes (big-endian), read little-endian as ``dtype`` (int64: Field64, or int32), a
+    Field64 row with a word past p drawn as :func:`.group.from_words` draws it (on the host: 2^-32 a word)."""
     size = torch.empty((), dtype=dtype).element_size()
-    blocks = -(-width * size // SEED_BYTES)
+    group = group_ops.FIELD if dtype == torch.int64 else group_ops.RING
+    words = group_ops.words_for(width, group)
+    blocks = -(-words * size // SEED_BYTES)
     if blocks > 1 << 16:
         raise ValueError(f"a leaf of {width} values needs {blocks} blocks, more than the 2^16 the counter numbers")
     i = torch.arange(blocks, device=seeds.device)
     counters = torch.zeros((blocks, SEED_BYTES), dtype=torch.uint8, device=seeds.device)
     counters[:, 14], counters[:, 15] = (i >> 8).to(torch.uint8), (i & 0xFF).to(torch.uint8)
     x = (seeds[:, None, :] ^ counters[None, :, :]).reshape(-1, SEED_BYTES)
-    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES).view(dtype)  # little-endian hosts
-    return out[:, :width]
+    out = hash_blocks("value", x).reshape(seeds.shape[0], blocks * SEED_BYTES).view(dtype)[:, :words]
+    if group is group_ops.RING:
+        return out[:, :width]
+    first = out[:, :width]
+    bad = (~_below_p(first)).any(dim=1).nonzero().flatten()
+    if bad.numel():
+        first = first.clone()
+        host = out[bad].cpu().numpy().view(np.uint64)
+        first[bad] = torch.from_numpy(group_ops.from_words(host, width).view(np.int64)).to(first.device)
+    return first
+
+
+_SIGN = -(2**63)
+_P = int(group_ops.P) - 2**64  # p's bits as an int64
+_EPSILON = 2**32 - 1  # 2^64 mod p
+
+
+def _below(a: torch.Tensor, b) -> torch.Tensor:
+    """a < b as unsigned 64-bit integers (int64 tensors holding their bits)."""
+    return (a ^ _SIGN) < (b ^ _SIGN)
+
+
+def _below_p(a: torch.Tensor) -> torch.Tensor:
+    return _below(a, torch.tensor(_P, dtype=torch.int64, device=a.device))
+
+
+def _add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b in the group: Field64 for int64 (elements' bits), Z_2^32 for int32 (two's complement wraps)."""
+    if a.dtype != torch.int64:
+        return a + b
+    s = a + b  # wraps mod 2^64
+    s = s + _below(s, a).to(torch.int64) * _EPSILON  # a carry out of 64 bits is 2^64 ≡ 2^32 − 1 (mod p)
+    return torch.where(_below_p(s), s, s - _P)
+
+
+def _neg(a: torch.Tensor) -> torch.Tensor:
+    if a.dtype != torch.int64:
+        return -a
+    return torch.where(a == 0, a, _P - a)
 
 
 def check_blocks(seeds: torch.Tensor, bits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -128,9 +172,9 @@ def _leaves(keys: _Keys, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     per_key = inside.sum(dim=1)
     leaf_seeds, leaf_t = seeds[inside], t[inside]
     values = convert(leaf_seeds, keys.cw_value.shape[1], keys.cw_value.dtype)
-    values = values + leaf_t.to(values.dtype)[:, None] * keys.cw_value.repeat_interleave(per_key, dim=0)
+    values = _add(values, leaf_t.to(values.dtype)[:, None] * keys.cw_value.repeat_interleave(per_key, dim=0))
     if keys.party:
-        values = -values  # in the group: 2^k - v
+        values = _neg(values)
     places = inside.nonzero()[:, 1]  # each leaf's place in its tree, which its proof binds
     return values, proofs(leaf_seeds, leaf_t, places, keys.cw_check.repeat_interleave(per_key, dim=0))
 
@@ -162,6 +206,8 @@ def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tenso
         for first in range(0, layout.buckets, chunk):
             stop = min(first + chunk, layout.buckets)
             values, proved = _leaves(_Keys(batch, first, stop, table.device), sizes[first:stop].repeat(len(batch)))
+            if table.dim() == 3:  # Field64: the values' 32-bit halves, summed apart
+                values = torch.stack([values & 0xFFFFFFFF, (values >> 32) & 0xFFFFFFFF], dim=-1)
             table.index_add_(0, rows[starts[first] : starts[stop]].repeat(len(batch)), values)
             for h, client in zip(hashes, proved.cpu().numpy().reshape(len(batch), -1)):  # each client's in order
                 h.update(client.tobytes())
@@ -170,10 +216,22 @@ def add_clients(layout: Layout, clients: Sequence[KeyArrays], table: torch.Tenso
 
 
 def new_table(layout: Layout, device: torch.device) -> torch.Tensor:
-    """A zero share of the layout's table on ``device``, in the group's torch type."""
+    """A zero share of the layout's table on ``device``: (rows, width) int32 for Z_2^32; (rows, width, 2) int64 for
+    Field64, its values' low and high 32-bit halves summed apart (no sum of fewer than 2^31 of them overflows)."""
+    if layout.group is group_ops.FIELD:
+        return torch.zeros((layout.rows, layout.width, 2), dtype=torch.int64, device=device)
     return torch.zeros((layout.rows, layout.width), dtype=DTYPES[layout.group], device=device)
 
 
+def subtract(table: torch.Tensor, alone: torch.Tensor) -> torch.Tensor:
+    """``table`` less ``alone`` (both from :func:`new_table`): halves subtract as integers, Z_2^32 wraps."""
+    return table - alone
+
+
 def to_group(table: torch.Tensor, group: type) -> np.ndarray:
-    """A share on a device as the numpy path's array: the same bits, in the unsigned group."""
-    return table.cpu().numpy().view(group)
+    """A share on a device as the numpy path's array of the group: Z_2^32's bits, or Field64's halves reduced."""
+    if group is not group_ops.FIELD:
+        return table.cpu().numpy().view(group)
+    halves = table.cpu().numpy()
+    low, high = goldilocks.from_signed(halves[..., 0]), goldilocks.from_signed(halves[..., 1])
+    return goldilocks.add(low, goldilocks.mul(high, np.uint64(1 << 32)))

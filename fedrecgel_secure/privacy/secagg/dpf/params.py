@@ -16,18 +16,20 @@ from fedrecgel_secure.errors import BadInputError
 
 from ..arithmetic import every_valid_upload
 from ..fixedpoint import FixedPoint
+from . import group as group_ops
 from .point import MAX_WIDTH
 from .sparse import Layout
 
-GROUP_OF_BITS = {32: np.uint32, 64: np.uint64}
+GROUP_OF_BITS = {32: group_ops.RING, 64: group_ops.FIELD}
 
 
 @dataclass(frozen=True)
 class DPFParams:
     """``budget`` (R): the most item-table rows a client's upload carries (keys for ⌈1.5·R⌉ buckets, whatever it
-    touched); ``value_bits``: 64 (Z_2^64, masking's ring) or 32 (half the upload, where a round's sum fits: checked
-    at the start); ``rows`` × ``width``: the item table, the leading ``rows · width`` values of every upload (the
-    trainer fills them in from the model; the rest of the vector is dense and is additively shared).
+    touched); ``value_bits``: 64 (Field64, the field the norm proof runs in) or 32 (Z_2^32: half the upload,
+    where a round's sum fits: checked at the start); ``rows`` × ``width``: the item table, the leading
+    ``rows · width`` values of every upload (the trainer fills them in from the model; the rest of the vector is
+    dense and is additively shared).
 
     ``device`` is no shared fact but this party's choice, kept here because it travels with its settings: where
     its servers expand keys (:func:`.expand_torch.device_for`: ``"cpu"``, the constant-time default, ``"auto"``
@@ -70,7 +72,9 @@ class DPFParams:
         the values' group (the capacity rule: at 32 bits it bounds the grid's range and precision)."""
         if self.table_values > dim:
             raise BadInputError(f"a {self.rows} x {self.width} item table does not fit vectors of {dim} values")
-        encoding.check_capacity(max_summands, self.value_bits, "privacy.secure_aggregation.dpf.value_bits")
+        # Field64's signed range is |s| ≤ (p − 1)/2, just under 2^63: its bit length less one, as BFV's plaintexts
+        bits = self.value_bits if self.group is group_ops.RING else int(group_ops.P).bit_length() - 1
+        encoding.check_capacity(max_summands, bits, "privacy.secure_aggregation.dpf.value_bits")
 
     def sparse(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
         """The table rows of a client's grid integers the scheme carries, ascending, and how many nonzero rows it
@@ -106,13 +110,12 @@ class DPFParams:
         return out, dropped
 
     def to_group(self, ints: np.ndarray) -> np.ndarray:
-        """Signed grid integers as elements of the group (two's complement: the sum wraps as the integers add)."""
-        return np.asarray(ints, dtype=np.int64).astype(self.group)
+        """Signed grid integers as elements of the group (:func:`.group.from_signed`): sums add as the integers do."""
+        return group_ops.from_signed(ints, self.group)
 
     def from_group(self, values: np.ndarray) -> np.ndarray:
         """A sum in the group read back as signed integers (int64): exact while the capacity rule holds."""
-        signed = np.int32 if self.value_bits == 32 else np.int64
-        return np.asarray(values, dtype=self.group).view(signed).astype(np.int64)
+        return group_ops.to_signed(np.asarray(values, dtype=self.group))
 
     def arithmetic_contributors(
         self, cohort: list[int], survivors: list[int], *, min_clients: int, round_idx: int, round_seed: bytes, admit

@@ -1,4 +1,4 @@
-"""The tree DPF of Boyle, Gilboa and Ishai (CCS 2016, Fig. 1) with a vector output in Z_2^64 or Z_2^32.
+"""The tree DPF of Boyle, Gilboa and Ishai (CCS 2016, Fig. 1) with a vector output in Field64 or Z_2^32.
 
 :func:`gen` splits the point function ``f(x) = beta if x == alpha else 0`` over ``2^bits`` rows into two keys;
 ``eval_full(k0) + eval_full(k1)`` is ``beta`` in row ``alpha`` and zero in every other row (in the group), and
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import Reason, RejectedPayload
+from . import group as group_ops
 from .prg import CHECK_BYTES, SEED_BYTES, check_blocks, convert, expand
 
 MAGIC = b"DPF1"
@@ -45,7 +46,7 @@ class DPFKey:
     seed: np.ndarray  # (16,) uint8
     cw_seeds: np.ndarray  # (bits, 16) uint8
     cw_bits: np.ndarray  # (bits, 2) uint8: the left and right control bits' corrections
-    cw_value: np.ndarray  # (width,) of the group: uint64 (Z_2^64) or uint32 (Z_2^32)
+    cw_value: np.ndarray  # (width,) of the group: uint64 (Field64) or uint32 (Z_2^32)
     cw_check: np.ndarray  # (32,) uint8: the two parties' check values at alpha, XORed
 
     @property
@@ -89,7 +90,9 @@ class DPFKey:
             raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits")
         cw_bits = np.stack([packed & 1, packed >> 1], axis=1)
         cw_check, rest = rest[:CHECK_BYTES], rest[CHECK_BYTES:]
-        cw_value = rest.view(f"<u{size}").astype(GROUPS[size])
+        cw_value = group_ops.check(
+            rest.view(f"<u{size}").astype(GROUPS[size]), "a DPF key's value correction", client_id
+        )
         return cls(party, seed.copy(), cw_seeds.copy(), cw_bits.astype(np.uint8), cw_value, cw_check.copy())
 
 
@@ -103,7 +106,7 @@ def gen(
     alpha: int, beta: np.ndarray, bits: int, random_bytes: Callable[[int], bytes] = secrets.token_bytes
 ) -> tuple[DPFKey, DPFKey]:
     """Two keys of the point function ``alpha -> beta`` over ``2^bits`` rows; ``beta``'s type is the group (a
-    vector of uint64 for Z_2^64, of uint32 for Z_2^32).
+    vector of uint64 elements of Field64, or of uint32 for Z_2^32).
 
     ``random_bytes`` is the source of the two root seeds, the only randomness (the OS's CSPRNG; the tests pass a
     fixed one for known answers).
@@ -119,7 +122,9 @@ def gen_many(
     alphas = np.asarray(alphas, dtype=np.int64).reshape(-1)
     betas = np.asarray(betas).reshape(alphas.size, -1)
     if betas.dtype not in (np.uint32, np.uint64):
-        raise ValueError(f"betas must be uint32 (Z_2^32) or uint64 (Z_2^64), got {betas.dtype}")
+        raise ValueError(f"betas must be uint32 (Z_2^32) or uint64 (Field64), got {betas.dtype}")
+    if betas.dtype == np.uint64 and betas.size and bool((betas >= group_ops.P).any()):
+        raise ValueError("betas of uint64 must be Field64 elements, below p = 2^64 - 2^32 + 1")
     group = betas.dtype.type
     if not 1 <= bits <= MAX_BITS or np.any(alphas < 0) or np.any(alphas >= 1 << bits):
         raise ValueError(f"every alpha must be a row of 2^{bits} (bits in 1..{MAX_BITS})")
@@ -143,8 +148,8 @@ def gen_many(
         seeds = keep ^ (t[:, :, None] * cw_seeds[:, None, level])
         t = keep_t ^ (t & keep_cw[:, None])
     leaves = convert(seeds.reshape(-1, SEED_BYTES), betas.shape[1], group).reshape(n, 2, -1)
-    cw_value = betas - leaves[:, 0] + leaves[:, 1]  # in the group: unsigned arithmetic wraps
-    cw_value = np.where(t[:, 1:2].astype(bool), group(0) - cw_value, cw_value)
+    cw_value = group_ops.add(group_ops.sub(betas, leaves[:, 0]), leaves[:, 1])  # in the group
+    cw_value = np.where(t[:, 1:2].astype(bool), group_ops.neg(cw_value), cw_value)
     at = np.repeat(alphas, 2)  # both parties' leaf alpha
     checks = check_blocks(seeds.reshape(-1, SEED_BYTES), t.reshape(-1), at).reshape(n, 2, CHECK_BYTES)
     cw_check = checks[:, 0] ^ checks[:, 1]
@@ -168,8 +173,8 @@ def proofs(seeds: np.ndarray, t: np.ndarray, positions: np.ndarray, cw_check: np
 
 def _output(key: DPFKey, seeds: np.ndarray, t: np.ndarray) -> np.ndarray:
     group = key.cw_value.dtype.type
-    out = convert(seeds, key.width, group) + t.astype(group)[:, None] * key.cw_value[None, :]
-    return group(0) - out if key.party else out
+    out = group_ops.add(convert(seeds, key.width, group), t.astype(group)[:, None] * key.cw_value[None, :])
+    return group_ops.neg(out) if key.party else out
 
 
 def eval_full(key: DPFKey, rows: int) -> np.ndarray:

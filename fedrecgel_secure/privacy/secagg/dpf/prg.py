@@ -15,6 +15,8 @@ import hashlib
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from .group import from_words, words_for
+
 SEED_BYTES = 16
 # public, fixed: anyone may recompute them (the keys of the hash, not secrets)
 KEYS = {
@@ -67,11 +69,13 @@ def expand(seeds: np.ndarray, hash_blocks=hash_blocks) -> tuple[np.ndarray, np.n
 
 
 def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarray:
-    """Each leaf seed stretched to ``width`` pseudorandom elements of the ``group`` (np.uint64: Z_2^64, np.uint32:
-    Z_2^32): ``H_value(seed ⊕ i)`` for counters i = 0, 1, ... (in the last two bytes), little-endian, as an
+    """Each leaf seed stretched to ``width`` pseudorandom elements of the ``group`` (np.uint64: Field64, np.uint32:
+    Z_2^32): the words ``H_value(seed ⊕ i)`` for counters i = 0, 1, ... (in the last two bytes), little-endian,
+    made elements by :func:`.group.from_words` (Field64 draws two spare words a leaf, to skip any past p), as an
     (n, width) array of that type."""
     size = np.dtype(group).itemsize
-    blocks = -(-width * size // SEED_BYTES)
+    words = words_for(width, group)
+    blocks = -(-words * size // SEED_BYTES)
     if blocks > 1 << 16:  # the counter has 16 bits: past them the pad would repeat
         raise ValueError(f"a leaf of {width} values needs {blocks} blocks, more than the 2^16 the counter numbers")
     # the counter in bytes 14 (high) and 15 (low), i.e. the top 16 bits of the block's second little-endian word
@@ -79,12 +83,12 @@ def convert(seeds: np.ndarray, width: int, group: type = np.uint64) -> np.ndarra
     counters = ((i >> np.uint64(8)) << np.uint64(48)) | ((i & np.uint64(0xFF)) << np.uint64(56))
     # σ is linear over XOR and a counter lies in the right half, so σ(seed ⊕ i) = σ(seed) ⊕ (i, 0): σ once a seed,
     # and each half written with the counters along the inner axis (numpy is slow over an inner axis of two)
-    words = _sigma_words(np.ascontiguousarray(seeds).view(np.uint64))  # (n, 2)
+    words_in = _sigma_words(np.ascontiguousarray(seeds).view(np.uint64))  # (n, 2)
     x = np.empty((seeds.shape[0], blocks, 2), dtype=np.uint64)
-    np.bitwise_xor(words[:, 0, None], counters[None, :], out=x[:, :, 0])
-    x[:, :, 1] = words[:, 1, None]
+    np.bitwise_xor(words_in[:, 0, None], counters[None, :], out=x[:, :, 0])
+    x[:, :, 1] = words_in[:, 1, None]
     out = _mmo("value", x.reshape(-1, 2)).reshape(seeds.shape[0], blocks * SEED_BYTES).view(f"<u{size}")
-    return out if blocks * SEED_BYTES == width * size else out[:, :width].astype(group)  # whole blocks: no copy
+    return from_words(out[:, :words].astype(group, copy=False), width)
 
 
 def check_blocks(seeds: np.ndarray, bits: np.ndarray, positions: np.ndarray) -> np.ndarray:

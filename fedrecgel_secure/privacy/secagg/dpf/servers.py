@@ -48,6 +48,7 @@ from ..fixedpoint import FixedPoint
 from ..identity import Envelope, IdentityDirectory, Kind, authenticate, check_round, check_session_tag
 from ..vectors import check_dim
 from . import expand_torch, wire
+from . import group as group_ops
 from .expand_torch import device_for
 from .params import DPFParams
 from .prg import SEED_BYTES
@@ -137,9 +138,10 @@ class _Server:
         roots = np.frombuffer(plain[:roots_len], dtype=np.uint8).reshape(layout.buckets, SEED_BYTES)
         if self.party == 0:
             share = np.frombuffer(plain[roots_len:], dtype=f"<u{np.dtype(p.group).itemsize}").astype(p.group)
+            group_ops.check(share, "the aggregator's dense share", cid)
         else:
             share = wire.pad(plain[roots_len:], dense, p.group)
-        self._dense += share
+        self._dense = group_ops.add(self._dense, share)
         self._held[cid] = (body.corrections.keys(self.party, roots), share)
         self._queued.append(cid)
         return cid
@@ -159,8 +161,8 @@ class _Server:
             else:
                 alone = self._zeros()
                 self._add([keys], alone)
-                self._table -= alone
-            self._dense -= share
+                self._table = self._subtract(self._table, alone)
+            self._dense = group_ops.sub(self._dense, share)
             self.digests.pop(cid, None)
 
     def _zeros(self):
@@ -175,6 +177,12 @@ class _Server:
         if self.device is None:
             return [add_client(self.params.layout, keys, table) for keys in clients]
         return expand_torch.add_clients(self.params.layout, clients, table)
+
+    def _subtract(self, table, alone):
+        """``table`` less ``alone``, both from :meth:`_zeros`, where this server expands keys."""
+        if self.device is None:
+            return group_ops.sub(table, alone)
+        return expand_torch.subtract(table, alone)
 
     def _share(self) -> np.ndarray:
         table = self._table if self.device is None else expand_torch.to_group(self._table, self.params.group)
@@ -250,8 +258,10 @@ class DPFAggregator(_Server):
         size = np.dtype(self.params.group).itemsize
         if len(share) != self.dim * size:
             raise RejectedPayload(Reason.WRONG_SHAPE, "the key holder's share is not of this vector's length")
-        theirs = np.frombuffer(share, dtype=f"<u{size}").astype(self.params.group)
-        total = self.params.from_group(self._share() + theirs)
+        theirs = group_ops.check(
+            np.frombuffer(share, dtype=f"<u{size}").astype(self.params.group), "the key holder's share"
+        )
+        total = self.params.from_group(group_ops.add(self._share(), theirs))
         self.last_completed_round, self._round, self._phase = self._round, None, None
         return total
 
@@ -306,5 +316,5 @@ class DPFKeyHolder(_Server):
         """``share`` (this server's share of a checked sum, in the group) plus ``noise`` on the grid, as the bytes
         the aggregator combines. The caller releases once per round (:meth:`release` does)."""
         if noise is not None:
-            share = share + self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64))
+            share = group_ops.add(share, self.params.to_group(self.encoding.encode_noise(noise).astype(np.int64)))
         return share.astype(f"<u{share.dtype.itemsize}").tobytes()

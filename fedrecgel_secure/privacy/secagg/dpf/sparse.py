@@ -29,6 +29,7 @@ from itertools import pairwise
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from . import group as group_ops
 from .point import DPFKey, gen_many, proofs
 from .prg import SEED_BYTES, convert, expand
 
@@ -52,7 +53,7 @@ class Layout:
     width: int
     budget: int
     seed: bytes = b"fedrecgel-dpf-layout/v1"  # public: the hash functions are everyone's
-    group: type = np.uint64  # the values' group: np.uint64 (Z_2^64) or np.uint32 (Z_2^32, half the bytes)
+    group: type = np.uint64  # the values' group: np.uint64 (Field64) or np.uint32 (Z_2^32, half the bytes)
 
     @cached_property
     def buckets(self) -> int:
@@ -91,7 +92,7 @@ class Layout:
             table = np.zeros((self.rows, self.width), dtype=self.group)
         for b, sums in enumerate(bucket_sums, start=first):
             rows = self.members[b]
-            table[rows] += sums[: len(rows)]  # a bucket lists a row once
+            table[rows] = group_ops.add(table[rows], sums[: len(rows)])  # a bucket lists a row once
         return table
 
     def layers(self, first: int, stop: int) -> tuple[np.ndarray, list[tuple[int, int, np.ndarray | slice]]]:
@@ -251,9 +252,9 @@ def _leaves(keys: KeyArrays, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     seeds, t, owner, places = _tree(keys, sizes)
     values = convert(seeds, keys.cw_value.shape[1], keys.cw_value.dtype.type)
     corrected = t.astype(bool)  # the leaves whose control bit adds their key's value correction
-    values[corrected] += keys.cw_value[owner[corrected]]
+    values[corrected] = group_ops.add(values[corrected], keys.cw_value[owner[corrected]])
     if keys.party:
-        np.negative(values, out=values)  # in the group: 2^k - v
+        values = group_ops.neg(values)
     return values, proofs(seeds, t, places, keys.cw_check[owner])
 
 
@@ -272,7 +273,7 @@ def forest(keys: KeyArrays, sizes: Sequence[int]) -> tuple[np.ndarray, list[byte
     out = np.zeros((n, 1 << depth, width), dtype=values.dtype)
     out[np.arange(1 << depth)[None, :] < every[:, None]] = values
     digests = [hashlib.sha256(client.tobytes()).digest() for client in proved.reshape(n // trees, -1)]
-    return out.reshape(n // trees, trees, 1 << depth, width).sum(axis=0, dtype=out.dtype), digests
+    return group_ops.total(out.reshape(n // trees, trees, 1 << depth, width), axis=0), digests
 
 
 def buckets_a_chunk(layout: Layout, values: int) -> int:
@@ -300,12 +301,9 @@ def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
         for lo, hi, rows in spans:
             fix = np.flatnonzero(corrected[lo:hi])  # the layer's leaves whose control bit adds their key's correction
             fix_rows = fix if isinstance(rows, slice) else rows[fix]  # a whole layer lists the rows in order
-            if keys.party:
-                table[rows] -= pads[lo:hi]
-                table[fix_rows] -= batch.cw_value[owner[lo + fix]]
-            else:
-                table[rows] += pads[lo:hi]
-                table[fix_rows] += batch.cw_value[owner[lo + fix]]
+            step = group_ops.sub if keys.party else group_ops.add
+            table[rows] = step(table[rows], pads[lo:hi])
+            table[fix_rows] = step(table[fix_rows], batch.cw_value[owner[lo + fix]])
     return digest.digest()
 
 

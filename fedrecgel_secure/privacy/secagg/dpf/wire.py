@@ -10,7 +10,7 @@ The envelope's body::
     offset  size        field
     0       4           magic b"DPFU"
     4       1           version (1)
-    5       1           bytes a value (4: Z_2^32, 8: Z_2^64)
+    5       1           bytes a value (4: Z_2^32, 8: Field64)
     6       2           reserved, 0
     8       4           buckets B
     12      4           depth d
@@ -45,11 +45,12 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from ..errors import Reason, RejectedPayload
+from .group import EXTRA_WORDS, FIELD, P, check
 from .prg import CHECK_BYTES, SEED_BYTES
 from .sparse import KeyArrays
 
 MAGIC = b"DPFU"
-VERSION = 1
+VERSION = 2  # 2: 8-byte values are Field64's (1: Z_2^64's)
 _HEAD = struct.Struct(">4sBBHIIII32sI")
 _LEN = struct.Struct(">I")
 _REQUEST = struct.Struct(">4sQI")  # magic, round, clients
@@ -116,11 +117,16 @@ def signing_context(session_tag: bytes, binding: Binding | None) -> bytes:
 
 
 def pad(seed: bytes, count: int, group: type) -> np.ndarray:
-    """``count`` pseudorandom elements of the group from a 16-byte seed (AES-128-CTR from a zero counter)."""
+    """``count`` pseudorandom elements of the group from a 16-byte seed: AES-128-CTR from a zero counter, its words
+    in order, skipping any at or past Field64's p (:mod:`.group`: so the pad is uniform)."""
     size = np.dtype(group).itemsize
     encryptor = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
-    stream = encryptor.update(bytes(count * size)) + encryptor.finalize()
-    return np.frombuffer(stream, dtype=f"<u{size}").astype(group)
+    out = np.zeros(0, dtype=group)
+    while out.size < count:  # Field64 skips a word 2^-32 of the time: a second pass is all but never needed
+        words = np.frombuffer(encryptor.update(bytes((count - out.size + EXTRA_WORDS) * size)), dtype=f"<u{size}")
+        words = words.astype(group)
+        out = np.concatenate([out, words[words < P] if group is FIELD else words])
+    return out[:count]
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +208,7 @@ def parse_body(data: bytes | memoryview, client_id: int, expect: tuple[int, int,
         raise RejectedPayload(Reason.GARBAGE, "a DPF key's control-bit corrections use more than two bits", client_id)
     cw_bits = np.stack([packed & 1, packed >> 1], axis=-1).astype(np.uint8)
     cw_value = buf[sum(sizes) :].view(f"<u{size}").astype(group).reshape(buckets, width)
+    check(cw_value, "a DPF upload's value corrections", client_id)
     corrections = Corrections(cw_seeds, cw_bits, cw_check, cw_value)
     return Body(buckets, depth, width, dense, group, box_digest, box, corrections)
 
