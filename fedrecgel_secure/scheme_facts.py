@@ -28,6 +28,14 @@ class SchemeFacts:
     noise_shares: bool = True
     # distributed noise shares may be sized for the protocol's survivor threshold (privacy.dp.shares = "threshold")
     threshold_shares: bool = False
+    # each upload proves its L2 norm within DP's clip norm and the servers drop one whose proof fails (its
+    # section's norm_check switch; docs/privacy/input-checks.md)
+    norm_check: bool = False
+
+
+# the DPF norm check's grid: B = ⌈C · 2^f⌉ must stay within 2^31 for Field64's squares (3B² < p) and wraparound
+# tests, so f ≤ NORM_CHECK_GRID_BITS − log2 C
+NORM_CHECK_GRID_BITS = 31
 
 
 FACTS: dict[str, SchemeFacts] = {
@@ -36,7 +44,7 @@ FACTS: dict[str, SchemeFacts] = {
         SchemeFacts("none", sealed=False, key_holder=False),
         SchemeFacts("masking", sealed=True, key_holder=False, threshold_shares=True),
         SchemeFacts("bfv", sealed=True, key_holder=True),
-        SchemeFacts("dpf", sealed=True, key_holder=True, sparse=True, noise_shares=False),
+        SchemeFacts("dpf", sealed=True, key_holder=True, sparse=True, noise_shares=False, norm_check=True),
     )
 }
 

@@ -18,7 +18,7 @@ from typing import Any
 from fedrecgel_secure.deploy.messages import DPF_UPLOAD
 from fedrecgel_secure.privacy.secagg.fixedpoint import FixedPoint
 from fedrecgel_secure.privacy.secagg.schemes import SCHEMES, Scheme, scheme_of
-from fedrecgel_secure.privacy.secagg.settings import encoding
+from fedrecgel_secure.privacy.secagg.settings import encoding, norm_bound
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ def setup_of(policy, dim: int, table: tuple[int, int] | None = None) -> Setup:
         if table is None:
             raise ValueError(f"scheme {scheme.name!r} addresses the item table's rows: its setup needs the table")
         params = dataclasses.replace(params, rows=int(table[0]), width=int(table[1]))
+    if scheme.norm_check:  # every party checks against its own policy's clip norm
+        params = dataclasses.replace(params, norm_bound=norm_bound(policy))
     return Setup(dim, params, encoding(settings), settings.min_clients)
 
 

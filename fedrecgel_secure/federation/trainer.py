@@ -31,6 +31,7 @@ from fedrecgel_secure.interrupt import StopBetweenRounds
 from fedrecgel_secure.metrics import KS
 from fedrecgel_secure.policy import Policy
 from fedrecgel_secure.privacy.secagg.schemes import scheme_of
+from fedrecgel_secure.privacy.secagg.settings import norm_bound
 from fedrecgel_secure.runs.checkpoint import load_checkpoint, save_checkpoint
 from fedrecgel_secure.runs.directory import (
     CHECKPOINT,
@@ -105,7 +106,15 @@ class Trainer:
         simulated among its clients). A deployment's server builds the protocol's server side instead."""
         secagg = self.policy.privacy.secure_aggregation
         table = self.model.item_embeddings
-        return make_summer(secagg, self.catalogue.n_users, dim, table.numel(), self.policy.seed, table.shape[1])
+        return make_summer(
+            secagg,
+            self.catalogue.n_users,
+            dim,
+            table.numel(),
+            self.policy.seed,
+            table.shape[1],
+            norm_bound(self.policy),
+        )
 
     # -- one round --------------------------------------------------------
     def train_round(self) -> tuple[float | None, RoundInfo]:

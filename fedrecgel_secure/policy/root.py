@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Literal
 
 import tomli_w
@@ -18,7 +19,7 @@ from fedrecgel_secure.policy.privacy import AuditPolicy, PrivacyPolicy
 from fedrecgel_secure.policy.secagg import SecureAggregationPolicy
 from fedrecgel_secure.policy.section import Section
 from fedrecgel_secure.policy.tracking import TrackingPolicy
-from fedrecgel_secure.scheme_facts import FACTS, facts_of
+from fedrecgel_secure.scheme_facts import FACTS, NORM_CHECK_GRID_BITS, facts_of
 
 Method = Literal["fedrecgel", "fedncf", "sam-shared", "sam-private"]
 
@@ -113,6 +114,34 @@ class Policy(Section):
                 " server never sees without: mode = 'central' with privacy.secure_aggregation.scheme = 'bfv' or 'dpf'"
                 " (the key holder adds it), or mode = 'distributed' with 'masking' or 'bfv' (every user adds its"
                 f" share); got mode = {dp.mode!r}, scheme = {self.privacy.secure_aggregation.scheme!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _norm_check_grid(self) -> Policy:
+        """The DPF norm check's bound C · 2^f must fit Field64 (:data:`NORM_CHECK_GRID_BITS`): frac_bits defaults
+        to the finest grid that does, and a finer one asked for is refused."""
+        dp, secagg = self.privacy.dp, self.privacy.secure_aggregation
+        if not (dp.enabled and facts_of(secagg.scheme).norm_check and secagg.dpf.norm_check):
+            return self
+        where = "privacy.secure_aggregation.dpf.norm_check"
+        if dp.adaptive_clipping is not None:
+            raise BadInputError(
+                f"{where} with privacy.dp.adaptive_clipping: the bound each upload proves would move every round; use"
+                f" a fixed privacy.dp.clip_norm, or set {where} = false"
+            )
+        if secagg.dpf.value_bits != 64:
+            raise BadInputError(
+                f"{where} needs privacy.secure_aggregation.dpf.value_bits = 64: the proof is in Field64"
+            )
+        finest = math.floor(NORM_CHECK_GRID_BITS - math.log2(dp.clip_norm))
+        if "frac_bits" not in secagg.model_fields_set:
+            secagg.frac_bits = min(secagg.frac_bits, finest)
+        elif secagg.frac_bits > finest:
+            raise BadInputError(
+                f"{where}: privacy.secure_aggregation.frac_bits {secagg.frac_bits} puts the clip norm"
+                f" {dp.clip_norm} past what Field64's squares hold on the grid; set frac_bits to {finest} or less,"
+                f" or {where} = false"
             )
         return self
 

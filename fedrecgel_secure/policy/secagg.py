@@ -80,6 +80,14 @@ class DpfPolicy(Section):
         " half the upload; the grid's"
         " clip_range, frac_bits and the clients per round must let a round's sum fit, checked at the start).",
     )
+    norm_check: bool = Field(
+        True,
+        description="With DP: each upload proves (PINE's proof, in Field64) that its L2 norm on the grid is within"
+        " privacy.dp.clip_norm, and the two servers drop one whose proof fails (docs/privacy/input-checks.md); about"
+        " 5% more upload. Needs value_bits = 64, a fixed clip norm, device = 'cpu' and a grid the field holds:"
+        " frac_bits at most 31 - log2(clip_norm), the default then. Without DP there is no clip norm and nothing is"
+        " checked.",
+    )
     device: Literal["cpu", "auto", "cuda"] = Field(
         "cpu",
         description="Where the two servers expand keys, each under its own policy (the same bits either way, so"

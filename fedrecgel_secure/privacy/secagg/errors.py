@@ -41,6 +41,7 @@ class Reason(StrEnum):
     INCONSISTENT = "inconsistent"  # the consistency check failed (a split view or too few confirmations)
     ALREADY_ANSWERED = "already_answered"  # a second request after the client confirmed or answered
     NOT_A_POINT = "not_a_point"  # DPF keys whose two servers' leaf proofs differ: more than one row in a key
+    OVER_BOUND = "over_bound"  # a DPF upload whose norm proof the two servers refused (docs/privacy/input-checks.md)
     TOO_MANY_REFUSALS = "too_many_refusals"  # the BFV key holder refused the run's limit of requests: it answers none
 
 

@@ -55,6 +55,11 @@ class Scheme(Generic[P]):
         """The upload carries the item-table rows a client touched (its params take the table's shape)."""
         return self.facts.sparse
 
+    @property
+    def norm_check(self) -> bool:
+        """Each upload proves its norm within the clip norm (its params take the bound)."""
+        return self.facts.norm_check
+
 
 SCHEMES = {
     s.name: s

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedrecgel_secure.scheme_facts import facts_of
+
 from .fixedpoint import FixedPoint
 
 if TYPE_CHECKING:
@@ -47,3 +49,11 @@ def dpf_params(settings: DpfPolicy) -> DPFParams:
     from .dpf.params import DPFParams
 
     return DPFParams(budget=settings.budget, value_bits=settings.value_bits, device=settings.device)
+
+
+def norm_bound(policy) -> float:
+    """C, the clip norm a DPF upload proves its norm within (``privacy.secure_aggregation.dpf.norm_check`` with DP),
+    or 0.0: nothing is checked (the policy refuses the combinations the check cannot run under)."""
+    dp, settings = policy.privacy.dp, policy.privacy.secure_aggregation
+    checked = dp.enabled and facts_of(settings.scheme).norm_check and settings.dpf.norm_check
+    return float(dp.clip_norm) if checked else 0.0

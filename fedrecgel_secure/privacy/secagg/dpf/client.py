@@ -23,7 +23,7 @@ from ..vectors import check_dim, check_upload, check_vector
 from . import group as group_ops
 from . import wire
 from .params import DPFParams
-from .sparse import KeyArrays, encode
+from .sparse import KeyArrays, encode_placed
 
 
 class DPFClient:
@@ -46,6 +46,7 @@ class DPFClient:
         if seal_keys[0] == seal_keys[1]:  # one server could open both boxes: it would hold both keys of every pair
             raise BadInputError("seal_keys: the aggregator and the key holder must have different sealing keys")
         params.check(dim, encoding, 1)
+        self.norm = params.norm_check(encoding, dim)
         self.seal_keys = seal_keys
         self.last_clipped = 0
         self.last_dropped_rows = 0
@@ -89,22 +90,50 @@ class DPFClient:
         self.last_clipped = clipped + dense_clipped
         row_ints = row_ints.reshape(rows.size, p.width)
         kept, self.last_dropped_rows = p.choose(rows, row_ints)
-        table = dict(zip(rows.tolist(), p.to_group(row_ints), strict=True))
-        keys0, keys1 = encode(p.layout, {int(r): table[int(r)] for r in kept})
-        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), p.to_group(dense_ints), binding)
+        by_row = dict(zip(rows.tolist(), row_ints, strict=True))
+        placed = p.layout.place(sorted(int(r) for r in kept))
+        keys0, keys1 = encode_placed(p.layout, placed, {b: p.to_group(by_row[r]) for b, r in placed.items()})
+        checked = None
+        if self.norm is not None:  # the vector the servers hold shares of: each bucket's row, then the dense rest
+            buckets = np.zeros((p.layout.buckets, p.width), dtype=np.int64)
+            for b, r in placed.items():
+                buckets[b] = by_row[r]
+            checked = np.concatenate([buckets.reshape(-1), dense_ints.astype(np.int64)])
+        dense = p.to_group(dense_ints)
+        return self.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), dense, binding, checked)
 
     def pack(
-        self, round_idx: int, k0: KeyArrays, k1: KeyArrays, dense: np.ndarray, binding: wire.Binding | None = None
+        self,
+        round_idx: int,
+        k0: KeyArrays,
+        k1: KeyArrays,
+        dense: np.ndarray,
+        binding: wire.Binding | None = None,
+        checked: np.ndarray | None = None,
     ) -> bytes:
         """The signed upload of key batches ``k0`` (the aggregator's) and ``k1`` (the key holder's) and the dense
-        values (in the group), which it splits between the two servers."""
+        values (in the group), which it splits between the two servers; with the norm check, the proof that
+        ``checked`` (the grid integers the servers hold shares of) is within the bound, in a second box for the
+        aggregator and two seeds in the key holder's (:mod:`.norm`)."""
         cid, group = self.identity.client_id, self.params.group
         pad_seed = secrets.token_bytes(wire.PAD_SEED_BYTES)
         masked = group_ops.sub(dense, wire.pad(pad_seed, dense.size, group)).astype(f"<u{np.dtype(group).itemsize}")
+        norm_seeds = b"" if self.norm is None else self.norm.key_holder_seeds()
         boxes = [
             wire.seal(self.seal_keys[party], plain, wire.box_info(self.session_tag, round_idx, cid, party))
-            for party, plain in ((0, k0.seeds.tobytes() + masked.tobytes()), (1, k1.seeds.tobytes() + pad_seed))
+            for party, plain in (
+                (0, k0.seeds.tobytes() + masked.tobytes()),
+                (1, k1.seeds.tobytes() + pad_seed + norm_seeds),
+            )
         ]
         body = wire.pack_body(wire.Corrections.of(k0), dense.size, boxes[0], boxes[1])
+        second = None
+        if self.norm is not None:
+            if checked is None:
+                raise BadInputError("a checked upload needs the integers it proves the norm of")
+            c1 = self.norm.commitment(self.session_tag, round_idx, cid, body)
+            part, h_bits = self.norm.prove(checked, c1, norm_seeds)
+            second = wire.seal(self.seal_keys[0], part, wire.box_info(self.session_tag, round_idx, cid, wire.PROOF_BOX))
+            body += wire.check_section(h_bits, second)
         envelope = self.identity.seal(Kind.DPF_UPLOAD, round_idx, body, wire.signing_context(self.session_tag, binding))
-        return wire.join_upload(envelope, boxes[0])
+        return wire.join_upload(envelope, boxes[0], second)

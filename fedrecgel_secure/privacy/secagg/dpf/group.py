@@ -61,6 +61,19 @@ def total(a: np.ndarray, axis: int) -> np.ndarray:
     return goldilocks.total(a, axis=axis) if a.dtype == FIELD else a.sum(axis=axis, dtype=a.dtype)
 
 
+def scale(a: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """a · k for small non-negative integers k (counts), in the group."""
+    return goldilocks.mul(a, k.astype(np.uint64)) if a.dtype == FIELD else a * k.astype(a.dtype)
+
+
+def from_halves(low: np.ndarray, high: np.ndarray, group: type) -> np.ndarray:
+    """Σ values from the sums of their low and high 32-bit halves (uint64, each below 2^64): low + high · 2^32."""
+    if group is FIELD:
+        low_e, high_e = low - (low >= P) * P, high - (high >= P) * P
+        return goldilocks.add(low_e, goldilocks.mul(high_e, np.uint64(1 << 32)))
+    return (low + (high << np.uint64(32))).astype(group)
+
+
 def from_signed(ints: np.ndarray, group: type) -> np.ndarray:
     """Signed integers (int64) as elements: two's complement in Z_2^32, −x as p − x in Field64."""
     ints = np.asarray(ints, dtype=np.int64)

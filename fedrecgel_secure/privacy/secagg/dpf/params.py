@@ -7,18 +7,24 @@ which the protocol's client and the arithmetic simulation both apply, so the two
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.scheme_facts import NORM_CHECK_GRID_BITS
 
 from ..arithmetic import every_valid_upload
 from ..fixedpoint import FixedPoint
 from . import group as group_ops
 from .point import MAX_WIDTH
 from .sparse import Layout
+
+if TYPE_CHECKING:
+    from .norm import NormCheck
 
 GROUP_OF_BITS = {32: group_ops.RING, 64: group_ops.FIELD}
 
@@ -40,6 +46,7 @@ class DPFParams:
     rows: int = 1
     width: int = 1
     device: str = "cpu"
+    norm_bound: float = 0.0  # C: every upload proves its L2 norm on the grid is within C (:mod:`.norm`); 0: unchecked
 
     def __post_init__(self) -> None:
         for name in ("budget", "rows", "width"):
@@ -54,6 +61,12 @@ class DPFParams:
             )
         if self.value_bits not in GROUP_OF_BITS:
             raise BadInputError(f"privacy.secure_aggregation.dpf.value_bits must be 32 or 64, got {self.value_bits!r}")
+        if not (isinstance(self.norm_bound, int | float) and math.isfinite(self.norm_bound) and self.norm_bound >= 0):
+            raise BadInputError(f"the DPF norm check's bound must be a finite C >= 0, got {self.norm_bound!r}")
+        if self.norm_bound and self.value_bits != 64:
+            raise BadInputError(
+                "privacy.secure_aggregation.dpf.norm_check needs value_bits = 64: the proof runs in Field64"
+            )
 
     @property
     def group(self) -> type:
@@ -72,9 +85,28 @@ class DPFParams:
         the values' group (the capacity rule: at 32 bits it bounds the grid's range and precision)."""
         if self.table_values > dim:
             raise BadInputError(f"a {self.rows} x {self.width} item table does not fit vectors of {dim} values")
+        self.norm_check(encoding, dim)  # the bound must fit Field64's squares and wraparound tests
         # Field64's signed range is |s| ≤ (p − 1)/2, just under 2^63: its bit length less one, as BFV's plaintexts
         bits = self.value_bits if self.group is group_ops.RING else int(group_ops.P).bit_length() - 1
         encoding.check_capacity(max_summands, bits, "privacy.secure_aggregation.dpf.value_bits")
+
+    def norm_check(self, encoding: FixedPoint, dim: int) -> NormCheck | None:
+        """The norm check of uploads of ``dim`` values on the grid ``encoding``, or None when unchecked; a bound the
+        field cannot hold is a :class:`BadInputError` naming the settings to change."""
+        if not self.norm_bound:
+            return None
+        from .norm import NormCheck, grid_bound  # the proofs' modules load only where a run checks norms
+
+        try:
+            return NormCheck.of(self.norm_bound, encoding, self.layout.buckets, self.width, dim - self.table_values)
+        except BadInputError:
+            bound = grid_bound(self.norm_bound, encoding)
+            finest = math.floor(NORM_CHECK_GRID_BITS - math.log2(self.norm_bound))
+            raise BadInputError(
+                f"privacy.secure_aggregation.dpf.norm_check: the clip norm {self.norm_bound} at frac_bits"
+                f" {encoding.frac_bits} is {bound} on the grid, past what Field64's squares hold"
+                f" (3·B² < p, B < 2^31.2); set privacy.secure_aggregation.frac_bits to {finest} or less"
+            ) from None
 
     def sparse(self, ints: np.ndarray) -> tuple[np.ndarray, int]:
         """The table rows of a client's grid integers the scheme carries, ascending, and how many nonzero rows it

@@ -50,6 +50,7 @@ from ..vectors import check_dim
 from . import expand_torch, wire
 from . import group as group_ops
 from .expand_torch import device_for
+from .norm import SEED_BYTES as NORM_SEED_BYTES
 from .params import DPFParams
 from .prg import SEED_BYTES
 from .sparse import add_client
@@ -85,6 +86,12 @@ class _Server:
         self.last_completed_round = last_completed_round
         # a torch device, or None: numpy; the paths give the same bits, so either server may run either
         self.device = device_for(params.device)
+        self.norm = params.norm_check(encoding, dim)  # the uploads' norm proof, or None (:mod:`.norm`)
+        if self.norm is not None and self.device is not None:
+            raise BadInputError(
+                "privacy.secure_aggregation.dpf.device: the norm check adds up each bucket's leaves with numpy;"
+                " set device = 'cpu' (or norm_check = false)"
+            )
         self._round: int | None = None
 
     @property
@@ -106,6 +113,8 @@ class _Server:
         self._queued: list[int] = []  # accepted clients whose keys wait for :meth:`_expand`
         self.digests: dict[int, bytes] = {}
         self._pending: list[int] | None = None  # the key holder's checked clients, until it releases
+        self._proofs: dict[int, tuple] = {}  # client -> (C1, h_bits, its bits share, its proof share): the norm check
+        self._rows: dict[int, np.ndarray] = {}  # client -> this server's share of each bucket's row
 
     def _accept(self, envelope: bytes, aggregator_box: bytes | None) -> int:
         """Authenticate one client's envelope, open this server's box, add its dense share and queue its keys."""
@@ -122,15 +131,21 @@ class _Server:
         cid = env.client_id
         if cid in self._held:
             raise RejectedPayload(Reason.DUPLICATE_CLIENT, "already contributed this round", cid)
-        p, layout = self.params, self.params.layout
+        p, layout, norm = self.params, self.params.layout, self.norm
         dense = self.dim - p.table_values
-        body = wire.parse_body(env.body, cid, (layout.buckets, layout.depth, layout.width, dense, p.group))
+        expect = (layout.buckets, layout.depth, layout.width, dense, p.group)
+        body = wire.parse_body(env.body, cid, expect, checked=norm is not None)
         if self.party == 0:
-            if aggregator_box is None or hashlib.sha256(aggregator_box).digest() != body.aggregator_box_digest:
+            if aggregator_box is None:
+                raise RejectedPayload(Reason.BAD_SIGNATURE, "the aggregator's box is missing", cid)
+            box, second = wire.split_boxes(aggregator_box, norm is not None, cid)
+            if hashlib.sha256(box).digest() != body.aggregator_box_digest or (
+                second is not None and hashlib.sha256(second).digest() != body.check[1]
+            ):
                 raise RejectedPayload(Reason.BAD_SIGNATURE, "the aggregator's box is not the one signed for", cid)
-            box, rest = aggregator_box, dense * np.dtype(p.group).itemsize
+            rest = dense * np.dtype(p.group).itemsize
         else:
-            box, rest = body.key_holder_box, wire.PAD_SEED_BYTES
+            box, rest = body.key_holder_box, wire.PAD_SEED_BYTES + (0 if norm is None else 2 * NORM_SEED_BYTES)
         roots_len = layout.buckets * SEED_BYTES
         plain = wire.open_box(
             self._key, box, wire.box_info(self.session_tag, self._round, cid, self.party), roots_len + rest, cid
@@ -140,7 +155,15 @@ class _Server:
             share = np.frombuffer(plain[roots_len:], dtype=f"<u{np.dtype(p.group).itemsize}").astype(p.group)
             group_ops.check(share, "the aggregator's dense share", cid)
         else:
-            share = wire.pad(plain[roots_len:], dense, p.group)
+            share = wire.pad(plain[roots_len : roots_len + wire.PAD_SEED_BYTES], dense, p.group)
+        if norm is not None:  # this server's shares of the norm's bits and of its proof
+            if self.party == 0:
+                info = wire.box_info(self.session_tag, self._round, cid, wire.PROOF_BOX)
+                part = wire.open_box(self._key, second, info, norm.aggregator_part_bytes(), cid)
+            else:
+                part = plain[roots_len + wire.PAD_SEED_BYTES :]
+            c1 = norm.commitment(self.session_tag, self._round, cid, body.committed)
+            self._proofs[cid] = (c1, body.check[0], *norm.shares_of(self.party, part, body.check[0], cid))
         self._dense = group_ops.add(self._dense, share)
         self._held[cid] = (body.corrections.keys(self.party, roots), share)
         self._queued.append(cid)
@@ -148,9 +171,23 @@ class _Server:
 
     def _expand(self) -> None:
         """Expand the queued clients' keys into this server's share and keep their digests: the round's clients
-        together, which a GPU takes many at a time (:func:`.expand_torch.add_clients`)."""
+        together, which a GPU takes many at a time (:func:`.expand_torch.add_clients`); with the norm check, each
+        client's bucket sums too (numpy)."""
         queued, self._queued = self._queued, []
-        self.digests.update(zip(queued, self._add([self._held[c][0] for c in queued], self._table)))
+        if self.norm is None:
+            self.digests.update(zip(queued, self._add([self._held[c][0] for c in queued], self._table)))
+            return
+        layout = self.params.layout
+        for cid in queued:
+            rows = np.zeros((layout.buckets, layout.width), dtype=layout.group)
+            self.digests[cid] = add_client(layout, self._held[cid][0], self._table, rows)
+            self._rows[cid] = rows
+
+    def _verifier_share(self, cid: int, t: int) -> np.ndarray:
+        """This server's share of ``cid``'s verifier message at the query point ``t`` (:mod:`.norm`)."""
+        c1, h_bits, bits, proof = self._proofs[cid]
+        x_share = np.concatenate([self._rows[cid].reshape(-1), self._held[cid][1]])
+        return self.norm.verifier_share(x_share, bits, proof, c1, h_bits, t)
 
     def _drop(self, clients) -> None:
         """Take ``clients``' contributions out of this server's share again."""
@@ -164,6 +201,8 @@ class _Server:
                 self._table = self._subtract(self._table, alone)
             self._dense = group_ops.sub(self._dense, share)
             self.digests.pop(cid, None)
+            self._proofs.pop(cid, None)
+            self._rows.pop(cid, None)
 
     def _zeros(self):
         """A zero share of the item table where this server expands keys."""
@@ -232,7 +271,11 @@ class DPFAggregator(_Server):
         self._phase = "finished"
         self._expand()
         items = [(c, e, self.digests[c]) for c, e in sorted(self._envelopes.items())]
-        return wire.pack_request(self._round, items, self.binding)  # the binding the key holder verifies under
+        check = None
+        if self.norm is not None:  # t drawn now, after every upload of the round is fixed
+            t = self.norm.query_point()
+            check = (t, {c: self._verifier_share(c, t).astype("<u8").tobytes() for c, _, _ in items})
+        return wire.pack_request(self._round, items, self.binding, check)  # the binding the key holder verifies under
 
     def settle(self, answer: bytes) -> list[int]:
         """The contributors, from the key holder's answer: the clients both servers accepted whose digests agree;
@@ -273,7 +316,11 @@ class DPFKeyHolder(_Server):
 
     def check(self, request: bytes) -> bytes:
         """Evaluate every envelope of the request; answer with this server's digest of each (or its refusal)."""
-        round_idx, binding, items = wire.parse_request(request)  # the whole request, checked before anything is added
+        verifier_bytes = 0 if self.norm is None else 8 * self.norm.verifier_len()
+        # the whole request, checked before anything is added
+        round_idx, binding, items, check = wire.parse_checked_request(request, verifier_bytes)
+        if check is not None:
+            self.norm.check_point(check[0])
         self._begin(round_idx, binding)
         theirs: dict[int, bytes] = {}
         answers: dict[int, bytes | str] = {}
@@ -289,6 +336,15 @@ class DPFKeyHolder(_Server):
                 continue
             theirs[cid] = digest
         self._expand()
+        if check is not None:  # the norm proofs of the clients whose keys are point functions
+            t, shares = check
+            for cid in [c for c in theirs if theirs[c] == self.digests[c]]:
+                aggregator = np.frombuffer(shares[cid], dtype="<u8").astype(np.uint64)
+                if bool((aggregator >= group_ops.P).any()) or not self.norm.decide(
+                    self._verifier_share(cid, t), aggregator
+                ):
+                    answers[cid] = Reason.OVER_BOUND.value
+                    del theirs[cid]
         answers.update((cid, self.digests[cid]) for cid in theirs)
         self._drop([c for c in self._held if theirs.get(c) != self.digests[c]])
         self._pending = sorted(self._held)

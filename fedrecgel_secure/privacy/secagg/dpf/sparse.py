@@ -172,11 +172,21 @@ def encode(
 ) -> tuple[list[DPFKey], list[DPFKey]]:
     """A client's rows (row -> its ``width`` values in the layout's group) as one key per bucket for each server."""
     placed = layout.place(sorted(values))
+    return encode_placed(layout, placed, {b: values[r] for b, r in placed.items()}, random_bytes)
+
+
+def encode_placed(
+    layout: Layout,
+    placed: Mapping[int, int],
+    values: Mapping[int, np.ndarray],
+    random_bytes: Callable[[int], bytes] = secrets.token_bytes,
+) -> tuple[list[DPFKey], list[DPFKey]]:
+    """:func:`encode` of rows already placed (bucket -> row, :meth:`Layout.place`) with each bucket's values."""
     alphas = np.zeros(layout.buckets, dtype=np.int64)
     betas = np.zeros((layout.buckets, layout.width), dtype=layout.group)  # an empty bucket's: zero
     for b, members in enumerate(layout.members):
         if b in placed:
-            alphas[b], betas[b] = np.searchsorted(members, placed[b]), values[placed[b]]
+            alphas[b], betas[b] = np.searchsorted(members, placed[b]), values[b]
         else:  # an empty bucket: a zero at a random place, the same size as any other key
             alphas[b] = secrets.randbelow(1 << layout.depth)
     pairs = gen_many(alphas, betas, layout.depth, random_bytes)
@@ -282,12 +292,14 @@ def buckets_a_chunk(layout: Layout, values: int) -> int:
     return max(1, values // (3 * layout.rows // layout.buckets + 1) // layout.width)
 
 
-def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
+def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray, sums: np.ndarray | None = None) -> bytes:
     """Expand one client's keys (one a bucket, in bucket order) and add them into ``table`` (rows, width), a chunk
     of buckets at a time so that a server's memory is bounded whatever the table; the client's digest. The leaves
     are expanded in the order of :meth:`Layout.layers` (a leaf's seed is put in order, 16 bytes, not its
     values, a row's width) and their pads added a layer at a time, then each key's value correction into the rows
-    of its leaves whose control bit is set; party 1 subtracts both (its share is the negation)."""
+    of its leaves whose control bit is set; party 1 subtracts both (its share is the negation). With ``sums``
+    ((buckets, width), zeros), each bucket's leaves are also added up there: this server's share of the row the
+    client put in that bucket (:mod:`.norm`)."""
     chunk = buckets_a_chunk(layout, CHUNK_VALUES)
     digest = hashlib.sha256()
     for first in range(0, layout.buckets, chunk):
@@ -298,13 +310,27 @@ def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray) -> bytes:
         order, spans = layout.layers(first, stop)
         pads = convert(seeds[order], layout.width, layout.group)
         corrected, owner = t[order].astype(bool), owner[order]
+        step = group_ops.sub if keys.party else group_ops.add
         for lo, hi, rows in spans:
             fix = np.flatnonzero(corrected[lo:hi])  # the layer's leaves whose control bit adds their key's correction
             fix_rows = fix if isinstance(rows, slice) else rows[fix]  # a whole layer lists the rows in order
-            step = group_ops.sub if keys.party else group_ops.add
             table[rows] = step(table[rows], pads[lo:hi])
             table[fix_rows] = step(table[fix_rows], batch.cw_value[owner[lo + fix]])
+        if sums is not None:
+            sums[first:stop] = step(sums[first:stop], _bucket_sums(pads, corrected, owner, batch.cw_value))
     return digest.digest()
+
+
+def _bucket_sums(pads: np.ndarray, corrected: np.ndarray, owner: np.ndarray, cw_value: np.ndarray) -> np.ndarray:
+    """Σ over each key's leaves of its pad, plus its value correction once a corrected leaf: (keys, width)."""
+    keys, width = cw_value.shape
+    low = np.zeros((keys, width), dtype=np.uint64)
+    high = np.zeros((keys, width), dtype=np.uint64)
+    np.add.at(low, owner, pads & np.uint64(0xFFFFFFFF))  # halves: no sum of fewer than 2^32 of them overflows
+    np.add.at(high, owner, pads >> np.uint64(32))
+    total = group_ops.from_halves(low, high, pads.dtype.type)
+    counts = np.bincount(owner[corrected], minlength=keys).astype(pads.dtype)
+    return group_ops.add(total, group_ops.scale(cw_value, counts[:, None]))
 
 
 def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:

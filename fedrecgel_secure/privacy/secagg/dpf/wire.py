@@ -5,6 +5,8 @@ box::
 
     u32 envelope length ‖ envelope ‖ aggregator's box
 
+With the norm check the aggregator's part is ``u32 first box's length ‖ first box ‖ second box``.
+
 The envelope's body::
 
     offset  size        field
@@ -23,6 +25,11 @@ The envelope's body::
             B·d         control-bit words    } in bucket order (each key's :class:`.point.DPFKey`
             B·32        check words          } less its root seed)
             B·w·size    value words          }
+    with the norm check (:mod:`.norm`), then:
+            32          h_bits: the blinded hash of the aggregator's share of the norm's bits
+            32          SHA-256 of the aggregator's second box (its shares of those bits and of the proof)
+
+The norm check's commitment C1 is a hash of the body before those 64 bytes.
 
 A deployment's client signs its envelope under a :class:`Binding` (what it computed its vector from), the
 simulator's under the session tag alone.
@@ -59,6 +66,7 @@ _ANSWER = struct.Struct(">4sQI")
 _ANSWER_ITEM = struct.Struct(">IB")  # client, 0: a digest follows, 1: a refusal (u16 length, reason)
 DIGEST_BYTES = 32
 PAD_SEED_BYTES = 16
+PROOF_BOX = 2  # the party code of the aggregator's second box (the norm check's shares) in its info
 _INFO = b"fedrecgel/dpf-box/v1\x00"
 _BINDING = struct.Struct(">32sBd")  # digest, whether a clip norm is stated, the clip norm (0.0 when not)
 
@@ -164,6 +172,16 @@ class Body:
     aggregator_box_digest: bytes
     key_holder_box: bytes
     corrections: Corrections
+    committed: bytes = b""  # the body before the norm check's fields: what C1 hashes
+    check: tuple[bytes, bytes] | None = None  # (h_bits, the aggregator's second box's SHA-256)
+
+
+CHECK_BYTES_IN_BODY = 64
+
+
+def check_section(h_bits: bytes, second_box: bytes) -> bytes:
+    """The norm check's fields at the end of a body (:mod:`.norm`)."""
+    return h_bits + hashlib.sha256(second_box).digest()
 
 
 def pack_body(corrections: Corrections, dense: int, aggregator_box: bytes, key_holder_box: bytes) -> bytes:
@@ -184,9 +202,17 @@ def pack_body(corrections: Corrections, dense: int, aggregator_box: bytes, key_h
     return head + key_holder_box + corrections.to_bytes()
 
 
-def parse_body(data: bytes | memoryview, client_id: int, expect: tuple[int, int, int, int, type]) -> Body:
-    """The body of ``client_id``'s envelope, checked against the session's (buckets, depth, width, dense, group);
-    anything else is :class:`RejectedPayload`."""
+def parse_body(
+    data: bytes | memoryview, client_id: int, expect: tuple[int, int, int, int, type], checked: bool = False
+) -> Body:
+    """The body of ``client_id``'s envelope, checked against the session's (buckets, depth, width, dense, group)
+    and whether it carries the norm check's fields; anything else is :class:`RejectedPayload`."""
+    norm_fields = None
+    if checked:
+        if len(data) < _HEAD.size + CHECK_BYTES_IN_BODY:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF upload without its norm check's fields", client_id)
+        tail = bytes(data[len(data) - CHECK_BYTES_IN_BODY :])
+        norm_fields, data = (tail[:32], tail[32:]), data[: len(data) - CHECK_BYTES_IN_BODY]
     if len(data) < _HEAD.size:
         raise RejectedPayload(Reason.TRUNCATED, "a DPF upload shorter than its header", client_id)
     magic, version, size, reserved, buckets, depth, width, dense, box_digest, box_len = _HEAD.unpack_from(data)
@@ -210,11 +236,26 @@ def parse_body(data: bytes | memoryview, client_id: int, expect: tuple[int, int,
     cw_value = buf[sum(sizes) :].view(f"<u{size}").astype(group).reshape(buckets, width)
     check(cw_value, "a DPF upload's value corrections", client_id)
     corrections = Corrections(cw_seeds, cw_bits, cw_check, cw_value)
-    return Body(buckets, depth, width, dense, group, box_digest, box, corrections)
+    return Body(buckets, depth, width, dense, group, box_digest, box, corrections, bytes(data), norm_fields)
 
 
-def join_upload(envelope: bytes, aggregator_box: bytes) -> bytes:
-    return _LEN.pack(len(envelope)) + envelope + aggregator_box
+def join_upload(envelope: bytes, aggregator_box: bytes, second_box: bytes | None = None) -> bytes:
+    """An upload: the envelope, then the aggregator's box (and with the norm check its second box)."""
+    if second_box is None:
+        return _LEN.pack(len(envelope)) + envelope + aggregator_box
+    return _LEN.pack(len(envelope)) + envelope + _LEN.pack(len(aggregator_box)) + aggregator_box + second_box
+
+
+def split_boxes(part: bytes, checked: bool, client_id: int) -> tuple[bytes, bytes | None]:
+    """The aggregator's part of an upload as (its box, its second box or None without the norm check)."""
+    if not checked:
+        return part, None
+    if len(part) < _LEN.size:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF upload without its second box", client_id)
+    (n,) = _LEN.unpack_from(part)
+    if len(part) < _LEN.size + n:
+        raise RejectedPayload(Reason.TRUNCATED, "a DPF upload's first box cut short", client_id)
+    return part[_LEN.size : _LEN.size + n], part[_LEN.size + n :]
 
 
 def split_upload(payload: bytes, client_id: int | None = None) -> tuple[bytes, bytes]:
@@ -244,21 +285,39 @@ def open_box(private_key, box: bytes, info: bytes, length: int, client_id: int) 
     return plain
 
 
-def pack_request(round_idx: int, items: list[tuple[int, bytes, bytes]], binding: Binding | None = None) -> bytes:
+def pack_request(
+    round_idx: int,
+    items: list[tuple[int, bytes, bytes]],
+    binding: Binding | None = None,
+    check: tuple[int, dict[int, bytes]] | None = None,
+) -> bytes:
     """The aggregator's request to the key holder: (client, its envelope, the aggregator's digest) in id order,
-    after the round's binding where it has one (magic ``DPFB``; ``DPFQ`` unbound)."""
+    after the round's binding where it has one (magic ``DPFB``; ``DPFQ`` unbound); with the norm check, the query
+    point t after the header and each client's verifier share after its digest (:mod:`.norm`)."""
     if binding is None:
         parts = [_REQUEST.pack(b"DPFQ", round_idx, len(items))]
     else:
         parts = [_REQUEST.pack(b"DPFB", round_idx, len(items)), binding.to_bytes()]
+    if check is not None:
+        parts.append(check[0].to_bytes(8, "little"))
     for cid, envelope, digest in items:
         parts += [_ITEM.pack(cid, len(envelope)), envelope, digest]
+        if check is not None:
+            parts.append(check[1][cid])
     return b"".join(parts)
 
 
-def parse_request(data: bytes) -> tuple[int, Binding | None, list[tuple[int, bytes, bytes]]]:
+def parse_request(data: bytes, verifier_bytes: int = 0) -> tuple[int, Binding | None, list[tuple[int, bytes, bytes]]]:
     """(round, binding, items) of a request, refused whole unless its ids strictly increase and no byte is left
-    over."""
+    over. With ``verifier_bytes`` (the norm check's), :func:`parse_checked_request` gives t and the shares too."""
+    round_idx, binding, items, _check = parse_checked_request(data, verifier_bytes)
+    return round_idx, binding, items
+
+
+def parse_checked_request(
+    data: bytes, verifier_bytes: int
+) -> tuple[int, Binding | None, list[tuple[int, bytes, bytes]], tuple[int, dict[int, bytes]] | None]:
+    """:func:`parse_request`, and (t, each client's verifier share) where ``verifier_bytes`` is not zero."""
     if len(data) < _REQUEST.size:
         raise RejectedPayload(Reason.TRUNCATED, "a DPF request shorter than its header")
     magic, round_idx, count = _REQUEST.unpack_from(data)
@@ -267,21 +326,28 @@ def parse_request(data: bytes) -> tuple[int, Binding | None, list[tuple[int, byt
         binding, at = Binding.from_bytes(bytes(data[at : at + BINDING_BYTES])), at + BINDING_BYTES
     elif magic != b"DPFQ":
         raise RejectedPayload(Reason.GARBAGE, "not a DPF request")
+    check = None
+    if verifier_bytes:
+        if len(data) < at + 8:
+            raise RejectedPayload(Reason.TRUNCATED, "a DPF request without its query point")
+        check, at = (int.from_bytes(data[at : at + 8], "little"), {}), at + 8
     items: list[tuple[int, bytes, bytes]] = []
     for _ in range(count):
         if len(data) < at + _ITEM.size:
             raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
         cid, n = _ITEM.unpack_from(data, at)
         at += _ITEM.size
-        if len(data) < at + n + DIGEST_BYTES:
+        if len(data) < at + n + DIGEST_BYTES + verifier_bytes:
             raise RejectedPayload(Reason.TRUNCATED, "a DPF request cut short")
         if items and cid <= items[-1][0]:
             raise RejectedPayload(Reason.GARBAGE, "a DPF request's clients out of order or listed twice")
         items.append((cid, bytes(data[at : at + n]), bytes(data[at + n : at + n + DIGEST_BYTES])))
         at += n + DIGEST_BYTES
+        if check is not None:
+            check[1][cid], at = bytes(data[at : at + verifier_bytes]), at + verifier_bytes
     if at != len(data):
         raise RejectedPayload(Reason.WRONG_SHAPE, "bytes after a DPF request's last client")
-    return round_idx, binding, items
+    return round_idx, binding, items, check
 
 
 def pack_answer(round_idx: int, answers: dict[int, bytes | str]) -> bytes:

@@ -1,0 +1,195 @@
+"""The DPF scheme's norm check (privacy/secagg/dpf/norm.py): honest uploads at the bound's edge always pass and sum
+exactly; a client over the bound, however it encodes its proof, is refused by both servers with ``over_bound`` and
+the release is the exact sum of the others."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
+from fedrecgel_secure.privacy.secagg.dpf import wire
+from fedrecgel_secure.privacy.secagg.dpf.norm import NormCheck
+from fedrecgel_secure.privacy.secagg.dpf.params import DPFParams
+from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, encode_placed
+from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64
+
+ROWS, WIDTH, DENSE = 40, 4, 30
+DIM = ROWS * WIDTH + DENSE
+GRID = FixedPoint(clip_range=1.0, frac_bits=24)
+C = 0.5
+B = int(C * GRID.scale)  # the bound on the grid
+PARAMS = DPFParams(budget=6, rows=ROWS, width=WIDTH, norm_bound=C)
+CLIENTS = range(12)
+
+
+def session():
+    return make_session("dpf", DIM, CLIENTS, min_clients=3, params=PARAMS, encoding=GRID)
+
+
+def honest(rng, norm=C * 0.999) -> np.ndarray:
+    x = np.zeros(DIM)
+    table = x[: ROWS * WIDTH].reshape(ROWS, WIDTH)
+    table[rng.choice(ROWS, 5, replace=False)] = rng.normal(size=(5, WIDTH))
+    x[ROWS * WIDTH :] = rng.normal(size=DENSE) * rng.choice([1.0, 1e-3])
+    return x / np.linalg.norm(x) * norm
+
+
+def grid_sum(xs) -> np.ndarray:
+    return sum(np.rint(x * GRID.scale) for x in xs) / GRID.scale
+
+
+class Cheat(NormCheck):
+    """A client's best proof for a vector over the bound: the norm and each test's result as the field computes
+    them, a success bit only where the result is in range (a false one fails the quadratic test), the bits of the
+    norm where they fit (else the bound's), and an honest proof of that encoding."""
+
+    def prove(self, x, c1, seeds):
+        check, f = self.check, FIELD64
+        elements = g.from_signed(x)
+        field_norm = int(g.total(g.mul(elements, elements)))
+        v = field_norm if field_norm <= check.sq_bound else check.sq_bound
+        results = g.to_signed(pine_fast.wraparound_dots(c1, check.tests, elements))
+        tests = []
+        for r in results.tolist():
+            ok = -check.wr_bound < r <= check.wr_bound
+            tests += [*f.bits(r + check.wr_bound - 1 if ok else 0, check.wr_bits), int(ok)]
+        bits = g.array(f.bits(v, check.sq_bits) + f.bits(check.sq_bound - v, check.sq_bits) + tests)
+        meas = np.concatenate([elements, bits])
+        bits_share = g.sub(bits, wire.pad(seeds[:16], self.bits_len, np.uint64))
+        blind = b"\x07" * 16
+        h_bits = self.blinded(blind, bits_share)
+        wire_seeds = g.array(range(1, check.gadget.arity + 1))
+        proof = pine_fast.prove(check, meas, g.from_signed(results), wire_seeds, self.joint_rand(c1, h_bits))
+        proof_share = g.sub(proof, wire.pad(seeds[16:], self.proof_len, np.uint64))
+        return bits_share.astype("<u8").tobytes() + proof_share.astype("<u8").tobytes() + blind, h_bits
+
+
+def forged(client, round_idx: int, rows: dict[int, np.ndarray], dense: np.ndarray) -> bytes:
+    """An upload of grid integers of the cheater's choosing (no clipping), with :class:`Cheat`'s proof."""
+    p = client.params
+    client.norm = Cheat(client.norm.check, client.norm.buckets, client.norm.width)
+    placed = p.layout.place(sorted(rows))
+    keys0, keys1 = encode_placed(p.layout, placed, {b: g.from_signed(rows[r]) for b, r in placed.items()})
+    buckets = np.zeros((p.layout.buckets, p.width), dtype=np.int64)
+    for b, r in placed.items():
+        buckets[b] = rows[r]
+    checked = np.concatenate([buckets.reshape(-1), dense])
+    return client.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), g.from_signed(dense), None, checked)
+
+
+def _sqrt2() -> int:
+    """A square root of 2 mod p (Tonelli–Shanks): an element near 2^40, whose square is 2 in the field."""
+    p = FIELD64.p
+    q, s = p - 1, 0
+    while q % 2 == 0:
+        q, s = q // 2, s + 1
+    z = next(z for z in range(2, 100) if pow(z, (p - 1) // 2, p) == p - 1)
+    m, c, t, r = s, pow(z, q, p), pow(2, q, p), pow(2, (q + 1) // 2, p)
+    while t != 1:
+        i, t2 = 0, t
+        while t2 != 1:
+            t2, i = t2 * t2 % p, i + 1
+        b = pow(c, 1 << (m - i - 1), p)
+        m, c, t, r = i, b * b % p, t * b * b % p, r * b % p
+    return FIELD64.signed(r)
+
+
+SHAPES = {
+    "one huge coordinate": ({3: np.array([0, 10**12, 0, 0])}, np.zeros(DENSE, dtype=np.int64)),
+    "just over the bound": ({3: np.array([B, 1, 0, 0])}, np.zeros(DENSE, dtype=np.int64)),
+    "over in every coordinate": (
+        {r: np.full(WIDTH, B // 4) for r in (1, 5, 9)},
+        np.full(DENSE, B // 8, dtype=np.int64),
+    ),
+    "wraps around the field": ({3: np.array([_sqrt2(), 1, 0, 0])}, np.zeros(DENSE, dtype=np.int64)),
+}
+
+
+def test_honest_uploads_at_the_bound_all_pass_and_the_release_is_their_exact_sum():
+    rng = np.random.default_rng(0)
+    s = session()
+    for round_idx in range(3):
+        xs = {c: honest(rng) for c in CLIENTS}
+        result = s.run_round(round_idx, xs)
+        assert sorted(result.contributors) == list(CLIENTS) and not result.rejected
+        assert np.array_equal(result.total, grid_sum(xs.values()))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_an_upload_over_the_bound_is_refused_by_both_servers_and_the_rest_sum_exactly(shape):
+    rows, dense = SHAPES[shape]
+    flat = np.concatenate([np.concatenate(list(rows.values())), dense]).astype(object)
+    assert sum(v * v for v in flat) > B * B
+    rng = np.random.default_rng(1)
+    s = session()
+    xs = {c: honest(rng) for c in CLIENTS}
+    cheater = CLIENTS[4]
+    upload = forged(s.clients[cheater], 0, rows, dense)
+    result = s.run_round(0, xs, intercept=lambda c, payload: upload if c == cheater else payload)
+    assert result.rejected == {cheater: "over_bound"}
+    assert cheater not in result.contributors
+    assert np.array_equal(result.total, grid_sum(x for c, x in xs.items() if c != cheater))
+
+
+def test_a_client_within_the_bound_passes_however_it_builds_its_upload():
+    """The cheater's own encoding of a vector within the bound is an honest one: it passes. What a malicious
+    client can still do is send any vector within C, which is what DP's sensitivity assumes."""
+    s = session()
+    rng = np.random.default_rng(2)
+    xs = {c: honest(rng) for c in CLIENTS}
+    rows = {7: np.array([B // 2, -(B // 2), B // 2, -(B // 2)])}  # norm exactly B, all in one row
+    upload = forged(s.clients[0], 0, rows, np.zeros(DENSE, dtype=np.int64))
+    result = s.run_round(0, xs, intercept=lambda c, payload: upload if c == 0 else payload)
+    assert not result.rejected
+    want = grid_sum(x for c, x in xs.items() if c != 0)
+    want[7 * WIDTH : 8 * WIDTH] += rows[7] / GRID.scale
+    assert np.array_equal(result.total, want)
+
+
+def test_an_honest_client_cannot_upload_over_the_bound():
+    s = session()
+    with pytest.raises(BadInputError, match="over the bound"):
+        s.clients[0].upload(0, honest(np.random.default_rng(3), norm=C * 1.01))
+
+
+def test_a_changed_proof_or_bits_share_is_refused():
+    s = session()
+    rng = np.random.default_rng(4)
+    xs = {c: honest(rng) for c in CLIENTS}
+    upload = s.clients[2].upload(0, xs[2])
+    envelope, part = wire.split_upload(upload)
+    box, _second = wire.split_boxes(part, True, 2)
+
+    def swapped(other_round_upload):
+        return wire.join_upload(envelope, box, wire.split_boxes(wire.split_upload(other_round_upload)[1], True, 2)[1])
+
+    # a second box from another upload of the same client: not the one the envelope signed for
+    other = s.clients[2].upload(0, xs[2])
+    result = s.run_round(0, xs, intercept=lambda c, payload: swapped(other) if c == 2 else payload)
+    assert result.rejected == {2: "bad_signature"}
+
+
+def test_the_key_holder_refuses_a_query_point_at_a_root_of_unity():
+    s = session()
+    rng = np.random.default_rng(5)
+    agg, holder = s.aggregator, s.key_holder
+    agg.begin_round(0)
+    for c in CLIENTS:
+        agg.receive(s.clients[c].upload(0, honest(rng)))
+    request = agg.finish()
+    round_idx, binding, items, (_t, shares) = wire.parse_checked_request(request, 8 * agg.norm.verifier_len())
+    bad = wire.pack_request(round_idx, items, binding, (FIELD64.root(agg.norm.check.points), shares))
+    with pytest.raises(RejectedPayload, match="root of unity"):
+        holder.check(bad)
+
+
+def test_the_norm_check_needs_a_bound_the_field_holds():
+    with pytest.raises(BadInputError, match="frac_bits to 31 or less"):
+        make_session("dpf", DIM, CLIENTS, min_clients=3, params=PARAMS, encoding=FixedPoint(frac_bits=36))
+    with pytest.raises(BadInputError, match="value_bits = 64"):
+        DPFParams(budget=6, rows=ROWS, width=WIDTH, norm_bound=C, value_bits=32)
