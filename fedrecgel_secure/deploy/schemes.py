@@ -44,8 +44,11 @@ def setup_of(policy, dim: int, table: tuple[int, int] | None = None) -> Setup:
         if table is None:
             raise ValueError(f"scheme {scheme.name!r} addresses the item table's rows: its setup needs the table")
         params = dataclasses.replace(params, rows=int(table[0]), width=int(table[1]))
-    if scheme.norm_check:  # every party checks against its own policy's clip norm
-        params = dataclasses.replace(params, norm_bound=norm_bound(policy))
+    if scheme.norm_check:  # every party checks against its own policy's clip norm and reported metrics
+        from fedrecgel_secure.federation.reports import report_count, scope_of
+
+        reports = report_count(policy, scope_of(policy, deployed=True))
+        params = dataclasses.replace(params, norm_bound=norm_bound(policy, reports))
     return Setup(dim, params, encoding(settings), settings.min_clients)
 
 

@@ -61,10 +61,8 @@ def scope_of(policy, deployed: bool = False) -> Scope:
 
 
 def report_keys(policy) -> list[str]:
-    """The metrics each user reports under scope "round", in coordinate order."""
-    k = policy.evaluation.select_by.split("@")[1]
-    keys = [f"hr@{k}", f"ndcg@{k}"]
-    return keys + ([f"val_{m}" for m in keys] if policy.data.validation else [])
+    """The metrics each user reports under scope "round", in coordinate order (:meth:`Policy.report_keys`)."""
+    return policy.report_keys()
 
 
 def report_count(policy, scope: Scope) -> int:

@@ -23,7 +23,14 @@ from fedrecgel_secure.federation.aggregation import RoundInfo
 from fedrecgel_secure.federation.build import init_model, local_sets, make_aggregation, make_engine, negatives_index
 from fedrecgel_secure.federation.device import resolve_device, use_threads
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
-from fedrecgel_secure.federation.reports import ROUND, metrics_of, scope_of, user_reports, zero_reports
+from fedrecgel_secure.federation.reports import (
+    ROUND,
+    metrics_of,
+    report_count,
+    scope_of,
+    user_reports,
+    zero_reports,
+)
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import SecAggCost, make_summer
@@ -106,15 +113,9 @@ class Trainer:
         simulated among its clients). A deployment's server builds the protocol's server side instead."""
         secagg = self.policy.privacy.secure_aggregation
         table = self.model.item_embeddings
-        return make_summer(
-            secagg,
-            self.catalogue.n_users,
-            dim,
-            table.numel(),
-            self.policy.seed,
-            table.shape[1],
-            norm_bound(self.policy),
-        )
+        bound = norm_bound(self.policy, report_count(self.policy, self.scope))
+        n_users, seed = self.catalogue.n_users, self.policy.seed
+        return make_summer(secagg, n_users, dim, table.numel(), seed, table.shape[1], bound)
 
     # -- one round --------------------------------------------------------
     def train_round(self) -> tuple[float | None, RoundInfo]:

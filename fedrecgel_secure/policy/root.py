@@ -134,16 +134,25 @@ class Policy(Section):
             raise BadInputError(
                 f"{where} needs privacy.secure_aggregation.dpf.value_bits = 64: the proof is in Field64"
             )
-        finest = math.floor(NORM_CHECK_GRID_BITS - math.log2(dp.clip_norm))
+        # the bound covers the update (norm ≤ C) and any metrics a round's users report inside the sum (each in
+        # [0, 1]): at most len(report_keys) of them, where evaluation.scope may resolve to "round"
+        reports = 0 if self.evaluation.scope == "all" else len(self.report_keys())
+        finest = math.floor(NORM_CHECK_GRID_BITS - math.log2(math.hypot(dp.clip_norm, math.sqrt(reports))))
         if "frac_bits" not in secagg.model_fields_set:
             secagg.frac_bits = min(secagg.frac_bits, finest)
         elif secagg.frac_bits > finest:
             raise BadInputError(
                 f"{where}: privacy.secure_aggregation.frac_bits {secagg.frac_bits} puts the clip norm"
-                f" {dp.clip_norm} past what Field64's squares hold on the grid; set frac_bits to {finest} or less,"
-                f" or {where} = false"
+                f" {dp.clip_norm} (with {reports} reported metrics) past what Field64's squares hold on the grid; set"
+                f" frac_bits to {finest} or less, or {where} = false"
             )
         return self
+
+    def report_keys(self) -> list[str]:
+        """The metrics each user reports inside the sum under evaluation.scope "round", in coordinate order."""
+        k = self.evaluation.select_by.split("@")[1]
+        keys = [f"hr@{k}", f"ndcg@{k}"]
+        return keys + ([f"val_{m}" for m in keys] if self.data.validation else [])
 
     def rhos(self) -> tuple[float, float]:
         """(rho_sh, rho_ns) in effect for the method (also after a ``model_copy`` that changed the method)."""

@@ -219,7 +219,9 @@ class DPFKeyHolderNode:
         from fedrecgel_secure.privacy.secagg.dpf.wire import parse_request
 
         facts = self._record()
-        round_idx, binding, _ = parse_request(request)
+        s = self.setup
+        norm = s.params.norm_check(s.encoding, s.dim)  # with the norm check, the request carries t and shares
+        round_idx, binding, _ = parse_request(request, 0 if norm is None else 8 * norm.verifier_len())
         self._check_round(round_idx, facts)
         if binding is None:
             raise RejectedPayload(Reason.WRONG_PARAMS, "a deployment's DPF request states its binding")

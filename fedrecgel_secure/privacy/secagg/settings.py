@@ -8,6 +8,7 @@ when asked for: a run without secure aggregation never loads TenSEAL or cryptogr
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from fedrecgel_secure.scheme_facts import facts_of
@@ -51,9 +52,10 @@ def dpf_params(settings: DpfPolicy) -> DPFParams:
     return DPFParams(budget=settings.budget, value_bits=settings.value_bits, device=settings.device)
 
 
-def norm_bound(policy) -> float:
-    """C, the clip norm a DPF upload proves its norm within (``privacy.secure_aggregation.dpf.norm_check`` with DP),
-    or 0.0: nothing is checked (the policy refuses the combinations the check cannot run under)."""
+def norm_bound(policy, reports: int = 0) -> float:
+    """The L2 bound a DPF upload proves its norm within (``privacy.secure_aggregation.dpf.norm_check`` with DP):
+    √(C² + reports), the update clipped to C and each of the ``reports`` metrics a user reports inside the sum at
+    most 1; 0.0 where nothing is checked (the policy refuses the combinations the check cannot run under)."""
     dp, settings = policy.privacy.dp, policy.privacy.secure_aggregation
     checked = dp.enabled and facts_of(settings.scheme).norm_check and settings.dpf.norm_check
-    return float(dp.clip_norm) if checked else 0.0
+    return math.hypot(dp.clip_norm, math.sqrt(reports)) if checked else 0.0

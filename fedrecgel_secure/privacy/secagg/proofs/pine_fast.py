@@ -26,17 +26,15 @@ def _bits(values: np.ndarray, n: int) -> np.ndarray:
 
 
 def encode(check: L2Bound, x: np.ndarray, seed: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`.pine.L2Bound.encode` of int64 ``x`` (|x_i| < 2^31) under the tests of ``seed``, and the tests'
-    results as elements."""
+    """:meth:`.pine.L2Bound.encode` of int64 ``x`` under the tests of ``seed``, and the tests' results as
+    elements."""
     x = np.asarray(x, dtype=np.int64)
     if x.shape != (check.dim,):
         raise BadInputError(f"a vector of {check.dim} values, got {x.shape}")
-    if np.any(np.abs(x) >= 1 << 31):
-        raise BadInputError("a value of 2^31 or more on the grid is over any bound a Field64 check takes")
     norm = int(np.square(x.astype(object)).sum()) if x.size else 0  # exact: Python integers
     if norm > check.sq_bound:
         raise BadInputError(f"squared norm {norm} on the grid is over the bound {check.sq_bound}")
-    results = g.to_signed(wraparound_dots(seed, check.tests, g.from_signed(x)))  # |result| ≤ Σ|x_i| < 2^49
+    results = g.to_signed(wraparound_dots(seed, check.tests, g.from_signed(x)))  # |result| ≤ Σ|x_i| ≤ √n·B
     if np.any(results <= -check.wr_bound) or np.any(results > check.wr_bound):
         raise BadInputError("a wraparound test failed (about 10^-30 for a vector within the bound): retry")
     tests = np.concatenate(
