@@ -85,8 +85,8 @@ class DpfPolicy(Section):
         description="With DP: each upload proves (PINE's proof, in Field64) that its L2 norm on the grid is within"
         " privacy.dp.clip_norm, and the two servers drop one whose proof fails (docs/privacy/input-checks.md); about"
         " 5% more upload. Needs value_bits = 64, a fixed clip norm, device = 'cpu' and a grid the field holds:"
-        " frac_bits at most 31 - log2(clip_norm), the default then. Without DP there is no clip norm and nothing is"
-        " checked.",
+        " frac_bits at most 31 - log2(B), the default then (B = sqrt(clip_norm^2 + the metrics a round's users may"
+        " report inside the sum, each at most 1)). Without DP there is no clip norm and nothing is checked.",
     )
     device: Literal["cpu", "auto", "cuda"] = Field(
         "cpu",

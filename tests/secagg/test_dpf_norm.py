@@ -1,21 +1,20 @@
 """The DPF scheme's norm check (privacy/secagg/dpf/norm.py): honest uploads at the bound's edge always pass and sum
 exactly; a client over the bound, however it encodes its proof, is refused by both servers with ``over_bound`` and
-the release is the exact sum of the others."""
+the release is the exact sum of the others. The cheating client is
+:class:`fedrecgel_secure.audit.poisoning.CheatingProof`: the norm and each wraparound test as the field computes
+them, success bits only where true, an honest proof of that encoding."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from fedrecgel_secure.audit.poisoning import forged_upload
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
 from fedrecgel_secure.privacy.secagg.dpf import wire
-from fedrecgel_secure.privacy.secagg.dpf.norm import NormCheck
 from fedrecgel_secure.privacy.secagg.dpf.params import DPFParams
-from fedrecgel_secure.privacy.secagg.dpf.sparse import KeyArrays, encode_placed
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
-from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
-from fedrecgel_secure.privacy.secagg.proofs import pine_fast
 from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64
 
 ROWS, WIDTH, DENSE = 40, 4, 30
@@ -41,45 +40,6 @@ def honest(rng, norm=C * 0.999) -> np.ndarray:
 
 def grid_sum(xs) -> np.ndarray:
     return sum(np.rint(x * GRID.scale) for x in xs) / GRID.scale
-
-
-class Cheat(NormCheck):
-    """A client's best proof for a vector over the bound: the norm and each test's result as the field computes
-    them, a success bit only where the result is in range (a false one fails the quadratic test), the bits of the
-    norm where they fit (else the bound's), and an honest proof of that encoding."""
-
-    def prove(self, x, c1, seeds):
-        check, f = self.check, FIELD64
-        elements = g.from_signed(x)
-        field_norm = int(g.total(g.mul(elements, elements)))
-        v = field_norm if field_norm <= check.sq_bound else check.sq_bound
-        results = g.to_signed(pine_fast.wraparound_dots(c1, check.tests, elements))
-        tests = []
-        for r in results.tolist():
-            ok = -check.wr_bound < r <= check.wr_bound
-            tests += [*f.bits(r + check.wr_bound - 1 if ok else 0, check.wr_bits), int(ok)]
-        bits = g.array(f.bits(v, check.sq_bits) + f.bits(check.sq_bound - v, check.sq_bits) + tests)
-        meas = np.concatenate([elements, bits])
-        bits_share = g.sub(bits, wire.pad(seeds[:16], self.bits_len, np.uint64))
-        blind = b"\x07" * 16
-        h_bits = self.blinded(blind, bits_share)
-        wire_seeds = g.array(range(1, check.gadget.arity + 1))
-        proof = pine_fast.prove(check, meas, g.from_signed(results), wire_seeds, self.joint_rand(c1, h_bits))
-        proof_share = g.sub(proof, wire.pad(seeds[16:], self.proof_len, np.uint64))
-        return bits_share.astype("<u8").tobytes() + proof_share.astype("<u8").tobytes() + blind, h_bits
-
-
-def forged(client, round_idx: int, rows: dict[int, np.ndarray], dense: np.ndarray) -> bytes:
-    """An upload of grid integers of the cheater's choosing (no clipping), with :class:`Cheat`'s proof."""
-    p = client.params
-    client.norm = Cheat(client.norm.check, client.norm.buckets, client.norm.width)
-    placed = p.layout.place(sorted(rows))
-    keys0, keys1 = encode_placed(p.layout, placed, {b: g.from_signed(rows[r]) for b, r in placed.items()})
-    buckets = np.zeros((p.layout.buckets, p.width), dtype=np.int64)
-    for b, r in placed.items():
-        buckets[b] = rows[r]
-    checked = np.concatenate([buckets.reshape(-1), dense])
-    return client.pack(round_idx, KeyArrays.of(keys0), KeyArrays.of(keys1), g.from_signed(dense), None, checked)
 
 
 def _sqrt2() -> int:
@@ -129,7 +89,7 @@ def test_an_upload_over_the_bound_is_refused_by_both_servers_and_the_rest_sum_ex
     s = session()
     xs = {c: honest(rng) for c in CLIENTS}
     cheater = CLIENTS[4]
-    upload = forged(s.clients[cheater], 0, rows, dense)
+    upload = forged_upload(s.clients[cheater], 0, rows, dense)
     result = s.run_round(0, xs, intercept=lambda c, payload: upload if c == cheater else payload)
     assert result.rejected == {cheater: "over_bound"}
     assert cheater not in result.contributors
@@ -143,7 +103,7 @@ def test_a_client_within_the_bound_passes_however_it_builds_its_upload():
     rng = np.random.default_rng(2)
     xs = {c: honest(rng) for c in CLIENTS}
     rows = {7: np.array([B // 2, -(B // 2), B // 2, -(B // 2)])}  # norm exactly B, all in one row
-    upload = forged(s.clients[0], 0, rows, np.zeros(DENSE, dtype=np.int64))
+    upload = forged_upload(s.clients[0], 0, rows, np.zeros(DENSE, dtype=np.int64))
     result = s.run_round(0, xs, intercept=lambda c, payload: upload if c == 0 else payload)
     assert not result.rejected
     want = grid_sum(x for c, x in xs.items() if c != 0)
@@ -189,7 +149,7 @@ def test_the_key_holder_refuses_a_query_point_at_a_root_of_unity():
 
 
 def test_the_norm_check_needs_a_bound_the_field_holds():
-    with pytest.raises(BadInputError, match="frac_bits to 31 or less"):
+    with pytest.raises(BadInputError, match="frac_bits to 32 or less"):
         make_session("dpf", DIM, CLIENTS, min_clients=3, params=PARAMS, encoding=FixedPoint(frac_bits=36))
     with pytest.raises(BadInputError, match="value_bits = 64"):
         DPFParams(budget=6, rows=ROWS, width=WIDTH, norm_bound=C, value_bits=32)
