@@ -116,7 +116,8 @@ class PoisonedSum:
         if result.total is None:
             return result
         grid, width = self.inner.grid, self.inner.params.width
-        row = np.rint(promotion_row(self.model, self.target, self.popular, self.norm) * grid.scale).astype(np.int64)
+        norm = None if self.norm is None else grid.dp_clip(self.norm, width)  # rounded, still within the bound
+        row = np.rint(promotion_row(self.model, self.target, self.popular, norm) * grid.scale).astype(np.int64)
         dense = np.zeros(self.inner.covered - self.inner.params.table_values, dtype=np.int64)
         zeros = {c: np.zeros(self.inner.covered) for c in self.session.clients}
         forged = {
@@ -143,3 +144,50 @@ def top_share(model, theta: torch.Tensor, split, item: int, k: int = 10) -> floa
             scores = scores.masked_fill(_seen_mask(split, block), float("-inf"))
             hits += int((scores.topk(k, dim=1).indices == item).any(dim=1).sum())
     return hits / split.n_users
+
+
+ATTACKERS = {  # name -> (the check on, the attacker's norm: None unbounded, "bound" the check's bound)
+    "none": None,
+    "unbounded, no check": (False, None),
+    "unbounded, check": (True, None),
+    "within the bound, check": (True, "bound"),
+}
+
+
+def popularity(split) -> np.ndarray:
+    """Each item's training interactions."""
+    return np.bincount(split.train_items, minlength=split.n_items)
+
+
+def attack(policy, split, attacker: str, fakes: int = 1, target: int | None = None) -> dict:
+    """Train under ``policy`` (DPF with DP, arithmetic simulation) with ``fakes`` fake clients of ``attacker``
+    (:data:`ATTACKERS`) promoting ``target`` (default: the median item by popularity) along the most popular item:
+    the target's top-10 share and HR@10 at the end, the popular item's share, and the fakes' uploads summed."""
+    from fedrecgel_secure.federation.trainer import Trainer
+
+    counts = popularity(split)
+    popular = int(counts.argmax())
+    target = int(np.argsort(counts, kind="stable")[len(counts) // 2]) if target is None else target
+    trainer = Trainer(policy, split)
+    summer = None
+    if ATTACKERS[attacker] is not None:
+        checked, norm = ATTACKERS[attacker]
+        inner = trainer.aggregation.summer
+        bound = inner.params.norm_bound if norm == "bound" else None
+        summer = PoisonedSum(
+            inner, trainer.model, fakes=fakes, target=target, popular=popular, checked=checked, norm=bound
+        )
+        trainer.aggregation.summer = summer
+    trainer.run(None)
+    theta = trainer.states.theta
+    return {
+        "attacker": attacker,
+        "fakes": fakes if summer is not None else 0,
+        "target": target,
+        "target_share": top_share(trainer.model, theta, split, target),
+        "popular_share": top_share(trainer.model, theta, split, popular),
+        "hr@10": trainer.history[-1].get("hr@10"),
+        "accepted": 0 if summer is None else summer.accepted,
+        "fake_uploads": 0 if summer is None else fakes * summer.rounds,
+        "model": [p.detach().clone() for p in trainer.model.parameters()],
+    }

@@ -7,6 +7,8 @@ Concern: elementwise +, −, ×, sums and the NTT, on canonical elements (< p). 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .field import FIELD64
@@ -15,6 +17,18 @@ P = np.uint64(FIELD64.p)
 EPSILON = np.uint64(0xFFFFFFFF)  # 2^64 mod p
 _32 = np.uint64(32)
 _LOW = np.uint64(0xFFFFFFFF)
+
+
+def _wrapping(f):
+    """``f`` with numpy's overflow warning off: its 64-bit sums wrap on purpose (numpy warns for 0-d operands
+    only, so a share of one element would otherwise warn where an array does not)."""
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        with np.errstate(over="ignore"):
+            return f(*args, **kwargs)
+
+    return wrapped
 
 
 def array(values) -> np.ndarray:
@@ -41,12 +55,14 @@ def to_signed(x: np.ndarray) -> np.ndarray:
     return out
 
 
+@_wrapping
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     s = a + b
     s += (s < a) * EPSILON  # a carry out of 64 bits is 2^64 ≡ 2^32 − 1; the result then stays below p
     return s - (s >= P) * P
 
 
+@_wrapping
 def neg(a: np.ndarray) -> np.ndarray:
     return (a != 0) * (P - a)  # P - 0 would be p, not 0
 
@@ -55,6 +71,7 @@ def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return add(a, neg(b))
 
 
+@_wrapping
 def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """hi · 2^64 + lo mod p: 2^64 ≡ 2^32 − 1 and 2^96 ≡ −1, so it is lo − hi_high + hi_low · (2^32 − 1)."""
     hi_high, hi_low = hi >> _32, hi & _LOW
@@ -66,6 +83,7 @@ def _reduce128(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return r - (r >= P) * P
 
 
+@_wrapping
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = np.broadcast_arrays(np.asarray(a, np.uint64), np.asarray(b, np.uint64))
     a_lo, a_hi, b_lo, b_hi = a & _LOW, a >> _32, b & _LOW, b >> _32
@@ -78,6 +96,7 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _reduce128(hi, lo)
 
 
+@_wrapping
 def total(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """Σ along ``axis`` mod p, by 32-bit halves (each half's sum fits 64 bits for up to 2^32 terms)."""
     a = np.asarray(a, np.uint64)
