@@ -256,16 +256,7 @@ class SecureSum:
     same bits (``tests/secagg/test_secagg_arithmetic.py``).
     """
 
-    def __init__(
-        self,
-        settings,
-        n_clients: int,
-        dim: int,
-        covered: int,
-        seed: int,
-        table: tuple[int, int] | None = None,
-        norm_bound: float = 0.0,
-    ):
+    def __init__(self, settings, n_clients: int, dim: int, covered: int, seed: int, table=None, norm_bound=0.0):
         self.settings, self.dim, self.covered, self.seed = settings, dim, covered, seed
         self.grid = encoding(settings)
         scheme = scheme_of(settings)
@@ -273,9 +264,8 @@ class SecureSum:
         self.restrict = None
         if scheme.sparse:  # the item table (rows, width) leads every vector
             rows, width = table if table is not None else (covered, 1)
-            self.params = dataclasses.replace(self.params, rows=rows, width=width)
-            if scheme.norm_check:
-                self.params = dataclasses.replace(self.params, norm_bound=norm_bound)
+            bound = {"norm_bound": norm_bound} if scheme.norm_check else {}
+            self.params = dataclasses.replace(self.params, rows=rows, width=width, **bound)
             self.params.check(covered, self.grid, n_clients)
             self.restrict = self.params.restrict
         self.arithmetic = settings.simulation == "arithmetic"
@@ -402,12 +392,9 @@ def make_summer(
     settings, n_clients: int, dim: int, n_item_values: int, seed: int, item_width: int = 1, norm_bound: float = 0.0
 ) -> Summer:
     """The summer a policy's ``[privacy.secure_aggregation]`` asks for; ``dim`` includes any extra coordinate;
-    the item table, ``n_item_values`` in rows of ``item_width``, leads every vector; ``norm_bound``: the clip norm
-    a checking scheme's uploads prove their norm within (:func:`~fedrecgel_secure.privacy.secagg.settings.norm_bound`).
-
-    An unsealed scheme sums in the clear (:class:`PlainSum`, on the same grid); a sealed one runs its protocol."""
+    the item table, ``n_item_values`` in rows of ``item_width``, leads every vector; ``norm_bound``: what a checking
+    scheme's uploads prove their norm within (:func:`.secagg.settings.norm_bound`). Unsealed: :class:`PlainSum`."""
     if not scheme_of(settings).sealed:
         return PlainSum(encoding(settings))
     covered = dim if settings.cover == "shared" else n_item_values
-    table = (n_item_values // item_width, item_width)
-    return SecureSum(settings, n_clients, dim, covered, seed, table, norm_bound)
+    return SecureSum(settings, n_clients, dim, covered, seed, (n_item_values // item_width, item_width), norm_bound)

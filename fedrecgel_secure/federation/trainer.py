@@ -23,14 +23,7 @@ from fedrecgel_secure.federation.aggregation import RoundInfo
 from fedrecgel_secure.federation.build import init_model, local_sets, make_aggregation, make_engine, negatives_index
 from fedrecgel_secure.federation.device import resolve_device, use_threads
 from fedrecgel_secure.federation.dp_aggregation import DPFedAvg
-from fedrecgel_secure.federation.reports import (
-    ROUND,
-    metrics_of,
-    report_count,
-    scope_of,
-    user_reports,
-    zero_reports,
-)
+from fedrecgel_secure.federation.reports import ROUND, metrics_of, report_count, scope_of, user_reports, zero_reports
 from fedrecgel_secure.federation.server import Server
 from fedrecgel_secure.federation.state import ClientStates, RoundUpdate
 from fedrecgel_secure.federation.summers import SecAggCost, make_summer

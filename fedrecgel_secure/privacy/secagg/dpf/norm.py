@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import Reason, RejectedPayload
 from ..fixedpoint import FixedPoint
+from ..proofs import flp, pine_fast
 from ..proofs import goldilocks as g
-from ..proofs import pine_fast
 from ..proofs.field import FIELD64
 from ..proofs.pine import L2Bound
 from .group import FIELD
@@ -44,6 +44,9 @@ def grid_bound(clip_norm: float, encoding: FixedPoint) -> int:
 
 @dataclass(frozen=True)
 class NormCheck:
+    """The check of a session's uploads: PINE's circuit over the ``buckets`` rows of ``width`` and the dense
+    rest, the client's proof and each server's part."""
+
     check: L2Bound
     buckets: int
     width: int
@@ -135,10 +138,9 @@ class NormCheck:
         return g.array(share)
 
     def decide(self, mine: np.ndarray, theirs: np.ndarray) -> bool:
-        from ..proofs import flp
-
-        verifier = g.add(mine, theirs).tolist()
-        return flp.decide(self.check.circuit([0] * self.check.tests), verifier)
+        """Accept iff the two verifier shares add up to an accepting verifier message (the results' shares play
+        no part in deciding)."""
+        return flp.decide(self.check.circuit([0] * self.check.tests), g.add(mine, theirs).tolist())
 
     def query_point(self) -> int:
         """A fresh t that is no root of unity of the proof's domain."""
