@@ -13,8 +13,10 @@ from fedrecgel_secure.audit.poisoning import forged_upload
 from fedrecgel_secure.errors import BadInputError
 from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
 from fedrecgel_secure.privacy.secagg.dpf import wire
+from fedrecgel_secure.privacy.secagg.dpf.norm import NormCheck
 from fedrecgel_secure.privacy.secagg.dpf.params import DPFParams
 from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
+from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
 from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64
 
 ROWS, WIDTH, DENSE = 40, 4, 30
@@ -153,3 +155,34 @@ def test_the_norm_check_needs_a_bound_the_field_holds():
         make_session("dpf", DIM, CLIENTS, min_clients=3, params=PARAMS, encoding=FixedPoint(frac_bits=36))
     with pytest.raises(BadInputError, match="value_bits = 64"):
         DPFParams(budget=6, rows=ROWS, width=WIDTH, norm_bound=C, value_bits=32)
+
+
+def test_1000_honest_uploads_at_the_bounds_edge_all_pass_on_the_two_servers_shares():
+    """The check alone, as each server runs it on its shares (bucket rows and dense values split at random, the key
+    holder's bits and proof from its seeds): 1,000 honest vectors of many shapes, each with a squared norm on the
+    grid of exactly B² or just under, are all accepted."""
+    check = NormCheck.of(C, GRID, buckets=9, width=WIDTH, dense=DENSE)
+    dim, rng = check.check.dim, np.random.default_rng(6)
+    bound = check.check.bound
+    for i in range(1000):
+        x = np.zeros(dim, dtype=np.int64)
+        if i % 4 == 0:  # all of it in one coordinate: exactly B
+            x[rng.integers(dim)] = bound * rng.choice([-1, 1])
+        elif i % 4 == 1:  # B² as a sum of two squares: 3-4-5 scaled
+            a, b = rng.choice(dim, 2, replace=False)
+            x[a], x[b] = 3 * (bound // 5), 4 * (bound // 5)
+        else:  # a random direction, rounded down onto the grid: just under B
+            v = rng.standard_normal(dim) * (rng.random(dim) < rng.choice([0.05, 1.0]))
+            x = np.trunc(v / max(np.linalg.norm(v), 1e-12) * bound).astype(np.int64)
+        assert int(np.square(x.astype(object)).sum()) <= bound * bound
+        c1 = rng.bytes(32)
+        seeds = check.key_holder_seeds()
+        part, h_bits = check.prove(x, c1, seeds)
+        aggregator_x = g.array(rng.integers(0, 2**63, dim).tolist())  # a random split of x
+        key_holder_x = g.sub(g.from_signed(x), aggregator_x)
+        t = check.query_point()
+        shares = [
+            check.verifier_share(xs, *check.shares_of(party, secret, h_bits, 0), c1, h_bits, t)
+            for party, xs, secret in ((0, aggregator_x, part), (1, key_holder_x, seeds))
+        ]
+        assert check.decide(*shares), i
