@@ -4,9 +4,8 @@ do). The attack and its threat model: fedrecgel_secure/audit/poisoning.py.
 
     python benchmarks/poisoning.py [--rounds 20] [--out docs/results/poisoning.md]
 
-FilmTrust, DPF with central DP (C = 0.5, z = 1, q = 0.1, seeded noise so every run draws the same noise),
-server_lr 0.01, arithmetic simulation for the honest clients, the fakes through a real DPF session; one fake, and
-1% of the users (12), taking part in every round; one seed.
+The setting: fedrecgel_secure.audit.poisoning.attack_policy (FilmTrust, DPF with central DP, seeded noise), the
+fakes through a real DPF session; one fake, and 1% of the users (12), taking part in every round; one seed.
 """
 
 from __future__ import annotations
@@ -18,34 +17,8 @@ from pathlib import Path
 import torch
 from _markdown import table
 
-from fedrecgel_secure.audit.poisoning import ATTACKERS, attack
+from fedrecgel_secure.audit.poisoning import ATTACKERS, attack, attack_policy
 from fedrecgel_secure.data.prepare import load_split
-from fedrecgel_secure.policy import Policy
-
-
-def policy(rounds: int) -> Policy:
-    return Policy.model_validate(
-        {
-            "data": {"dataset": "filmtrust", "protocol": "clean"},
-            "federation": {"rounds": rounds, "fraction": 0.1, "server_lr": 0.01},
-            "privacy": {
-                "dp": {
-                    "enabled": True,
-                    "mode": "central",
-                    "clip_norm": 0.5,
-                    "noise_multiplier": 1.0,
-                    "noise": "seeded",
-                },
-                "secure_aggregation": {
-                    "scheme": "dpf",
-                    "simulation": "arithmetic",
-                    "min_clients": 10,
-                    "cover": "shared",
-                    "dpf": {"budget": 128},
-                },
-            },
-        }
-    )
 
 
 def main() -> None:
@@ -53,7 +26,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("docs/results/poisoning.md"))
     args = parser.parse_args()
-    p = policy(args.rounds)
+    p = attack_policy(args.rounds)
     split = load_split(p.data)
     fakes_of = {"one fake": 1, "1% fake (12)": round(0.01 * split.n_users)}
     rows, clean = [], None

@@ -154,6 +154,38 @@ ATTACKERS = {  # name -> (the check on, the attacker's norm: None unbounded, "bo
 }
 
 
+def attack_policy(rounds: int, model: dict | None = None, evaluate_every: int = 1):
+    """The setting of the attack's measurements: FilmTrust, DPF with central DP (C = 0.5, z = 1, q = 0.1, seeded
+    noise, so every run draws the same noise), server_lr 0.01, the honest clients in arithmetic simulation;
+    ``model``: the [model] section (the default NeuMF when None); ``evaluate_every``: evaluation.every."""
+    from fedrecgel_secure.policy import Policy
+
+    return Policy.model_validate(
+        {
+            "data": {"dataset": "filmtrust", "protocol": "clean"},
+            **({"model": model} if model else {}),
+            "federation": {"rounds": rounds, "fraction": 0.1, "server_lr": 0.01},
+            "evaluation": {"every": evaluate_every},
+            "privacy": {
+                "dp": {
+                    "enabled": True,
+                    "mode": "central",
+                    "clip_norm": 0.5,
+                    "noise_multiplier": 1.0,
+                    "noise": "seeded",
+                },
+                "secure_aggregation": {
+                    "scheme": "dpf",
+                    "simulation": "arithmetic",
+                    "min_clients": 10,
+                    "cover": "shared",
+                    "dpf": {"budget": 128},
+                },
+            },
+        }
+    )
+
+
 def popularity(split) -> np.ndarray:
     """Each item's training interactions."""
     return np.bincount(split.train_items, minlength=split.n_items)

@@ -13,39 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrecgel_secure.audit.poisoning import ATTACKERS, attack
+from fedrecgel_secure.audit.poisoning import ATTACKERS, attack, attack_policy
 from fedrecgel_secure.data.prepare import load_split
-from fedrecgel_secure.policy import Policy
 
 ROUNDS = 10
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    policy = Policy.model_validate(
-        {
-            "data": {"dataset": "filmtrust", "protocol": "clean"},
-            "model": {"gmf_dim": 8, "mlp_dim": 8, "tower": [16, 8]},
-            "federation": {"rounds": ROUNDS, "fraction": 0.1, "server_lr": 0.01},
-            "evaluation": {"every": ROUNDS},
-            "privacy": {
-                "dp": {
-                    "enabled": True,
-                    "mode": "central",
-                    "clip_norm": 0.5,
-                    "noise_multiplier": 1.0,
-                    "noise": "seeded",
-                },
-                "secure_aggregation": {
-                    "scheme": "dpf",
-                    "simulation": "arithmetic",
-                    "min_clients": 10,
-                    "cover": "shared",
-                    "dpf": {"budget": 128},
-                },
-            },
-        }
-    )
+    policy = attack_policy(ROUNDS, model={"gmf_dim": 8, "mlp_dim": 8, "tower": [16, 8]}, evaluate_every=ROUNDS)
     split = load_split(policy.data)
     return {name: attack(policy, split, name, fakes=1) for name in ATTACKERS}
 

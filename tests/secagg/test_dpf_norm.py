@@ -19,6 +19,8 @@ from fedrecgel_secure.privacy.secagg.errors import RejectedPayload
 from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
 from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64
 
+from helpers.field import sqrt_mod
+
 ROWS, WIDTH, DENSE = 40, 4, 30
 DIM = ROWS * WIDTH + DENSE
 GRID = FixedPoint(clip_range=1.0, frac_bits=24)
@@ -45,20 +47,8 @@ def grid_sum(xs) -> np.ndarray:
 
 
 def _sqrt2() -> int:
-    """A square root of 2 mod p (Tonelli–Shanks): an element near 2^40, whose square is 2 in the field."""
-    p = FIELD64.p
-    q, s = p - 1, 0
-    while q % 2 == 0:
-        q, s = q // 2, s + 1
-    z = next(z for z in range(2, 100) if pow(z, (p - 1) // 2, p) == p - 1)
-    m, c, t, r = s, pow(z, q, p), pow(2, q, p), pow(2, (q + 1) // 2, p)
-    while t != 1:
-        i, t2 = 0, t
-        while t2 != 1:
-            t2, i = t2 * t2 % p, i + 1
-        b = pow(c, 1 << (m - i - 1), p)
-        m, c, t, r = i, b * b % p, t * b * b % p, r * b % p
-    return FIELD64.signed(r)
+    """A square root of 2 mod p: an element near 2^40, whose square is 2 in the field."""
+    return FIELD64.signed(sqrt_mod(2, FIELD64.p))
 
 
 SHAPES = {

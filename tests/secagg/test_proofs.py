@@ -16,6 +16,8 @@ from fedrecgel_secure.privacy.secagg.proofs import flp
 from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64, FIELD128
 from fedrecgel_secure.privacy.secagg.proofs.pine import L2Bound, wraparound_matrix
 
+from helpers.field import sqrt_mod
+
 F = FIELD64
 P = F.p
 
@@ -204,25 +206,9 @@ def _refused(check: L2Bound, x: list[int], rr: random.Random) -> bool:
 
 def _wrapping(dim: int) -> list[int]:
     """A vector whose squares sum to 3 in the field: √2 mod p (an element near p/2 in size) and a one."""
-    root = _sqrt(2)
+    root = sqrt_mod(2, P)
     assert root * root % P == 2 and abs(F.signed(root)) > 2**39  # its square as an integer is near 2^80
     return [F.signed(root), 1] + [0] * (dim - 2)
-
-
-def _sqrt(a: int) -> int:
-    """Tonelli–Shanks: a square root of ``a`` mod P."""
-    q, s = P - 1, 0
-    while q % 2 == 0:
-        q, s = q // 2, s + 1
-    z = next(z for z in range(2, 100) if pow(z, (P - 1) // 2, P) == P - 1)
-    m, c, t, r = s, pow(z, q, P), pow(a, q, P), pow(a, (q + 1) // 2, P)
-    while t != 1:
-        i, t2 = 0, t
-        while t2 != 1:
-            t2, i = t2 * t2 % P, i + 1
-        b = pow(c, 1 << (m - i - 1), P)
-        m, c, t, r = i, b * b % P, t * b * b % P, r * b % P
-    return r
 
 
 @pytest.mark.parametrize(
