@@ -130,13 +130,18 @@ def _wires(check: L2Bound, seeds: np.ndarray, inputs: np.ndarray) -> np.ndarray:
 
 def prove(check: L2Bound, meas: np.ndarray, results: np.ndarray, seeds: np.ndarray, joint_rand) -> np.ndarray:
     """:func:`.flp.prove` of ``check.circuit(results)``: the wires' seeds, then the gadget polynomial's
-    coefficients."""
+    coefficients. The gadget polynomial is found from its values at the 2P-th roots of unity: at the even ones
+    (the P-th roots) each wire is its own values; at the odd ones, ω_2P · ω_P^k, an NTT of its coefficients times
+    ω_2P^j (a coset), so each wire takes two NTTs of P points, not one of P and one of 2P."""
     inputs, _, _ = _inputs(check, meas, results, joint_rand, 1)
-    coeffs = g.ntt(_wires(check, seeds, inputs), inverse=True)  # (arity, P)
+    wires = _wires(check, seeds, inputs)  # (arity, P): each wire's values at the P-th roots
     points = check.points
-    doubled = g.ntt(np.concatenate([coeffs, np.zeros_like(coeffs)], axis=1))  # each wire at the 2P-th roots
-    products = g.mul(doubled[0::2], doubled[1::2])  # a Mul of each consecutive pair of wires
-    poly = g.ntt(g.total(products, axis=0), inverse=True)[: check.proof_len - check.gadget.arity]
+    twist = g.array([pow(F.root(2 * points), j, F.p) for j in range(points)])
+    odd = g.ntt(g.mul(g.ntt(wires, inverse=True), twist[None, :]))  # each wire at ω_2P^(2k+1)
+    values = np.empty(2 * points, dtype=np.uint64)
+    values[0::2] = g.total(g.mul(wires[0::2], wires[1::2]), axis=0)  # a Mul of each consecutive pair of wires
+    values[1::2] = g.total(g.mul(odd[0::2], odd[1::2]), axis=0)
+    poly = g.ntt(values, inverse=True)[: check.proof_len - check.gadget.arity]
     assert poly.size == 2 * points - 1
     return np.concatenate([seeds, poly])
 
