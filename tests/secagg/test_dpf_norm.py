@@ -109,21 +109,36 @@ def test_an_honest_client_cannot_upload_over_the_bound():
         s.clients[0].upload(0, honest(np.random.default_rng(3), norm=C * 1.01))
 
 
-def test_a_changed_proof_or_bits_share_is_refused():
+def test_a_proof_box_swapped_from_another_upload_is_refused_as_unsigned():
+    """The aggregator's second box (its shares of the bits and the proof) from another upload of the same client:
+    not the one the envelope signed for."""
     s = session()
     rng = np.random.default_rng(4)
     xs = {c: honest(rng) for c in CLIENTS}
-    upload = s.clients[2].upload(0, xs[2])
-    envelope, part = wire.split_upload(upload)
+    envelope, part = wire.split_upload(s.clients[2].upload(0, xs[2]))
     box, _second = wire.split_boxes(part, True, 2)
-
-    def swapped(other_round_upload):
-        return wire.join_upload(envelope, box, wire.split_boxes(wire.split_upload(other_round_upload)[1], True, 2)[1])
-
-    # a second box from another upload of the same client: not the one the envelope signed for
-    other = s.clients[2].upload(0, xs[2])
-    result = s.run_round(0, xs, intercept=lambda c, payload: swapped(other) if c == 2 else payload)
+    other_second = wire.split_boxes(wire.split_upload(s.clients[2].upload(0, xs[2]))[1], True, 2)[1]
+    swapped = wire.join_upload(envelope, box, other_second)
+    result = s.run_round(0, xs, intercept=lambda c, payload: swapped if c == 2 else payload)
     assert result.rejected == {2: "bad_signature"}
+
+
+def test_a_bits_share_other_than_the_one_committed_to_is_refused():
+    """The aggregator checks its share of the bits against h_bits, which the combiners were drawn from: a share
+    changed after the client drew them is refused (``bad_share``), as is one that is no field element."""
+    check = NormCheck.of(C, GRID, buckets=9, width=WIDTH, dense=DENSE)
+    x = np.zeros(check.check.dim, dtype=np.int64)
+    x[0] = B // 2
+    part, h_bits = check.prove(x, b"c1" * 16, check.key_holder_seeds())
+    bits, proof = check.shares_of(0, part, h_bits, 7)  # the committed share opens
+    assert (bits.size, proof.size) == (check.bits_len, check.proof_len)
+    changed = bytearray(part)
+    changed[0] ^= 1  # one bit of the first element of the bits share
+    with pytest.raises(RejectedPayload, match="bad_share"):
+        check.shares_of(0, bytes(changed), h_bits, 7)
+    past_p = (2**64 - 1).to_bytes(8, "little") + part[8:]
+    with pytest.raises(RejectedPayload, match="garbage"):
+        check.shares_of(0, past_p, h_bits, 7)
 
 
 def test_the_key_holder_refuses_a_query_point_at_a_root_of_unity():
