@@ -64,7 +64,8 @@ def proof_seconds(dim: int, bound: int, *, plain: bool) -> tuple[float, float]:
     x = np.random.default_rng(1).standard_normal(dim)
     x = np.trunc(x / np.linalg.norm(x) * bound).astype(np.int64)
     seed, rr = secrets.token_bytes(16), random.Random(1)
-    jr, t = [rr.randrange(FIELD64.p) for _ in range(3)], rr.randrange(FIELD64.p)
+    jr = [rr.randrange(FIELD64.p) for _ in range(check.joint_rand_len)]
+    t, r = rr.randrange(FIELD64.p), rr.randrange(FIELD64.p)
     seeds = [rr.randrange(FIELD64.p) for _ in range(check.gadget.arity)]
     start = time.perf_counter()
     if plain:
@@ -80,9 +81,9 @@ def proof_seconds(dim: int, bound: int, *, plain: bool) -> tuple[float, float]:
     start = time.perf_counter()
     if plain:
         circuit = check.circuit(check.results(meas[:dim], wraparound_matrix(seed, check.tests, dim)))
-        flp.query(circuit, meas, proof, t, jr, 1)
+        flp.query(circuit, meas, proof, t, jr, 1, r)
     else:
-        pine_fast.query(check, meas, proof, pine_fast.wraparound_dots(seed, check.tests, meas[:dim]), t, jr, 1)
+        pine_fast.query(check, meas, proof, pine_fast.wraparound_dots(seed, check.tests, meas[:dim]), t, jr, 1, r)
     return prove_s, time.perf_counter() - start
 
 
@@ -135,10 +136,11 @@ def main() -> None:
     ]
     intro = (
         f"Per client, one run (`python benchmarks/check_cost.py`), Field64, B = {CLIP} · 2^{FRAC_BITS} on the grid,"
-        " α = 8.7, 100 wraparound tests, the proof's gadget a ParallelSum of ⌊√n⌋ products. The sizes are exact"
+        " α = 8.7, 100 wraparound tests, two bit tests, the proof's gadget a ParallelSum of squares (the length that"
+        " makes the proof shortest). The sizes are exact"
         " (the circuit's own lengths). A server's verification is its wraparound tests' results and its FLP query"
         " (pine_fast, numpy); the plain path (Python integers, the oracle the tests hold the fast one to) at"
-        " FilmTrust only. The check is not yet run by the scheme (docs/privacy/input-checks.md).\n\n"
+        " FilmTrust only.\n\n"
     )
     args.out.write_text(intro + table(header, [row(k) for k in SHAPE_KEYS]))
     print(f"wrote {args.out}")

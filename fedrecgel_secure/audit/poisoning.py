@@ -41,7 +41,7 @@ UNBOUNDED = 1e3  # the unbounded attacker's value a coordinate: its norm is abou
 
 class CheatingProof(NormCheck):
     """A client's best proof for a vector over the bound: the norm and each wraparound test as the field computes
-    them, a success bit only where the result is in range (a false one fails the quadratic test), the norm's bits
+    them, clamped into the range the bits can hold (a false one fails the linear test), the norm's bits
     where they fit (else the bound's), and an honest proof of that encoding."""
 
     def prove(self, x, c1, seeds):
@@ -52,8 +52,8 @@ class CheatingProof(NormCheck):
         results = g.to_signed(pine_fast.wraparound_dots(c1, check.tests, elements))
         tests = []
         for r in results.tolist():
-            ok = -check.wr_bound < r <= check.wr_bound
-            tests += [*f.bits(r + check.wr_bound - 1 if ok else 0, check.wr_bits), int(ok)]
+            r = min(max(r, -check.wr_bound + 1), check.wr_bound)
+            tests += f.bits(r + check.wr_bound - 1, check.wr_bits)
         bits = g.array(f.bits(v, check.sq_bits) + f.bits(check.sq_bound - v, check.sq_bits) + tests)
         meas = np.concatenate([elements, bits])
         bits_share = g.sub(bits, wire.pad(seeds[:16], self.bits_len, np.uint64))

@@ -4,7 +4,6 @@ every shape, and a cheating prover's best encodings of them, are refused; so is 
 
 from __future__ import annotations
 
-import math
 import random
 import secrets
 
@@ -81,17 +80,18 @@ class _Bits(flp.Circuit):
             inputs += [power * b % P, (b - F.inv(shares)) % P]
             power = power * joint_rand[0] % P
         inputs += [0] * (-len(inputs) % 4)
-        return sum(gadget(inputs[i : i + 4]) for i in range(0, len(inputs), 4)) % P
+        return [sum(gadget(inputs[i : i + 4]) for i in range(0, len(inputs), 4)) % P]
 
 
 def _verify(circuit, meas, proof, joint_rand, parties=2, rng=None, t=None, circuit_of=None):
     rng = rng or random.Random(7)
     t = rng.randrange(P) if t is None else t
+    r = rng.randrange(P)
     meas_shares, proof_shares = _share(meas, parties, rng), _share(proof, parties, rng)
     verifier = flp.combine(
         F,
         [
-            flp.query(circuit_of(m) if circuit_of else circuit, m, pr, t, joint_rand, parties)
+            flp.query(circuit_of(m) if circuit_of else circuit, m, pr, t, joint_rand, parties, r)
             for m, pr in zip(meas_shares, proof_shares, strict=True)
         ],
     )
@@ -140,8 +140,8 @@ def _at_norm(rng: np.random.Generator, dim: int, norm: float) -> list[int]:
     return x.tolist()
 
 
-def _direct(check: L2Bound, meas, x_results, joint_rand) -> int:
-    """The circuit's output on a whole measurement, each gadget call evaluated: zero iff it accepts."""
+def _direct(check: L2Bound, meas, x_results, joint_rand) -> list[int]:
+    """The circuit's outputs on a whole measurement, each gadget call evaluated: all zero iff it accepts."""
     circuit = check.circuit(x_results)
     return circuit.eval(meas, joint_rand, lambda inputs: check.gadget.eval(F, inputs), 1)
 
@@ -158,8 +158,8 @@ def test_pine_accepts_1000_honest_vectors_at_the_bound():
         matrix = wraparound_matrix(secrets.token_bytes(16), check.tests, dim)
         meas = check.encode(x, matrix)
         results = [F.element(r) for r in check.results_int(x, matrix)]
-        jr = [rr.randrange(P) for _ in range(3)]
-        assert _direct(check, meas, results, jr) == 0, i
+        jr = [rr.randrange(P) for _ in range(check.joint_rand_len)]
+        assert not any(_direct(check, meas, results, jr)), i
         if i % 250 == 0:
             proof = flp.prove(check.circuit(results), meas, [rr.randrange(P) for _ in range(check.gadget.arity)], jr)
             assert _verify(
@@ -174,16 +174,16 @@ def test_pine_accepts_1000_honest_vectors_at_the_bound():
 
 def _cheat(check: L2Bound, x: list[int], matrix: np.ndarray) -> list[int]:
     """A cheating client's best encoding of ``x``: the norm as the field computes it (its bits, if they fit, else
-    the bound's), each test's result as the field computes it, a success bit only where the result is in range
-    (a false one fails the quadratic test), and everything else as an honest client would."""
+    the bound's), each test's result as the field computes it, clamped into the range the bits can hold (a false
+    one fails the linear test), and everything else as an honest client would."""
     f = F
     field_norm = sum(v * v for v in x) % P
     v = field_norm if field_norm <= check.sq_bound else check.sq_bound
     out = [f.element(a) for a in x] + f.bits(v, check.sq_bits) + f.bits(check.sq_bound - v, check.sq_bits)
     for row in matrix:
         r = f.signed(sum(int(a) * b for a, b in zip(row, x, strict=True)) % P)
-        ok = -check.wr_bound < r <= check.wr_bound
-        out += [*f.bits(r + check.wr_bound - 1 if ok else 0, check.wr_bits), int(ok)]
+        r = min(max(r, -check.wr_bound + 1), check.wr_bound)
+        out += f.bits(r + check.wr_bound - 1, check.wr_bits)
     return out
 
 
@@ -191,7 +191,7 @@ def _refused(check: L2Bound, x: list[int], rr: random.Random) -> bool:
     matrix = wraparound_matrix(secrets.token_bytes(16), check.tests, check.dim)
     meas = _cheat(check, x, matrix)
     results = check.results([F.element(v) for v in x], matrix)
-    jr = [rr.randrange(P) for _ in range(3)]
+    jr = [rr.randrange(P) for _ in range(check.joint_rand_len)]
     proof = flp.prove(check.circuit(results), meas, [rr.randrange(P) for _ in range(check.gadget.arity)], jr)
     accepted = _verify(
         check.circuit(results),
@@ -201,7 +201,7 @@ def _refused(check: L2Bound, x: list[int], rr: random.Random) -> bool:
         rng=rr,
         circuit_of=lambda m: check.circuit(check.results(m[: check.dim], matrix)),
     )
-    return not accepted and _direct(check, meas, results, jr) != 0
+    return not accepted and any(_direct(check, meas, results, jr))
 
 
 def _wrapping(dim: int) -> list[int]:
@@ -236,11 +236,36 @@ def test_pine_refuses_every_over_bound_shape(shape):
     assert _refused(check, x, rr)
 
 
+def test_a_false_bit_made_to_pass_one_bit_test_fails_the_other():
+    """A client that retries its commitments until the first ρ is one it can cancel a false bit under (a grind
+    through Fiat–Shamir) is caught by the second, independent ρ: two bits of v, (0, 1), sent as (c, 1 − c/2), keep
+    v's value and make the first bit test's terms cancel; the FLP then refuses the proof."""
+    rr, dim = random.Random(11), 16
+    check = L2Bound(F, dim, 1 << 12)
+    matrix = wraparound_matrix(b"s", check.tests, dim)
+    x = _at_norm(np.random.default_rng(11), dim, check.bound)
+    meas = check.encode(x, matrix)
+    results = [F.element(r) for r in check.results_int(x, matrix)]
+    v_bits = meas[dim : dim + check.sq_bits]
+    j = next(i for i in range(check.sq_bits - 1) if (v_bits[i], v_bits[i + 1]) == (0, 1))
+    rho1, rho2 = rr.randrange(P), rr.randrange(P)
+    s = rho1 * rho1 % P
+    c = (1 + s * F.inv(2)) * F.inv(1 + s * F.inv(4)) % P  # (c² − c) + s·(d² − d) = 0 with d = 1 − c/2
+    forged = list(meas)
+    forged[dim + j], forged[dim + j + 1] = c, (1 - c * F.inv(2)) % P
+    out = _direct(check, forged, results, [rho1, rho2])
+    assert out[1] == 0 and out[2] != 0 and not any(out[:1] + out[3:])  # only the second bit test sees it
+    seeds = [rr.randrange(P) for _ in range(check.gadget.arity)]
+    proof = flp.prove(check.circuit(results), forged, seeds, [rho1, rho2])
+    assert not _verify(check.circuit(results), forged, proof, [rho1, rho2], rng=rr)
+
+
 def test_pine_parameters_follow_the_field():
     check = L2Bound(F, 45_000, 1 << 30)
     assert check.wr_bound == 1 << 34 and check.sq_bits == 61
-    assert check.calls == sum(-(-n // check.chunk) for n in (45_000, check.bits_len, 100))
-    assert check.chunk == math.isqrt(45_000 + check.bits_len)
+    assert check.bits_len == 2 * 61 + 100 * 35
+    assert check.calls == -(-45_000 // check.chunk) + 2 * -(-3622 // check.chunk)  # the norm, two bit tests
+    assert check.calls < check.points and check.proof_len == check.chunk + 2 * check.points - 1
     with pytest.raises(BadInputError, match="too large"):
         L2Bound(F, 10, 1 << 32)  # B² ≥ p / 3
     assert L2Bound(FIELD128, 10, 1 << 40).sq_bits == 81
@@ -293,7 +318,10 @@ def test_pine_fast_path_gives_the_plain_paths_proof_and_verifier_shares(dim):
     plain_meas = check.encode(x.tolist(), matrix)
     plain_results = [F.element(r) for r in check.results_int(x.tolist(), matrix)]
     assert meas.tolist() == plain_meas and results.tolist() == plain_results
-    jr, seeds = [rr.randrange(P) for _ in range(3)], [rr.randrange(P) for _ in range(check.gadget.arity)]
+    jr, seeds = (
+        [rr.randrange(P) for _ in range(check.joint_rand_len)],
+        [rr.randrange(P) for _ in range(check.gadget.arity)],
+    )
     proof = pine_fast.prove(check, meas, results, g.array(seeds), jr)
     assert proof.tolist() == flp.prove(check.circuit(plain_results), plain_meas, seeds, jr)
     share = g.array([rr.randrange(P) for _ in plain_meas])
@@ -301,9 +329,23 @@ def test_pine_fast_path_gives_the_plain_paths_proof_and_verifier_shares(dim):
     mine = pine_fast.wraparound_dots(seed, check.tests, share[:dim])
     assert mine.tolist() == check.results(share[:dim].tolist(), matrix)
     t = rr.randrange(P)
-    assert pine_fast.query(check, share, proof_share, mine, t, jr, 2) == flp.query(
-        check.circuit(mine.tolist()), share.tolist(), proof_share.tolist(), t, jr, 2
+    r = rr.randrange(P)
+    assert pine_fast.query(check, share, proof_share, mine, t, jr, 2, r) == flp.query(
+        check.circuit(mine.tolist()), share.tolist(), proof_share.tolist(), t, jr, 2, r
     )
+
+
+def test_fast_squared_norm_is_exact_at_the_int32_edge_and_past_it():
+    from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+
+    rng = np.random.default_rng(9)
+    for x in (
+        np.full(70_000, -(1 << 32) + 1, dtype=np.int64),  # every square just under 2^64: the halves' sums carry
+        rng.integers(-(1 << 31), 1 << 31, 5_000),
+        np.array([1 << 40, -(1 << 62), 3], dtype=np.int64),  # past 2^32: the exact slow path
+        np.array([np.iinfo(np.int64).min, 1], dtype=np.int64),
+    ):
+        assert pine_fast._square_sum(x) == sum(int(v) ** 2 for v in x.tolist())
 
 
 def test_wraparound_dots_are_exact_past_a_float32_block():

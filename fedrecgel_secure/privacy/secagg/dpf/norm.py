@@ -9,9 +9,10 @@ digests check) and the dense rest, in Field64.
 
 Randomness (Fiat–Shamir, in PINE's two stages): the wraparound tests' vectors from C1, a hash of the envelope's body
 before the check's fields (the corrections, the key holder's box and the aggregator's box's hash: every share of x,
-fixed); the circuit's three combiners from C2 = H(C1, h_bits), h_bits the client's blinded hash of the
-aggregator's share of the bits (the key holder's comes from a seed in its box, fixed by C1). The query point t is
-drawn by the aggregator once the round's uploads are in; the key holder refuses one that is a root of unity.
+fixed); the bit tests' ρ from C2 = H(C1, h_bits), h_bits the client's blinded hash of the aggregator's share of
+the bits (the key holder's comes from a seed in its box, fixed by C1). The query point t is drawn by the aggregator
+once the round's uploads are in (the key holder refuses one that is a root of unity), and the point r that reduces
+the circuit's outputs to one is a hash of t: neither is known to the client when it proves.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ def grid_bound(clip_norm: float, encoding: FixedPoint) -> int:
     """B = ⌈C · 2^f⌉: a vector DP clipped to ``clip_norm`` has grid norm at most C · 2^f (it clips to
     :meth:`.fixedpoint.FixedPoint.dp_clip`, so its rounded integers stay within), hence at most B."""
     return math.ceil(clip_norm * encoding.scale)
+
+
+def _elements(seed: bytes, n: int) -> list[int]:
+    """``n`` Field64 elements from SHAKE128 of ``seed``, each a word drawn by rejection."""
+    stream = hashlib.shake_128(seed).digest(8 * 32)
+    out = [w for i in range(0, len(stream), 8) if (w := int.from_bytes(stream[i : i + 8], "little")) < FIELD64.p]
+    if len(out) < n:  # fewer than n of 32 words below p: about 2^-900
+        raise RuntimeError("field elements exhausted")
+    return out[:n]
 
 
 @dataclass(frozen=True)
@@ -75,13 +85,13 @@ class NormCheck:
         return hashlib.sha256(head + round_idx.to_bytes(8, "big") + client_id.to_bytes(4, "big") + body).digest()
 
     def joint_rand(self, c1: bytes, h_bits: bytes) -> list[int]:
-        """The circuit's three combiners from C2 = H(C1, h_bits), each an element drawn by rejection."""
-        stream = hashlib.shake_128(b"fedrecgel/dpf-norm/c2\x00" + c1 + h_bits).digest(8 * 32)
-        words = [int.from_bytes(stream[i : i + 8], "little") for i in range(0, len(stream), 8)]
-        out = [w for w in words if w < FIELD64.p][:3]
-        if len(out) < 3:  # 29 of 32 words past p: about 2^-900
-            raise RuntimeError("joint randomness exhausted")
-        return out
+        """The bit tests' ρ from C2 = H(C1, h_bits)."""
+        return _elements(b"fedrecgel/dpf-norm/c2\x00" + c1 + h_bits, self.check.joint_rand_len)
+
+    @staticmethod
+    def reduction_point(t: int) -> int:
+        """r, which reduces the circuit's outputs to one: drawn with t, so after every proof of the round."""
+        return _elements(b"fedrecgel/dpf-norm/reduce\x00" + t.to_bytes(8, "little"), 1)[0]
 
     @staticmethod
     def blinded(blind: bytes, bits_share: np.ndarray) -> bytes:
@@ -134,7 +144,8 @@ class NormCheck:
         """This server's verifier share, as elements: its shares of x and the bits, and of the proof."""
         meas = np.concatenate([x_share, bits])
         results = pine_fast.wraparound_dots(c1, self.check.tests, x_share)
-        share = pine_fast.query(self.check, meas, proof, results, t, self.joint_rand(c1, h_bits), 2)
+        jr, r = self.joint_rand(c1, h_bits), self.reduction_point(t)
+        share = pine_fast.query(self.check, meas, proof, results, t, jr, 2, r)
         return g.array(share)
 
     def decide(self, mine: np.ndarray, theirs: np.ndarray) -> bool:

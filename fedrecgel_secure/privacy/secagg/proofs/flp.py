@@ -4,13 +4,16 @@ its input, and of its proof, that a validity circuit outputs zero on the input, 
 (their *verifier shares*, a few field elements) says nothing more.
 
 Concern: prove, query and decide for one circuit that calls one gadget (a small non-linear function, here
-:class:`Mul` under :class:`ParallelSum`) ``calls`` times and is otherwise affine in its input. The proof is the
-gadget's input *wires* as polynomials through the calls (a random seed at ω^0, call k's inputs at ω^k, ω a P-th root
-of unity, P = the power of two above calls) and the gadget applied to them, a polynomial G of degree
-``degree · (P − 1)``: the wires' seeds and G's coefficients. A verifier replays the circuit on its shares, taking call
-k's output from G(ω^k) (linear in the proof), and evaluates each wire polynomial and G at a random point t. Summed,
-the shares give the circuit's output v and the wires w(t) and G(t): the input is accepted iff v = 0 and the gadget
-of w(t) is G(t).
+:class:`Mul` or :class:`Square` under :class:`ParallelSum`) ``calls`` times and is otherwise affine in its input.
+The proof is the gadget's input *wires* as polynomials through the calls (a random seed at ω^0, call k's inputs at
+ω^k, ω a P-th root of unity, P = the power of two above calls) and the gadget applied to them, a polynomial G of
+degree ``degree · (P − 1)``: the wires' seeds and G's coefficients. A verifier replays the circuit on its shares,
+taking call k's output from G(ω^k) (linear in the proof), and evaluates each wire polynomial and G at a random point
+t. Summed, the shares give the circuit's output v and the wires w(t) and G(t): the input is accepted iff v = 0 and
+the gadget of w(t) is G(t). A circuit may output several values, all of which must be zero: each verifier reduces
+its shares of them to one, Σ r^i · out_i, with an r the verifiers draw as they draw t (draft-irtf-cfrg-vdaf's
+query randomness), which the prover cannot know, so a nonzero output slips through with probability at most
+(outputs − 1)/p however often the prover retries.
 
 Soundness: an invalid input (or a false proof) is accepted with probability at most (degree · P + 1) / (p − P) over
 t (Schwartz–Zippel), plus what the circuit's own random combinations add (:mod:`.pine`). Zero knowledge: for an
@@ -46,6 +49,19 @@ class Mul(Gadget):
 
     def eval_poly(self, field: Field, polys: Sequence[Sequence[int]]) -> list[int]:
         return field.poly_mul(polys[0], polys[1])
+
+
+class Square(Gadget):
+    """x²: a product whose two inputs are equal, on one wire instead of two (a sum of squares, or the bit test
+    b² − b, needs no second copy of its input)."""
+
+    arity, degree = 1, 2
+
+    def eval(self, field: Field, inputs: Sequence[int]) -> int:
+        return inputs[0] * inputs[0] % field.p
+
+    def eval_poly(self, field: Field, polys: Sequence[Sequence[int]]) -> list[int]:
+        return field.poly_mul(polys[0], polys[0])
 
 
 class ParallelSum(Gadget):
@@ -84,16 +100,19 @@ def proof_len(gadget: Gadget, calls: int) -> int:
 
 class Circuit(ABC):
     """A validity circuit: ``eval`` calls ``gadget`` exactly :attr:`calls` times and is affine in the input given
-    those calls' outputs, each constant scaled by 1/``shares`` (so the verifiers' shares of v add up to v)."""
+    those calls' outputs, each constant scaled by 1/``shares`` (so the verifiers' shares of an output add up to
+    it)."""
 
     field: Field
     gadget: Gadget
     calls: int
     meas_len: int
     joint_rand_len: int
+    output_len: int = 1
 
     @abstractmethod
-    def eval(self, meas: Sequence[int], joint_rand: Sequence[int], gadget: GadgetCall, shares: int) -> int: ...
+    def eval(self, meas: Sequence[int], joint_rand: Sequence[int], gadget: GadgetCall, shares: int) -> list[int]:
+        """The circuit's :attr:`output_len` outputs, each zero on a valid input."""
 
     @property
     def points(self) -> int:
@@ -110,7 +129,7 @@ class Circuit(ABC):
 
 def _run(circuit: Circuit, meas, joint_rand, seeds, outputs: Callable[[int, Sequence[int]], int], shares: int):
     """Evaluate the circuit, recording each call's inputs in the wires; ``outputs(k, inputs)`` is call k's output.
-    Returns (v, wires as P values each)."""
+    Returns (the outputs, wires as P values each)."""
     if len(meas) != circuit.meas_len or len(joint_rand) != circuit.joint_rand_len:
         raise ValueError(f"a circuit of {circuit.meas_len} inputs and {circuit.joint_rand_len} random values")
     points = circuit.points
@@ -126,10 +145,22 @@ def _run(circuit: Circuit, meas, joint_rand, seeds, outputs: Callable[[int, Sequ
             wires[j][k] = x
         return outputs(k, inputs)
 
-    v = circuit.eval(meas, joint_rand, call, shares)
-    if k != circuit.calls:
-        raise ValueError(f"the circuit called its gadget {k} times, not the {circuit.calls} it declares")
-    return v, wires
+    out = circuit.eval(meas, joint_rand, call, shares)
+    if k != circuit.calls or len(out) != circuit.output_len:
+        raise ValueError(
+            f"the circuit called its gadget {k} times, not the {circuit.calls} it declares, or gave "
+            f"{len(out)} outputs, not {circuit.output_len}"
+        )
+    return out, wires
+
+
+def reduce(field: Field, outputs: Sequence[int], r: int | None) -> int:
+    """A verifier's share of v: its one output, or Σ r^i · out_i for the verifiers' random r."""
+    if len(outputs) == 1:
+        return outputs[0] % field.p
+    if r is None:
+        raise ValueError(f"a circuit of {len(outputs)} outputs needs the verifiers' reduction point")
+    return sum(o * pow(r, i, field.p) for i, o in enumerate(outputs)) % field.p
 
 
 def prove(circuit: Circuit, meas: Sequence[int], seeds: Sequence[int], joint_rand: Sequence[int]) -> list[int]:
@@ -151,9 +182,11 @@ def query(
     t: int,
     joint_rand: Sequence[int],
     shares: int,
+    r: int | None = None,
 ) -> list[int]:
-    """A verifier's share of the verifier message, from its shares of ``meas`` and ``proof``, the point ``t`` and
-    the joint randomness (both the same for every verifier): [v, each wire at t, G(t)]."""
+    """A verifier's share of the verifier message, from its shares of ``meas`` and ``proof``, the point ``t``, the
+    reduction point ``r`` (for a circuit of several outputs) and the joint randomness (all the same for every
+    verifier): [v, each wire at t, G(t)]."""
     field, gadget = circuit.field, circuit.gadget
     if len(proof) != circuit.proof_len:
         raise ValueError(f"a proof of {circuit.proof_len} elements, got {len(proof)}")
@@ -164,8 +197,8 @@ def query(
     size = 1 << (len(poly) - 1).bit_length()
     at_roots = field.ntt(poly, size)  # G at the size-th roots of unity; ω_P^k is ω_size^(k · size / P)
     step = size // points
-    v, wires = _run(circuit, meas, joint_rand, seeds, lambda k, _inputs: at_roots[k * step], shares)
-    return [v] + [field.poly_eval(field.inv_ntt(w), t) for w in wires] + [field.poly_eval(poly, t)]
+    out, wires = _run(circuit, meas, joint_rand, seeds, lambda k, _inputs: at_roots[k * step], shares)
+    return [reduce(field, out, r)] + [field.poly_eval(field.inv_ntt(w), t) for w in wires] + [field.poly_eval(poly, t)]
 
 
 def combine(field: Field, verifier_shares: Sequence[Sequence[int]]) -> list[int]:

@@ -119,26 +119,33 @@ def dot_small(rows: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def ntt(values: np.ndarray, inverse: bool = False) -> np.ndarray:
-    """The NTT of each row of ``values`` (…, n), n a power of two: coefficients → values at ω^0 … ω^(n−1), or back
-    with ``inverse``; :meth:`.field.Field.ntt` and ``inv_ntt`` row by row."""
-    a = np.array(values, dtype=np.uint64)
-    n = a.shape[-1]
+@functools.lru_cache(maxsize=32)
+def _plan(n: int, inverse: bool) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """An n-point NTT's bit-reversal permutation, each layer's twiddles and the scale (1/n for the inverse): the
+    same for every call of a size."""
     w = FIELD64.root(n)
     if inverse:
         w = FIELD64.inv(w)
     bits = n.bit_length() - 1
     rev = np.array([int(f"{i:0{bits}b}"[::-1], 2) if bits else 0 for i in range(n)])
-    a = a[..., rev]
-    length = 2
+    layers, length = [], 2
     while length <= n:
-        half = length // 2
         step = pow(w, n // length, FIELD64.p)
-        tw = array([pow(step, k, FIELD64.p) for k in range(half)])
-        a = a.reshape(*a.shape[:-1], n // length, length)
+        layers.append(array([pow(step, k, FIELD64.p) for k in range(length // 2)]))
+        length *= 2
+    return rev, layers, np.uint64(FIELD64.inv(n) if inverse else 1)
+
+
+def ntt(values: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """The NTT of each row of ``values`` (…, n), n a power of two: coefficients → values at ω^0 … ω^(n−1), or back
+    with ``inverse``; :meth:`.field.Field.ntt` and ``inv_ntt`` row by row."""
+    a = np.asarray(values, dtype=np.uint64)
+    n = a.shape[-1]
+    rev, layers, scale = _plan(n, inverse)
+    a = a[..., rev]
+    for tw in layers:
+        half = tw.size
+        a = a.reshape(*a.shape[:-1], n // (2 * half), 2 * half)
         u, v = a[..., :half], mul(a[..., half:], tw)
         a = np.concatenate([add(u, v), sub(u, v)], axis=-1).reshape(*a.shape[:-2], n)
-        length *= 2
-    if inverse:
-        a = mul(a, np.uint64(FIELD64.inv(n)))
-    return a
+    return mul(a, scale) if inverse else a

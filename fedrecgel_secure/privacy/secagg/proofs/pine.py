@@ -7,17 +7,26 @@ Concern: what the client encodes besides x and the one circuit that checks it (:
   that v = Σ x_i² in the field and that v + u = B². Since v, u < 2^b with 2^(b+1) < p, that proves 0 ≤ v ≤ B² for
   the norm *as the field computes it*, which a vector with huge entries can meet by wrapping around p.
 * **The wraparound tests** (the paper's §3): for r random vectors a_j with entries −1, 0, 1 (probability ¼, ½, ¼),
-  derived from a seed the client cannot choose (:func:`wraparound_matrix`), the client proves that each
-  ⟨a_j, x⟩ lies in [−w + 1, w] (w, :attr:`L2Bound.wr_bound`, the power of two above ⌈α·B⌉), by its bits and a
-  success bit g_j, and that all r succeeded. The verifiers compute ⟨a_j, x⟩ from their shares themselves. For an
-  honest x, ⟨a_j, x⟩ has variance ‖x‖²/2 ≤ B²/2, so it lies outside α·B = 8.7·B with probability below 10^-30 a
-  test; a vector that wraps around meets all r tests with the probability the paper bounds (its Lemma 3.3), and
-  the field sizes it needs are checked here.
+  derived from a seed the client cannot choose (:func:`wraparound_matrix`), the client sends the bits of each
+  ⟨a_j, x⟩ shifted into [0, 2w) (w, :attr:`L2Bound.wr_bound`, the power of two above ⌈α·B⌉), and the circuit
+  checks that they are bits and that they add up to the result, which the verifiers compute from their shares
+  themselves. For an honest x, ⟨a_j, x⟩ has variance ‖x‖²/2 ≤ B²/2, so it lies outside α·B = 8.7·B with
+  probability below 10^-30 a test; a vector that wraps around meets all r tests with the probability the paper
+  bounds (its Lemma 3.3), and the field sizes it needs are checked here. PINE lets a client fail some tests (a
+  success bit each, and a count of them); here every test must pass (an honest client that fails one, about
+  10^-28 a proof, draws new shares), so the success bits would be constant ones and the test of each result is
+  linear.
 
-The circuit's gadget is ParallelSum(Mul, L) throughout: the norm (x_i · x_i), the bit tests
-(r_bit^i · b_i · (b_i − 1)) and the success tests (r_wr^j · (result_j − claimed_j) · g_j), combined with powers of
-r_final. Joint randomness: r_bit, r_wr, r_final and the wraparound seed, drawn after the client committed to its
-shares (the integration's concern).
+The circuit's gadget is ParallelSum(Square, L): the norm (x_i²) and the bit test, Σ (ρ^i b_i)² − Σ ρ^(2i) b_i
+= Σ ρ^(2i) · b_i · (b_i − 1), which is zero for a random ρ only if every b_i is a bit: one wire a value where a
+product would need two, so the proof's polynomials are half as many. Its outputs: the norm against its bits, the bit
+test under :data:`BIT_TESTS` independent ρ, v + u = B², and each test's result against its bits.
+
+Randomness. ρ must be known to the prover (it weights the gadget's inputs), so it is joint randomness, which the
+integration derives by Fiat–Shamir from the client's commitments, and a client can retry: a false bit passes one
+bit test with probability up to 2·(bits)/p ≈ 2^-51 in Field64, and all :data:`BIT_TESTS` with its power, per try.
+The outputs are reduced to one by the verifiers' own randomness (:func:`.flp.reduce`), which no retry reaches.
+The wraparound tests' seed is joint randomness too (the integration's concern).
 """
 
 from __future__ import annotations
@@ -32,18 +41,20 @@ from fedrecgel_secure.errors import BadInputError
 
 from . import flp
 from .field import Field
-from .flp import Circuit, GadgetCall, Mul, ParallelSum
+from .flp import Circuit, GadgetCall, ParallelSum, Square
 
 ALPHA = 8.7
 WRAPAROUND_TESTS = 100
+BIT_TESTS = 2  # independent ρ: 2^-102 a try in Field64, past any number of Fiat–Shamir retries a client can afford
 
 
 class L2Bound:
     """Σ x_i² ≤ ``bound``² for ``dim`` integers (on the fixed-point grid), over ``field``, with a gadget of
-    ``chunk`` products a call (√(dim) or so makes the proof shortest). :meth:`circuit` is the circuit :mod:`.flp`
-    proves and queries, given one party's shares of the wraparound tests' results."""
+    ``chunk`` squares a call (by default the one that makes the proof shortest, :func:`shortest_chunk`).
+    :meth:`circuit` is the circuit :mod:`.flp` proves and queries, given one party's shares of the wraparound
+    tests' results."""
 
-    joint_rand_len = 3
+    joint_rand_len = BIT_TESTS
 
     def __init__(
         self,
@@ -67,11 +78,13 @@ class L2Bound:
             raise BadInputError(f"an L2 bound of {bound} is too large for {field.name}'s wraparound tests")
         self.sq_bits = self.sq_bound.bit_length()
         self.wr_bits = (2 * self.wr_bound - 1).bit_length()
-        self.bits_len = 2 * self.sq_bits + (self.wr_bits + 1) * tests
+        self.bits_len = 2 * self.sq_bits + self.wr_bits * tests
         self.meas_len = dim + self.bits_len  # the tests' results are the verifiers' own, from x
-        self.chunk = chunk or max(1, math.isqrt(dim + self.bits_len))
-        self.gadget = ParallelSum(Mul(), self.chunk)
-        self.calls = sum(-(-n // self.chunk) for n in (dim, self.bits_len, tests))
+        self.output_len = 1 + BIT_TESTS + 1 + tests
+        sections = (dim,) + (self.bits_len,) * BIT_TESTS
+        self.chunk = chunk or shortest_chunk(sections)
+        self.gadget = ParallelSum(Square(), self.chunk)
+        self.calls = calls(sections, self.chunk)
 
     @property
     def points(self) -> int:
@@ -84,8 +97,8 @@ class L2Bound:
     # the client's side
 
     def encode(self, x: Sequence[int], matrix: np.ndarray) -> list[int]:
-        """The measurement of the integers ``x``: x, then the bits of v and u, then each test's bits and success
-        bit. :class:`BadInputError` if x is over the bound (no proof exists) or a test fails (draw new shares)."""
+        """The measurement of the integers ``x``: x, then the bits of v and u, then each test's bits.
+        :class:`BadInputError` if x is over the bound (no proof exists) or a test fails (draw new shares)."""
         f = self.field
         x = [int(v) for v in x]
         if len(x) != self.dim:
@@ -97,7 +110,7 @@ class L2Bound:
         for result in self.results_int(x, matrix):
             if not -self.wr_bound < result <= self.wr_bound:
                 raise BadInputError("a wraparound test failed (about 10^-30 for a vector within the bound): retry")
-            out += [*f.bits(result + self.wr_bound - 1, self.wr_bits), 1]
+            out += f.bits(result + self.wr_bound - 1, self.wr_bits)
         return out
 
     def results_int(self, x: Sequence[int], matrix: np.ndarray) -> list[int]:
@@ -115,47 +128,58 @@ class L2Bound:
         """The circuit with one party's shares of the tests' results bound in (the prover's: the results)."""
         return _Checked(self, results)
 
-    def _eval(self, meas, results, joint_rand, gadget: GadgetCall, shares: int) -> int:
+    def _eval(self, meas, results, joint_rand, gadget: GadgetCall, shares: int) -> list[int]:
         f, p = self.field, self.field.p
         inv = f.inv(shares)
-        r_bit, r_wr, r_final = joint_rand
         x, bits = meas[: self.dim], meas[self.dim :]
-        norm_sq = self._sum(gadget, [v for value in x for v in (value, value)])
         sq_v = f.from_bits(bits[: self.sq_bits])
         sq_u = f.from_bits(bits[self.sq_bits : 2 * self.sq_bits])
-        pairs, power = [], 1
-        for b in bits:
-            pairs += [power * b % p, (b - inv) % p]
-            power = power * r_bit % p
-        bit_test = self._sum(gadget, pairs)
-        pairs, power, successes = [], 1, 0
+        out = [(sq_v - self._sum(gadget, list(x))) % p]
+        for rho in joint_rand:
+            weighted, linear, power = [], 0, 1
+            for b in bits:
+                weighted.append(power * b % p)
+                linear += power * power % p * b
+                power = power * rho % p
+            out.append((self._sum(gadget, weighted) - linear) % p)
+        out.append((sq_v + sq_u - self.sq_bound * inv) % p)
         tests = bits[2 * self.sq_bits :]
-        step = self.wr_bits + 1
         for j in range(self.tests):
-            claimed = f.from_bits(tests[j * step : j * step + self.wr_bits])
-            g = tests[j * step + self.wr_bits]
-            computed = (claimed - (self.wr_bound - 1) * inv) % p
-            pairs += [power * (results[j] - computed) % p, g]
-            successes += g
-            power = power * r_wr % p
-        wr_test = self._sum(gadget, pairs)
-        parts = [
-            (sq_v - norm_sq) % p,
-            bit_test,
-            (sq_v + sq_u - self.sq_bound * inv) % p,
-            wr_test,
-            (successes - self.tests * inv) % p,
-        ]
-        return sum(part * pow(r_final, i, p) for i, part in enumerate(parts)) % p
+            claimed = f.from_bits(tests[j * self.wr_bits : (j + 1) * self.wr_bits])
+            out.append((results[j] - claimed + (self.wr_bound - 1) * inv) % p)
+        return out
 
     def _sum(self, gadget: GadgetCall, inputs: list[int]) -> int:
-        """Σ of the Mul gadget over consecutive pairs of ``inputs``, ``chunk`` pairs a call (zeros pad the last)."""
+        """Σ of the gadget's squares of ``inputs``, ``chunk`` a call (zeros pad the last)."""
         width = self.gadget.arity
         total = 0
         for start in range(0, len(inputs), width):
             part = inputs[start : start + width]
             total += gadget(part + [0] * (width - len(part)))
         return total % self.field.p
+
+
+def calls(sections: Sequence[int], chunk: int) -> int:
+    """The gadget's calls for sections of these many inputs, ``chunk`` a call, each section padded to whole calls."""
+    return sum(-(-n // chunk) for n in sections)
+
+
+def shortest_chunk(sections: Sequence[int]) -> int:
+    """The chunk L that makes the proof (L seeds and 2P − 1 coefficients, P the power of two above the calls)
+    shortest; of two equally short, the one with fewer wire values to interpolate (L · P)."""
+    best: tuple[int, int, int] | None = None
+    total, points = sum(sections), 2
+    while points - 1 < len(sections):  # each section takes a call at least
+        points *= 2
+    while True:
+        chunk = max(1, -(-total // (points - 1)))
+        while calls(sections, chunk) > points - 1:
+            chunk += 1
+        cost = (chunk + 2 * points - 1, chunk * points, chunk)
+        best = cost if best is None or cost < best else best
+        if chunk == 1:
+            return best[2]
+        points *= 2
 
 
 class _Checked(Circuit):
@@ -166,9 +190,9 @@ class _Checked(Circuit):
             raise ValueError(f"{base.tests} results, got {len(results)}")
         self.base, self.results = base, list(results)
         self.field, self.gadget, self.calls = base.field, base.gadget, base.calls
-        self.meas_len, self.joint_rand_len = base.meas_len, base.joint_rand_len
+        self.meas_len, self.joint_rand_len, self.output_len = base.meas_len, base.joint_rand_len, base.output_len
 
-    def eval(self, meas, joint_rand, gadget: GadgetCall, shares: int) -> int:
+    def eval(self, meas, joint_rand, gadget: GadgetCall, shares: int) -> list[int]:
         return self.base._eval(meas, self.results, joint_rand, gadget, shares)
 
 
