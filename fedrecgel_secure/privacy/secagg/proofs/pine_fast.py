@@ -79,11 +79,12 @@ def wraparound_dots(seed: bytes, tests: int, x: np.ndarray) -> np.ndarray:
 
 
 def _powers(r: int, n: int) -> np.ndarray:
-    out, acc = [], 1
-    for _ in range(n):
-        out.append(acc)
-        acc = acc * r % F.p
-    return np.array(out, dtype=np.uint64)
+    """r^0 … r^(n−1) as elements: each block of the powers so far times r to the block's length, so log2(n) array
+    products rather than n Python ones."""
+    out = np.ones(1, dtype=np.uint64)
+    while out.size < n:
+        out = np.concatenate([out, g.mul(out, np.uint64(pow(r, out.size, F.p)))])
+    return out[:n]
 
 
 def _section(values: np.ndarray, arity: int) -> np.ndarray:
