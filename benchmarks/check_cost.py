@@ -1,16 +1,16 @@
-"""What checking a client's L2 norm inside the DPF scheme's secure sum adds: upload and server work, at three shapes.
+"""What checking a client's L2 norm inside the DPF scheme's secure sum adds: upload, client and server work, at three
+shapes.
 
     python benchmarks/check_cost.py [--out docs/results/check-cost.md]
 
-The check is PINE's circuit under the FLP of BBCGGI19 (privacy/secagg/proofs), over Field64, on the vector the two
-servers hold shares of: each bucket's row (⌈1.5·R⌉ buckets of 160 values) and the dense rest. Its upload is what
-the aggregator receives besides today's (its share of the norm's and the tests' bits, and of the proof, 8 bytes an
-element; the key holder's shares come from a 16-byte seed, as the dense part's do) and two 32-byte commitments a
-party for the joint randomness. Today's DPF upload is a real one of the same shape (benchmarks/dpf_cost.py's
-client, 64-bit values: Field64's elements are 8 bytes too). The grid is the one the check needs: B = C · 2^f < 2^31
-(B² < p/3), here C = 0.5 (the packaged policies' clip norm) and f = 31. Seconds: one client's proof and one
-server's verification (vectorised; the plain path beside it at FilmTrust), beside one server's expansion of the
-same client's keys today; one run on this project's 2-core CPU.
+Real DPF sessions (two clients, round 1 timed after a round 0 that builds what a session builds once) with the
+check off and on (``DPFParams.norm_bound``): the upload's bytes, a client's seconds to build its upload (keys, and
+with the check its proof), and each server's seconds a client for the round (the aggregator: opening and
+expanding, with the check its bucket sums and verifier shares; the key holder: the same and deciding). The check
+is PINE's circuit under the FLP (privacy/secagg/proofs), over Field64, on each bucket's row (⌈1.5·R⌉ buckets of
+160 values) and the dense rest, C = 0.5 on the grid of f = 30 (B = 2^29). Beside them, the plain path's proof and
+verification (Python integers, the oracle the tests hold the vectorised one to) at FilmTrust's shape. One run on
+this project's 2-core CPU.
 """
 
 from __future__ import annotations
@@ -25,65 +25,73 @@ import numpy as np
 from _markdown import table
 from dpf_cost import SHAPES, WIDTH, client_vector, dense_values
 
-from fedrecgel_secure.privacy.secagg import make_session
+from fedrecgel_secure.privacy.secagg import FixedPoint, make_session
 from fedrecgel_secure.privacy.secagg.dpf.sparse import EXPANSION
-from fedrecgel_secure.privacy.secagg.proofs import flp, pine_fast
-from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+from fedrecgel_secure.privacy.secagg.proofs import flp
 from fedrecgel_secure.privacy.secagg.proofs.field import FIELD64
 from fedrecgel_secure.privacy.secagg.proofs.pine import L2Bound, wraparound_matrix
 
-CLIP, FRAC_BITS = 0.5, 31
-COMMITMENTS = 4 * 32  # two stages' joint-randomness parts, one a server each
+CLIP, FRAC_BITS = 0.5, 30
+CLIENTS = 2
 SHAPE_KEYS = ("filmtrust", "ml20m", "1m")
 
 
-def today(rows: int, budget: int) -> tuple[int, float]:
-    """A real 64-bit DPF upload's bytes at this shape, and the aggregator's seconds to open and expand it."""
+def session_costs(rows: int, budget: int, norm_bound: float) -> tuple[int, float, float, float]:
+    """(an upload's bytes, a client's seconds to build it, the aggregator's and the key holder's seconds a client)
+    in a real session at this shape, the check on where ``norm_bound`` is."""
     dim = rows * WIDTH + dense_values()
-    session = make_session("dpf", dim, range(1), min_clients=1, rows=rows, width=WIDTH, budget=budget)
+    session = make_session(
+        "dpf",
+        dim,
+        range(CLIENTS),
+        min_clients=1,
+        encoding=FixedPoint(frac_bits=FRAC_BITS),
+        rows=rows,
+        width=WIDTH,
+        budget=budget,
+        norm_bound=norm_bound,
+    )
     x = client_vector(rows, budget, dim, np.random.default_rng(0))
+    x *= 0.99 * CLIP / np.linalg.norm(x)  # within the clip norm, as DP's clipping leaves it
     table_ = x[: rows * WIDTH].reshape(rows, WIDTH)
     touched = np.flatnonzero(table_.any(axis=1))
     agg, holder = session.aggregator, session.key_holder
-    for round_idx in (0, 1):  # round 0 builds what a session builds once
-        payload = session.clients[0].upload_rows(round_idx, touched, table_[touched], x[rows * WIDTH :])
+    for round_idx in (0, 1):
+        start = time.perf_counter()
+        payloads = [
+            c.upload_rows(round_idx, touched, table_[touched], x[rows * WIDTH :]) for c in session.clients.values()
+        ]
+        client_s = (time.perf_counter() - start) / CLIENTS
         agg.begin_round(round_idx)
         start = time.perf_counter()
-        agg.receive(payload)
-        request = agg.finish()  # the aggregator expands the round's keys here
-        seconds = time.perf_counter() - start
-        agg.settle(holder.check(request))
+        for payload in payloads:
+            agg.receive(payload)
+        request = agg.finish()
+        agg_s = (time.perf_counter() - start) / CLIENTS
+        start = time.perf_counter()
+        answer = holder.check(request)
+        holder_s = (time.perf_counter() - start) / CLIENTS
+        assert agg.settle(answer) == list(range(CLIENTS))  # every honest upload passes
         agg.combine(holder.release())
-    return len(payload), seconds
+    return len(payloads[0]), client_s, agg_s, holder_s
 
 
-def proof_seconds(dim: int, bound: int, *, plain: bool) -> tuple[float, float]:
-    """One client's proof and one server's verification (its tests' results and its query), seconds, for a vector
-    at the bound: the vectorised path (pine_fast), or the plain one (flp over Python integers)."""
+def plain_seconds(dim: int, bound: int) -> tuple[float, float]:
+    """The plain path's proof and one verifier's query (flp over Python integers) for a vector at the bound."""
     check = L2Bound(FIELD64, dim, bound)
     x = np.random.default_rng(1).standard_normal(dim)
-    x = np.trunc(x / np.linalg.norm(x) * bound).astype(np.int64)
+    x = np.trunc(x / np.linalg.norm(x) * bound).astype(np.int64).tolist()
     seed, rr = secrets.token_bytes(16), random.Random(1)
     jr = [rr.randrange(FIELD64.p) for _ in range(check.joint_rand_len)]
     t, r = rr.randrange(FIELD64.p), rr.randrange(FIELD64.p)
     seeds = [rr.randrange(FIELD64.p) for _ in range(check.gadget.arity)]
     start = time.perf_counter()
-    if plain:
-        matrix = wraparound_matrix(seed, check.tests, dim)
-        meas = check.encode(x.tolist(), matrix)
-        proof = flp.prove(
-            check.circuit([FIELD64.element(r) for r in check.results_int(x.tolist(), matrix)]), meas, seeds, jr
-        )
-    else:
-        meas, results = pine_fast.encode(check, x, seed)
-        proof = pine_fast.prove(check, meas, results, g.array(seeds), jr)
+    matrix = wraparound_matrix(seed, check.tests, dim)
+    meas = check.encode(x, matrix)
+    proof = flp.prove(check.circuit([FIELD64.element(v) for v in check.results_int(x, matrix)]), meas, seeds, jr)
     prove_s = time.perf_counter() - start
     start = time.perf_counter()
-    if plain:
-        circuit = check.circuit(check.results(meas[:dim], wraparound_matrix(seed, check.tests, dim)))
-        flp.query(circuit, meas, proof, t, jr, 1, r)
-    else:
-        pine_fast.query(check, meas, proof, pine_fast.wraparound_dots(seed, check.tests, meas[:dim]), t, jr, 1, r)
+    flp.query(check.circuit(check.results(meas[:dim], matrix)), meas, proof, t, jr, 1, r)
     return prove_s, time.perf_counter() - start
 
 
@@ -91,8 +99,8 @@ def row(key: str) -> list:
     name, rows, budget, _clients = SHAPES[key]
     dim = int(np.ceil(EXPANSION * budget)) * WIDTH + dense_values()  # what the servers hold shares of
     check = L2Bound(FIELD64, dim, int(CLIP * 2**FRAC_BITS))
-    upload, expand_s = today(rows, budget)
-    extra = (check.bits_len + check.proof_len) * FIELD64.encoded_size + 16 + COMMITMENTS
+    upload, client_s, agg_s, holder_s = session_costs(rows, budget, 0.0)
+    upload_c, client_c, agg_c, holder_c = session_costs(rows, budget, CLIP)
     cells = [
         name,
         f"{rows:,}",
@@ -100,16 +108,14 @@ def row(key: str) -> list:
         f"{dim:,}",
         f"{check.bits_len:,} + {check.proof_len:,}",
         f"{upload / 1e6:.3f} MB",
-        f"{(upload + extra) / 1e6:.3f} MB",
-        f"{(upload + extra) / upload:.3f}×",
-        f"{expand_s:.3f}",
+        f"{upload_c / 1e6:.3f} MB ({upload_c / upload:.3f}×)",
+        f"{client_s:.3f} / {client_c:.3f}",
+        f"{agg_s:.3f} / {agg_c:.3f} ({agg_c / agg_s:.2f}×)",
+        f"{holder_s:.3f} / {holder_c:.3f} ({holder_c / holder_s:.2f}×)",
     ]
-    proof_seconds(dim, check.bound, plain=False)  # warm: the NTT plans a node builds once
-    prove_s, verify_s = proof_seconds(dim, check.bound, plain=False)
-    cells += [f"{prove_s:.2f}", f"{verify_s:.3f} ({verify_s / expand_s:.2f}×)"]
     if key == "filmtrust":
-        prove_s, verify_s = proof_seconds(dim, check.bound, plain=True)
-        cells += [f"{prove_s:.1f}", f"{verify_s:.1f} ({verify_s / expand_s:.0f}×)"]
+        prove_s, verify_s = plain_seconds(dim, check.bound)
+        cells += [f"{prove_s:.1f}", f"{verify_s:.1f}"]
     else:
         cells += ["", ""]
     print(cells, flush=True)
@@ -127,20 +133,19 @@ def main() -> None:
         "values checked",
         "elements added (bits + proof)",
         "DPF upload today",
-        "with the check",
-        "ratio (target ≤ 1.25×)",
-        "a server's expansion today, s",
-        "client's proof, s",
-        "a server's verification, s (× its expansion; target ≤ 2×)",
+        "with the check (× today; target ≤ 1.25×)",
+        "a client's upload, s: today / with the check",
+        "the aggregator's work a client, s: today / with (×; target ≤ 2×)",
+        "the key holder's work a client, s: today / with (×; target ≤ 2×)",
         "plain path: proof, s",
-        "plain path: verification, s (×)",
+        "plain path: verification, s",
     ]
     intro = (
-        f"Per client, one run (`python benchmarks/check_cost.py`), Field64, B = {CLIP} · 2^{FRAC_BITS} on the grid,"
-        " α = 8.7, 100 wraparound tests, two bit tests, the proof's gadget a ParallelSum of squares (the length that"
-        " makes the proof shortest). The sizes are exact"
-        " (the circuit's own lengths). A server's verification is its wraparound tests' results and its FLP query"
-        " (pine_fast, numpy); the plain path (Python integers, the oracle the tests hold the fast one to) at"
+        f"Per client, one run (`python benchmarks/check_cost.py`): real DPF sessions of {CLIENTS} clients, the"
+        f" check off and on, C = {CLIP} on the grid of f = {FRAC_BITS}, Field64, 100 wraparound tests, two bit"
+        " tests, the proof's gadget a ParallelSum of squares (the length that makes the proof shortest). A"
+        " server's work is its whole part of the round (opening, expanding, with the check its bucket sums and"
+        " verification). The plain path (Python integers, the oracle the tests hold the vectorised one to) at"
         " FilmTrust only.\n\n"
     )
     args.out.write_text(intro + table(header, [row(k) for k in SHAPE_KEYS]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from fedrecgel_secure.errors import BadInputError
 
@@ -60,6 +61,7 @@ def encode(check: L2Bound, x: np.ndarray, seed: bytes) -> tuple[np.ndarray, np.n
 _ENTRIES = np.array([[(-1, 0, 0, 1)[(b >> s) & 3] for s in (0, 2, 4, 6)] for b in range(256)], dtype=np.float32)
 _ITEMS = _ENTRIES.view("V16").reshape(256)
 _COLUMNS = 1 << 16  # 255 · 2^16 < 2^24: a float32 sum of this many 8-bit limbs is exact
+_BLAS = ThreadpoolController()
 
 
 def wraparound_dots(seed: bytes, tests: int, x: np.ndarray) -> np.ndarray:
@@ -70,8 +72,11 @@ def wraparound_dots(seed: bytes, tests: int, x: np.ndarray) -> np.ndarray:
     matrix = np.take(_ITEMS, wraparound_bytes(seed, tests, dim)).view(np.float32)[: tests * dim].reshape(tests, dim)
     limbs = ((x[:, None] >> (np.arange(8, dtype=np.uint64) * np.uint64(8))) & np.uint64(0xFF)).astype(np.float32)
     sums = np.zeros((tests, 8), dtype=np.int64)
-    for lo in range(0, dim, _COLUMNS):
-        sums += np.rint(matrix[:, lo : lo + _COLUMNS] @ limbs[lo : lo + _COLUMNS]).astype(np.int64)
+    # one BLAS thread: a product of (tests × 2^16) by (2^16 × 8) takes 2 ms on one, and idle OpenBLAS threads spin
+    # for their next task, which under load (a node's other users' proofs, other nodes) cost ~60 ms of CPU a proof
+    with _BLAS.limit(limits=1, user_api="blas"):
+        for lo in range(0, dim, _COLUMNS):
+            sums += np.rint(matrix[:, lo : lo + _COLUMNS] @ limbs[lo : lo + _COLUMNS]).astype(np.int64)
     out = np.zeros(tests, dtype=np.uint64)
     for i in range(8):
         out = g.add(out, g.mul(g.from_signed(sums[:, i]), np.uint64(1 << (8 * i))))
