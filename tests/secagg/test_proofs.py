@@ -49,6 +49,16 @@ def test_field_ntt_interpolates_at_the_roots_of_unity(field):
     assert field.poly_mul(a, b) == naive
 
 
+def test_fields_are_the_specifications():
+    """draft-irtf-cfrg-vdaf-20 §6.1.2's table: Field64 = GF(2^32 · 4294967295 + 1), generator 7^4294967295 of
+    order 2^32; Field128 = GF(2^66 · 4611686018427387897 + 1), generator 7^4611686018427387897 of order 2^66."""
+    p64, p128 = 2**32 * 4294967295 + 1, 2**66 * 4611686018427387897 + 1
+    assert (FIELD64.p, FIELD64.two_adicity, FIELD64.encoded_size) == (p64, 32, 8)
+    assert FIELD64.generator == pow(7, 4294967295, p64)
+    assert (FIELD128.p, FIELD128.two_adicity, FIELD128.encoded_size) == (p128, 66, 16)
+    assert FIELD128.generator == pow(7, 4611686018427387897, p128)
+
+
 def test_field_elements_bytes_and_bits():
     values = [0, 1, P - 1, 2**63]
     assert F.decode(F.encode(values)) == values

@@ -189,11 +189,6 @@ class _Server:
         x_share = np.concatenate([self._rows[cid].reshape(-1), self._held[cid][1]])
         return self.norm.verifier_share(x_share, bits, proof, c1, h_bits, t)
 
-    def _verifier_shares(self, cids: list[int], t: int) -> dict[int, np.ndarray]:
-        """:meth:`_verifier_share` of each client, one after another (threads gave no speed-up here: the tests'
-        matrix products already use every core through BLAS)."""
-        return {c: self._verifier_share(c, t) for c in cids}
-
     def _drop(self, clients) -> None:
         """Take ``clients``' contributions out of this server's share again."""
         for cid in clients:
@@ -279,8 +274,7 @@ class DPFAggregator(_Server):
         check = None
         if self.norm is not None:  # t drawn now, after every upload of the round is fixed
             t = self.norm.query_point()
-            shares = self._verifier_shares([c for c, _, _ in items], t)
-            check = (t, {c: share.astype("<u8").tobytes() for c, share in shares.items()})
+            check = (t, {c: self._verifier_share(c, t).astype("<u8").tobytes() for c, _, _ in items})
         return wire.pack_request(self._round, items, self.binding, check)  # the binding the key holder verifies under
 
     def settle(self, answer: bytes) -> list[int]:
@@ -344,10 +338,11 @@ class DPFKeyHolder(_Server):
         self._expand()
         if check is not None:  # the norm proofs of the clients whose keys are point functions
             t, shares = check
-            mine = self._verifier_shares([c for c in theirs if theirs[c] == self.digests[c]], t)
-            for cid, share in mine.items():
+            for cid in [c for c in theirs if theirs[c] == self.digests[c]]:
                 aggregator = np.frombuffer(shares[cid], dtype="<u8").astype(np.uint64)
-                if bool((aggregator >= group_ops.P).any()) or not self.norm.decide(share, aggregator):
+                if bool((aggregator >= group_ops.P).any()) or not self.norm.decide(
+                    self._verifier_share(cid, t), aggregator
+                ):
                     answers[cid] = Reason.OVER_BOUND.value
                     del theirs[cid]
         answers.update((cid, self.digests[cid]) for cid in theirs)
