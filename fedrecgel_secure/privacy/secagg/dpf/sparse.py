@@ -323,18 +323,19 @@ def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray, sums: np.ndar
 
 def _bucket_sums(pads: np.ndarray, corrected: np.ndarray, owner: np.ndarray, cw_value: np.ndarray) -> np.ndarray:
     """Σ over each key's leaves of its pad, plus its value correction once a corrected leaf: (keys, width). The
-    leaves come in layer order; sorted by key, each key's are one run that ``reduceat`` adds (``np.add.at``, the
-    plain way, is several times slower)."""
+    leaves come in layer order; sorted by key, each key's are one block, whose 32-bit halves are summed a block at
+    a time (no sum of fewer than 2^32 halves overflows 64 bits). Block by block is several times faster than
+    ``np.add.reduceat`` along the leaves, and that than ``np.add.at``, the plain way."""
     keys, width = cw_value.shape
     low = np.zeros((keys, width), dtype=np.uint64)
     high = np.zeros((keys, width), dtype=np.uint64)
     counts = np.bincount(owner, minlength=keys)
-    held = np.flatnonzero(counts)
-    if held.size:
-        by_key = pads[np.argsort(owner, kind="stable")]
-        starts = (np.cumsum(counts) - counts)[held]
-        low[held] = np.add.reduceat(by_key & np.uint64(0xFFFFFFFF), starts, axis=0)  # halves: no sum of fewer
-        high[held] = np.add.reduceat(by_key >> np.uint64(32), starts, axis=0)  # than 2^32 of them overflows
+    by_key = pads[np.argsort(owner, kind="stable")]
+    ends = np.cumsum(counts)
+    for key in np.flatnonzero(counts).tolist():
+        block = by_key[ends[key] - counts[key] : ends[key]]
+        low[key] = (block & np.uint64(0xFFFFFFFF)).sum(axis=0, dtype=np.uint64)
+        high[key] = (block >> np.uint64(32)).sum(axis=0, dtype=np.uint64)
     total = group_ops.from_halves(low, high, pads.dtype.type)
     corrections = np.bincount(owner[corrected], minlength=keys).astype(pads.dtype)
     return group_ops.add(total, group_ops.scale(cw_value, corrections[:, None]))
