@@ -367,11 +367,9 @@ def test_wraparound_dots_are_exact_past_a_float32_block():
     x = g.from_signed(rng.integers(-(2**62), 2**62, size=70_000))
     x[:5] = [0, 1, P - 1, 2**63, P - 2**32]
     matrix = wraparound_matrix(b"block", 3, x.size)
-    assert (
-        pine_fast.wraparound_dots(b"block", 3, x).tolist()
-        == g.dot_small(matrix, x).tolist()
-        == [sum(int(a) * int(v) for a, v in zip(row, x.tolist(), strict=True)) % P for row in matrix]
-    )
+    assert pine_fast.wraparound_dots(b"block", 3, x).tolist() == [
+        sum(int(a) * int(v) for a, v in zip(row, x.tolist(), strict=True)) % P for row in matrix
+    ]
 
 
 def _unit(dim: int) -> np.ndarray:

@@ -105,20 +105,6 @@ def total(a: np.ndarray, axis: int = -1) -> np.ndarray:
     return add(_reduce128(hi >> _32, (hi & _LOW) << _32), lo - (lo >= P) * P)
 
 
-def dot_small(rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """rows · x mod p for a matrix of small signed integers (|entry| ≤ 1, int8) and elements x: float64 products
-    of x's four 16-bit limbs (a sum of at most 2^36 / 2^16 … exact below 2^53), recombined mod p."""
-    limbs = np.stack([(x >> np.uint64(16 * i)) & np.uint64(0xFFFF) for i in range(4)], axis=1).astype(np.float64)
-    if rows.shape[1] * 0xFFFF >= 2**53:
-        raise ValueError("too many columns for exact float64 limb products")
-    sums = rows.astype(np.float64) @ limbs  # (tests, 4), exact integers
-    out = np.zeros(rows.shape[0], dtype=np.uint64)
-    for i in range(4):
-        part = from_signed(np.rint(sums[:, i]).astype(np.int64))
-        out = add(out, mul(part, np.uint64(1 << (16 * i)) % P))
-    return out
-
-
 @functools.lru_cache(maxsize=32)
 def _plan(n: int, inverse: bool) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """An n-point NTT's bit-reversal permutation, each layer's twiddles and the scale (1/n for the inverse): the

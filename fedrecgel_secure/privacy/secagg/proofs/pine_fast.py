@@ -4,7 +4,7 @@ shares, element for element, as the plain path, which the tests hold it to.
 Concern: the gadget's wires as one (arity × P) matrix built from the measurement in a few array operations; the
 proof's polynomials by NTTs over all wires at once (:mod:`.goldilocks`); a verifier's wires at t as one barycentric
 product (wire(t) = Σ_k L_k(t) · wire(ω^k), L_k(t) = ω^k (t^P − 1) / (P (t − ω^k))); the wraparound tests' results
-as float64 matrix products of 16-bit limbs (:func:`.goldilocks.dot_small`).
+as float32 matrix products of 8-bit limbs on one BLAS thread (:func:`wraparound_dots`).
 """
 
 from __future__ import annotations
