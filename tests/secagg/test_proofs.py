@@ -358,18 +358,33 @@ def test_fast_squared_norm_is_exact_at_the_int32_edge_and_past_it():
         assert pine_fast._square_sum(x) == sum(int(v) ** 2 for v in x.tolist())
 
 
-def test_wraparound_dots_are_exact_past_a_float32_block():
-    """More columns than one float32 block (2^16) and elements of every size: the limb products stay exact."""
+def test_wraparound_dots_are_exact_over_blocks_and_at_every_byte():
+    """Elements of every size, the whole vector in one int32 block and in blocks of 777 columns: the byte products
+    and their recombination stay exact."""
     from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
     from fedrecgel_secure.privacy.secagg.proofs import pine_fast
 
     rng = np.random.default_rng(8)
-    x = g.from_signed(rng.integers(-(2**62), 2**62, size=70_000))
-    x[:5] = [0, 1, P - 1, 2**63, P - 2**32]
+    x = g.from_signed(rng.integers(-(2**62), 2**62, size=5_000))
+    x[:7] = [0, 1, P - 1, 2**63, P - 2**32, 0x7F7F7F7F7F7F7F7F, 0x8080808080808080]
     matrix = wraparound_matrix(b"block", 3, x.size)
-    assert pine_fast.wraparound_dots(b"block", 3, x).tolist() == [
-        sum(int(a) * int(v) for a, v in zip(row, x.tolist(), strict=True)) % P for row in matrix
-    ]
+    expected = [sum(int(a) * int(v) for a, v in zip(row, x.tolist(), strict=True)) % P for row in matrix]
+    assert pine_fast.wraparound_dots(b"block", 3, x).tolist() == expected
+    assert pine_fast.wraparound_dots(b"block", 3, x, columns=777).tolist() == expected
+
+
+def test_wraparound_dots_leave_torch_threads_as_they_were():
+    import torch
+
+    from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pine_fast.wraparound_dots(b"threads", 2, np.arange(10, dtype=np.uint64))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def _unit(dim: int) -> np.ndarray:

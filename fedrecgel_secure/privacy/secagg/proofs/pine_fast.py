@@ -4,15 +4,16 @@ shares, element for element, as the plain path, which the tests hold it to.
 Concern: the gadget's wires as one (arity × P) matrix built from the measurement in a few array operations; the
 proof's polynomials by NTTs over all wires at once (:mod:`.goldilocks`); a verifier's wires at t as one barycentric
 product (wire(t) = Σ_k L_k(t) · wire(ω^k), L_k(t) = ω^k (t^P − 1) / (P (t − ω^k))); the wraparound tests' results
-as float32 matrix products of 8-bit limbs on one BLAS thread (:func:`wraparound_dots`).
+as int8 matrix products of x's bytes on one thread (:func:`wraparound_dots`).
 """
 
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
+import torch
 
 from fedrecgel_secure.errors import BadInputError
 
@@ -56,31 +57,46 @@ def encode(check: L2Bound, x: np.ndarray, seed: bytes) -> tuple[np.ndarray, np.n
     return np.concatenate([g.from_signed(x), norms, tests]), g.from_signed(results)
 
 
-# each byte of the stream as its four entries, float32, one 16-byte item: a (tests, dim) matrix in one gather of
-# whole items (five times faster than gathering rows of four floats)
-_ENTRIES = np.array([[(-1, 0, 0, 1)[(b >> s) & 3] for s in (0, 2, 4, 6)] for b in range(256)], dtype=np.float32)
-_ITEMS = _ENTRIES.view("V16").reshape(256)
-_COLUMNS = 1 << 16  # 255 · 2^16 < 2^24: a float32 sum of this many 8-bit limbs is exact
-_BLAS = ThreadpoolController()
+# each byte of the stream as its four entries, int8, one 4-byte item: a (tests, dim) matrix in one gather of whole
+# items
+_ENTRIES = np.array([[(-1, 0, 0, 1)[(b >> s) & 3] for s in (0, 2, 4, 6)] for b in range(256)], dtype=np.int8)
+_ITEMS = _ENTRIES.view(np.uint32).reshape(256)
+_COLUMNS = (1 << 24) - 1  # an int32 sum of this many products of an entry and a signed byte (|·| ≤ 128) is exact
 
 
-def wraparound_dots(seed: bytes, tests: int, x: np.ndarray) -> np.ndarray:
-    """⟨a_j, x⟩ mod p for the tests' vectors of ``seed`` (:func:`.pine.wraparound_matrix`) and elements ``x``,
-    without the int8 matrix: float32 products of x's eight 8-bit limbs, a block of 2^16 columns at a time (exact:
-    every partial sum is an integer below 2^24), recombined mod p."""
+def wraparound_dots(seed: bytes, tests: int, x: np.ndarray, columns: int = _COLUMNS) -> np.ndarray:
+    """⟨a_j, x⟩ mod p for the tests' vectors of ``seed`` (:func:`.pine.wraparound_matrix`) and elements ``x``: int8
+    matrix products with int32 sums (torch's ``_int_mm``, several times faster than float32 products of limbs) of
+    x's eight bytes, each offset by −128 into int8, and a column of ones that restores the offset, ``columns``
+    columns at a time (exact: |a sum| ≤ 128 · columns < 2^31), recombined mod p."""
     dim = x.size
-    matrix = np.take(_ITEMS, wraparound_bytes(seed, tests, dim)).view(np.float32)[: tests * dim].reshape(tests, dim)
-    limbs = ((x[:, None] >> (np.arange(8, dtype=np.uint64) * np.uint64(8))) & np.uint64(0xFF)).astype(np.float32)
-    sums = np.zeros((tests, 8), dtype=np.int64)
-    # one BLAS thread: a product of (tests × 2^16) by (2^16 × 8) takes 2 ms on one, and idle OpenBLAS threads spin
-    # for their next task, which under load (a node's other users' proofs, other nodes) cost ~60 ms of CPU a proof
-    with _BLAS.limit(limits=1, user_api="blas"):
-        for lo in range(0, dim, _COLUMNS):
-            sums += np.rint(matrix[:, lo : lo + _COLUMNS] @ limbs[lo : lo + _COLUMNS]).astype(np.int64)
+    matrix = np.take(_ITEMS, wraparound_bytes(seed, tests, dim)).view(np.int8)[: tests * dim].reshape(tests, dim)
+    limbs = np.empty((dim, 9), dtype=np.int8)  # byte i of x less 128, then 1: a_j · byte_i = that + 128 · Σ a_j
+    limbs[:, :8] = (np.ascontiguousarray(x, dtype="<u8").view(np.uint8).reshape(dim, 8) ^ np.uint8(0x80)).view(np.int8)
+    limbs[:, 8] = 1
+    sums = np.zeros((tests, 9), dtype=np.int64)
+    with _one_thread():
+        for lo in range(0, dim, columns):
+            part = torch.from_numpy(np.ascontiguousarray(matrix[:, lo : lo + columns]))
+            sums += torch._int_mm(part, torch.from_numpy(limbs[lo : lo + columns])).numpy()
+    by_byte = sums[:, :8] + 128 * sums[:, 8:]  # ⟨a_j, byte i of x⟩, |·| ≤ 255 · dim
     out = np.zeros(tests, dtype=np.uint64)
     for i in range(8):
-        out = g.add(out, g.mul(g.from_signed(sums[:, i]), np.uint64(1 << (8 * i))))
+        out = g.add(out, g.mul(g.from_signed(by_byte[:, i]), np.uint64(1 << (8 * i))))
     return out
+
+
+@contextmanager
+def _one_thread():
+    """torch on one intra-op thread for a product of a few milliseconds: idle pool threads spin waiting for the
+    next task, which where a node proves for many users beside other nodes (a few cores) costs more CPU than the
+    product (OpenBLAS's did ~60 ms a proof when this was a float32 product)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _powers(r: int, n: int) -> np.ndarray:
