@@ -281,6 +281,19 @@ def test_pine_parameters_follow_the_field():
     assert L2Bound(FIELD128, 10, 1 << 40).sq_bits == 81
 
 
+@pytest.mark.parametrize("sections", [(1,), (7, 3, 3), (45_000, 3622, 3622), (104_737, 3518, 3518), (5, 900, 1)])
+def test_shortest_chunk_is_the_shortest_proof_over_every_chunk(sections):
+    """The bisection for each P gives the chunk a search over every chunk gives: the shortest proof (L seeds and
+    2P − 1 coefficients), then the fewest wire values (L · P), then the least L."""
+    from fedrecgel_secure.privacy.secagg.proofs.pine import calls, shortest_chunk
+
+    def cost(chunk: int) -> tuple[int, int, int]:
+        points = flp.points(calls(sections, chunk))
+        return (chunk + 2 * points - 1, chunk * points, chunk)
+
+    assert shortest_chunk(sections) == min(range(1, max(sections) + 1), key=cost)
+
+
 def test_wraparound_matrix_is_pine_distribution():
     m = wraparound_matrix(b"seed", 100, 1000)
     assert m.shape == (100, 1000) and set(np.unique(m)) <= {-1, 0, 1}

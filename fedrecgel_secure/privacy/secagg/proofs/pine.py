@@ -167,20 +167,34 @@ def calls(sections: Sequence[int], chunk: int) -> int:
 
 def shortest_chunk(sections: Sequence[int]) -> int:
     """The chunk L that makes the proof (L seeds and 2P − 1 coefficients, P the power of two above the calls)
-    shortest; of two equally short, the one with fewer wire values to interpolate (L · P)."""
+    shortest; of two equally short, the one with fewer wire values to interpolate (L · P). For each P, the least L
+    whose calls fit in P − 1 (:func:`least_chunk`)."""
     best: tuple[int, int, int] | None = None
-    total, points = sum(sections), 2
+    points = 2
     while points - 1 < len(sections):  # each section takes a call at least
         points *= 2
     while True:
-        chunk = max(1, -(-total // (points - 1)))
-        while calls(sections, chunk) > points - 1:
-            chunk += 1
+        chunk = least_chunk(sections, points - 1)
         cost = (chunk + 2 * points - 1, chunk * points, chunk)
         best = cost if best is None or cost < best else best
         if chunk == 1:
             return best[2]
         points *= 2
+
+
+def least_chunk(sections: Sequence[int], most: int) -> int:
+    """The least chunk whose :func:`calls` are at most ``most`` (≥ the sections), by bisection: the calls only fall
+    as the chunk grows, from ⌈Σ/most⌉ (below which they exceed ``most``) to the largest section (one call each)."""
+    if most < len(sections):
+        raise ValueError(f"{len(sections)} sections need {len(sections)} calls at least, not {most}")
+    lo, hi = max(1, -(-sum(sections) // most)), max(1, *sections)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if calls(sections, mid) <= most:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class _Checked(Circuit):
