@@ -194,15 +194,16 @@ def test_1000_honest_uploads_at_the_bounds_edge_all_pass_on_the_two_servers_shar
 
 
 def test_bucket_sums_equal_each_keys_leaves_added_one_by_one():
-    """The sorted ``reduceat`` path against the plain loop: each key's pads and its correction once per corrected
-    leaf, in Field64, with a key that owns no leaf, values past 2^63 and carries in both halves."""
+    """The compiled scatter-add against the plain loop: each key's pads and its correction once per corrected leaf,
+    in Field64, with a key that owns no leaf, values past 2^63, leaves in no order, and the pads a view with spare
+    words past each row, as the PRG's conversion leaves them."""
     from fedrecgel_secure.privacy.secagg.dpf import group as group_ops
     from fedrecgel_secure.privacy.secagg.dpf.sparse import _bucket_sums
 
     rng = np.random.default_rng(4)
     keys, width, leaves = 6, 5, 40
     owner = rng.choice([0, 1, 2, 4, 5], size=leaves)  # key 3 owns none
-    pads = rng.integers(0, group_ops.P, size=(leaves, width), dtype=np.uint64)
+    pads = rng.integers(0, group_ops.P, size=(leaves, width + 2), dtype=np.uint64)[:, :width]
     pads[:4] = group_ops.P - np.uint64(1)
     corrected = rng.random(leaves) < 0.5
     cw_value = rng.integers(0, group_ops.P, size=(keys, width), dtype=np.uint64)

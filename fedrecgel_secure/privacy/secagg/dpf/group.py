@@ -66,11 +66,18 @@ def scale(a: np.ndarray, k: np.ndarray) -> np.ndarray:
     return goldilocks.mul(a, k.astype(np.uint64)) if a.dtype == FIELD else a * k.astype(a.dtype)
 
 
+def add_rows_at(out: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """out[index[i]] += values[i] in the group, in place, each repeat of a row counted (``np.add.at``)."""
+    if out.dtype == FIELD:
+        goldilocks.add_rows_at(out, index, values)
+    else:
+        np.add.at(out, index, values)
+
+
 def from_halves(low: np.ndarray, high: np.ndarray, group: type) -> np.ndarray:
     """Σ values from the sums of their low and high 32-bit halves (uint64, each below 2^64): low + high · 2^32."""
     if group is FIELD:
-        low_e, high_e = low - (low >= P) * P, high - (high >= P) * P
-        return goldilocks.add(low_e, goldilocks.mul(high_e, np.uint64(1 << 32)))
+        return goldilocks.join_halves(low, high)
     return (low + (high << np.uint64(32))).astype(group)
 
 

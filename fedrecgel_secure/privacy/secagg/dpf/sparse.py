@@ -322,23 +322,13 @@ def add_client(layout: Layout, keys: KeyArrays, table: np.ndarray, sums: np.ndar
 
 
 def _bucket_sums(pads: np.ndarray, corrected: np.ndarray, owner: np.ndarray, cw_value: np.ndarray) -> np.ndarray:
-    """Σ over each key's leaves of its pad, plus its value correction once a corrected leaf: (keys, width). The
-    leaves come in layer order; sorted by key, each key's are one block, whose 32-bit halves are summed a block at
-    a time (no sum of fewer than 2^32 halves overflows 64 bits). Block by block is several times faster than
-    ``np.add.reduceat`` along the leaves, and that than ``np.add.at``, the plain way."""
+    """Σ over each key's leaves (in any order) of its pad, plus its value correction once a corrected leaf:
+    (keys, width), in Field64, the norm check's group."""
     keys, width = cw_value.shape
-    low = np.zeros((keys, width), dtype=np.uint64)
-    high = np.zeros((keys, width), dtype=np.uint64)
-    counts = np.bincount(owner, minlength=keys)
-    by_key = pads[np.argsort(owner, kind="stable")]
-    ends = np.cumsum(counts)
-    for key in np.flatnonzero(counts).tolist():
-        block = by_key[ends[key] - counts[key] : ends[key]]
-        low[key] = (block & np.uint64(0xFFFFFFFF)).sum(axis=0, dtype=np.uint64)
-        high[key] = (block >> np.uint64(32)).sum(axis=0, dtype=np.uint64)
-    total = group_ops.from_halves(low, high, pads.dtype.type)
+    sums = np.zeros((keys, width), dtype=pads.dtype)
+    group_ops.add_rows_at(sums, owner, pads)
     corrections = np.bincount(owner[corrected], minlength=keys).astype(pads.dtype)
-    return group_ops.add(total, group_ops.scale(cw_value, corrections[:, None]))
+    return group_ops.add(sums, group_ops.scale(cw_value, corrections[:, None]))
 
 
 def forest_sum(keys: Sequence[DPFKey], sizes: Sequence[int]) -> np.ndarray:
