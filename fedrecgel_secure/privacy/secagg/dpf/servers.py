@@ -89,7 +89,7 @@ class _Server:
         self.norm = params.norm_check(encoding, dim)  # the uploads' norm proof, or None (:mod:`.norm`)
         if self.norm is not None and self.device is not None:
             raise BadInputError(
-                "privacy.secure_aggregation.dpf.device: the norm check adds up each bucket's leaves with numpy;"
+                "privacy.secure_aggregation.dpf.device: the norm check adds up each bucket's leaves on the CPU;"
                 " set device = 'cpu' (or norm_check = false)"
             )
         self._round: int | None = None
@@ -172,7 +172,7 @@ class _Server:
     def _expand(self) -> None:
         """Expand the queued clients' keys into this server's share and keep their digests: the round's clients
         together, which a GPU takes many at a time (:func:`.expand_torch.add_clients`); with the norm check, each
-        client's bucket sums too (numpy)."""
+        client's bucket sums too (on the CPU)."""
         queued, self._queued = self._queued, []
         if self.norm is None:
             self.digests.update(zip(queued, self._add([self._held[c][0] for c in queued], self._table)))
