@@ -205,7 +205,7 @@ def expand_on():
 def where() -> str:
     """Where the servers expanded keys, in words."""
     if DEVICE == "numpy":
-        return "numpy and cryptography's AES on this project's 2-core CPU"
+        return "numpy, numba (Field64's sums) and cryptography's AES on this project's 2-core CPU"
     import torch
 
     device = torch.device(DEVICE)
