@@ -74,13 +74,6 @@ def add_rows_at(out: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
         np.add.at(out, index, values)
 
 
-def from_halves(low: np.ndarray, high: np.ndarray, group: type) -> np.ndarray:
-    """Σ values from the sums of their low and high 32-bit halves (uint64, each below 2^64): low + high · 2^32."""
-    if group is FIELD:
-        return goldilocks.join_halves(low, high)
-    return (low + (high << np.uint64(32))).astype(group)
-
-
 def from_signed(ints: np.ndarray, group: type) -> np.ndarray:
     """Signed integers (int64) as elements: two's complement in Z_2^32, −x as p − x in Field64."""
     ints = np.asarray(ints, dtype=np.int64)

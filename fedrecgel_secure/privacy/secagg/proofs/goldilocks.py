@@ -8,7 +8,8 @@ Each operation is compiled by numba: an element's product is some twenty integer
 array operations made twenty passes over memory (a product of 10^5 elements took 1.2 ms; compiled, 0.07), and the
 NTT's butterflies run within a row. :func:`add`, :func:`sub` and :func:`mul` are numpy ufuncs (numba's
 ``vectorize``), so they broadcast, take scalars and reduce along an axis as numpy's own do. Compiled code is cached
-beside this file (numba's ``cache``), so a process after the first loads it rather than compiling it (~1 s).
+beside this file (numba's ``cache``), so a process after the first loads it rather than compiling it (about 1.5 s for
+these kernels and :mod:`.pine_fast`'s).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from numba import njit, uint64, vectorize
 
 from .field import FIELD64
 
+# numba types a mix of uint64 and a plain int literal as float64: every constant the kernels use is a uint64
 P = np.uint64(FIELD64.p)
 EPSILON = np.uint64(0xFFFFFFFF)  # 2^64 mod p
 _32 = np.uint64(32)
 _LOW = np.uint64(0xFFFFFFFF)
 _ZERO, _ONE = np.uint64(0), np.uint64(1)
-# numba types a mix of uint64 and a plain int literal as float64: every constant below is a uint64
 
 
 @njit(uint64(uint64, uint64), cache=True, inline="always")
@@ -70,14 +71,6 @@ mul = vectorize([uint64(uint64, uint64)], cache=True)(_mul)
 add = vectorize([uint64(uint64, uint64)], identity=0, cache=True)(_add)  # identity: Σ of nothing is 0
 sub = vectorize([uint64(uint64, uint64)], cache=True)(_sub)
 mul.__doc__, add.__doc__, sub.__doc__ = "a · b mod p (a ufunc).", "a + b mod p (a ufunc).", "a − b mod p (a ufunc)."
-
-
-@vectorize([uint64(uint64, uint64)], cache=True)
-def join_halves(low, high):
-    """low + high · 2^32 mod p for any uint64 ``low`` and ``high`` (sums of values' 32-bit halves): the 128-bit
-    number (high >> 32, plus the carry) · 2^64 + (low + high · 2^32 mod 2^64), reduced."""
-    lo = low + (high << _32)
-    return _reduce128((high >> _32) + (_ONE if lo < low else _ZERO), lo)
 
 
 def array(values) -> np.ndarray:
