@@ -84,6 +84,7 @@ def cpu_seconds(flwr_home: Path) -> dict[str, float]:
 
 
 def run(
+    label: str,
     scheme: str,
     nodes: int,
     rounds: int,
@@ -121,9 +122,6 @@ def run(
         run_cpu = cpu_seconds(dep.flwr_home)
     finally:
         dep.stop()
-    label = scheme if resident else f"{scheme} (per message)"
-    label += "" if evaluate_in_train else " (evaluate stage)"
-    label += "" if handover else " (flwr-clientapp a message)"
     result = summarize(label, out, rounds, time.perf_counter() - start - idle - SETTLE)
     return {**result, "idle_cpu": idle_cpu, "run_cpu": run_cpu}
 
@@ -231,6 +229,7 @@ def main() -> None:
                 r = summarize(label, out, args.rounds)
             else:
                 r = run(
+                    label,
                     scheme,
                     args.nodes,
                     args.rounds,
@@ -242,7 +241,6 @@ def main() -> None:
                     args.idle,
                     tuple(args.overrides),
                 )
-                r["scheme"] = label
             results.append(r)
             _print_run(r, args.nodes)
     _print_tables(results)
