@@ -333,6 +333,41 @@ def test_goldilocks_arithmetic_equals_python_integers():
         assert g.ntt(g.ntt(g.array(coeffs)), inverse=True).tolist() == coeffs
 
 
+def test_goldilocks_takes_words_past_p_on_the_left_of_a_difference_and_refuses_what_is_no_row_update():
+    from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+
+    words = np.array([P, P + 5, 2**64 - 1], dtype=np.uint64)
+    assert g.sub(words, np.uint64(0)).tolist() == [w % P for w in words.tolist()]  # canonical, as add's results
+    rows = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.uint64)
+    expected = rows.copy()
+    np.add.at(expected, [1, 0], rows[:2].copy())  # every value read before any is added
+    g.add_rows_at(rows, np.array([1, 0]), rows[:2])  # values that are a view of out
+    assert rows.tolist() == expected.tolist()
+    with pytest.raises(TypeError, match="integers"):
+        g.add_rows_at(rows, np.array([True, False]), rows[:2].copy())
+    frozen = rows.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        g.add_rows_at(frozen, np.array([0]), rows[:1].copy())
+    with pytest.raises(IndexError):
+        g.add_rows_at(rows, np.array([3]), rows[:1].copy())
+
+
+def test_without_a_writable_cache_place_the_kernels_compile_rather_than_fail():
+    """numba's ``cache=True`` raises for a function whose file it can cache nowhere (here: source with no file, as
+    a read-only install with a read-only home is); :data:`goldilocks.CACHE` is then False, and the kernels compile in
+    each process."""
+    from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g
+    from fedrecgel_secure.privacy.secagg.proofs import pine_fast
+
+    namespace: dict = {}
+    exec("def nowhere():\n    return 0\n", namespace)
+    assert not g.cacheable(namespace["nowhere"])
+    assert g.cacheable(g._probe)
+    with pytest.raises(ValueError, match="columns"):
+        pine_fast.wraparound_dots(b"s", 2, np.arange(5, dtype=np.uint64), columns=0)
+
+
 @pytest.mark.parametrize("dim", [7, 300])
 def test_pine_fast_path_gives_the_plain_paths_proof_and_verifier_shares(dim):
     from fedrecgel_secure.privacy.secagg.proofs import goldilocks as g

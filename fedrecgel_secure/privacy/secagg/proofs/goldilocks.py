@@ -8,18 +8,44 @@ Each operation is compiled by numba: an element's product is some twenty integer
 array operations made twenty passes over memory (a product of 10^5 elements took 1.2 ms; compiled, 0.07), and the
 NTT's butterflies run within a row. :func:`add`, :func:`sub` and :func:`mul` are numpy ufuncs (numba's
 ``vectorize``), so they broadcast, take scalars and reduce along an axis as numpy's own do. Compiled code is cached
-beside this file (numba's ``cache``), so a process after the first loads it rather than compiling it (about 1.5 s for
-these kernels and :mod:`.pine_fast`'s).
+(numba's ``cache``: beside this file, else the user's cache directory or ``NUMBA_CACHE_DIR``), so a process after
+the first loads it rather than compiling it (about 1.5 s for these kernels and :mod:`.pine_fast`'s); where no such
+place is writable, every process compiles them (:data:`CACHE`, with a warning) rather than failing to import.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 from numba import njit, uint64, vectorize
 
 from .field import FIELD64
+
+
+def cacheable(function) -> bool:
+    """Whether numba can cache ``function``'s compiled code: ``cache=True`` raises where it finds no writable place
+    for the file the function is in (a read-only install and home, no ``NUMBA_CACHE_DIR``)."""
+    try:
+        njit(cache=True)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available for file ..."
+        return False
+    return True
+
+
+def _probe() -> int:
+    return 0
+
+
+CACHE = cacheable(_probe)  # for every kernel of this package (they sit in one directory)
+if not CACHE:
+    warnings.warn(
+        "numba finds no writable place to cache Field64's compiled code (beside the package, the user's cache"
+        " directory or NUMBA_CACHE_DIR): each process compiles it, about 1.5 s; set NUMBA_CACHE_DIR to keep it",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 # numba types a mix of uint64 and a plain int literal as float64: every constant the kernels use is a uint64
 P = np.uint64(FIELD64.p)
@@ -29,7 +55,7 @@ _LOW = np.uint64(0xFFFFFFFF)
 _ZERO, _ONE = np.uint64(0), np.uint64(1)
 
 
-@njit(uint64(uint64, uint64), cache=True, inline="always")
+@njit(uint64(uint64, uint64), cache=CACHE, inline="always")
 def _reduce128(hi, lo):
     """hi · 2^64 + lo mod p: 2^64 ≡ 2^32 − 1 and 2^96 ≡ −1, so it is lo − hi_high + hi_low · (2^32 − 1)."""
     hi_high, hi_low = hi >> _32, hi & _LOW
@@ -43,7 +69,7 @@ def _reduce128(hi, lo):
     return r - P if r >= P else r
 
 
-@njit(uint64(uint64, uint64), cache=True, inline="always")
+@njit(uint64(uint64, uint64), cache=CACHE, inline="always")
 def _mul(a, b):
     a_lo, a_hi, b_lo, b_hi = a & _LOW, a >> _32, b & _LOW, b >> _32
     ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
@@ -54,7 +80,7 @@ def _mul(a, b):
     return _reduce128(hh + (mid >> _32) + lo_carry + (mid_carry << _32), lo)
 
 
-@njit(uint64(uint64, uint64), cache=True, inline="always")
+@njit(uint64(uint64, uint64), cache=CACHE, inline="always")
 def _add(a, b):
     s = a + b
     if s < a:  # a carry out of 64 bits is 2^64 ≡ 2^32 − 1; the result then stays below p
@@ -62,14 +88,15 @@ def _add(a, b):
     return s - P if s >= P else s
 
 
-@njit(uint64(uint64, uint64), cache=True, inline="always")
+@njit(uint64(uint64, uint64), cache=CACHE, inline="always")
 def _sub(a, b):
-    return a - b if a >= b else a + (P - b)
+    r = a - b if a >= b else a + (P - b)
+    return r - P if r >= P else r  # canonical even for a word at or past p on the left, as add's result is
 
 
-mul = vectorize([uint64(uint64, uint64)], cache=True)(_mul)
-add = vectorize([uint64(uint64, uint64)], identity=0, cache=True)(_add)  # identity: Σ of nothing is 0
-sub = vectorize([uint64(uint64, uint64)], cache=True)(_sub)
+mul = vectorize([uint64(uint64, uint64)], cache=CACHE)(_mul)
+add = vectorize([uint64(uint64, uint64)], identity=0, cache=CACHE)(_add)  # identity: Σ of nothing is 0
+sub = vectorize([uint64(uint64, uint64)], cache=CACHE)(_sub)
 mul.__doc__, add.__doc__, sub.__doc__ = "a · b mod p (a ufunc).", "a + b mod p (a ufunc).", "a − b mod p (a ufunc)."
 
 
@@ -109,15 +136,23 @@ def total(a: np.ndarray, axis: int = -1) -> np.ndarray:
 def add_rows_at(out: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
     """out[index[i]] += values[i] mod p for each i, in place, a row repeated in ``index`` as often as it is there:
     ``np.add.at`` in the field, one pass over ``values``."""
-    index = np.asarray(index, dtype=np.int64)
+    index = np.asarray(index)
+    if index.size and index.dtype.kind not in "iu":
+        raise TypeError(f"row indices must be integers, got {index.dtype}")
+    index = index.astype(np.int64, copy=False).reshape(-1)
+    if not out.flags.writeable:
+        raise ValueError("add_rows_at adds into out in place: it must be writeable")
     if out.ndim != 2 or values.shape != (index.size, out.shape[1]):
         raise ValueError(f"rows of {out.shape[1:]} at {index.size} places, got {values.shape} into {out.shape}")
     if index.size and (index.min() < 0 or index.max() >= out.shape[0]):
         raise IndexError(f"a row index outside the {out.shape[0]} rows")
-    _add_rows_at(out, index, np.asarray(values, dtype=np.uint64))
+    values = np.asarray(values, dtype=np.uint64)
+    if np.may_share_memory(out, values):  # np.add.at reads every value before it adds any
+        values = values.copy()
+    _add_rows_at(out, index, values)
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _add_rows_at(out, index, values):
     for i in range(index.size):
         row = index[i]
@@ -143,7 +178,7 @@ def _plan(n: int, inverse: bool) -> tuple[np.ndarray, np.ndarray, np.uint64]:
     return rev, twiddles, np.uint64(FIELD64.inv(n) if inverse else 1)
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def _ntt_rows(a, rev, twiddles, scale):
     """Each row of ``a`` (rows, n): permuted by ``rev``, then radix-2 butterflies layer by layer, then scaled."""
     rows, n = a.shape

@@ -58,7 +58,7 @@ def encode(check: L2Bound, x: np.ndarray, seed: bytes) -> tuple[np.ndarray, np.n
     return np.concatenate([g.from_signed(x), norms, tests]), g.from_signed(results)
 
 
-@njit(cache=True)
+@njit(cache=g.CACHE)
 def _entries(stream):
     """Each byte of the stream as its four entries, int8, least significant pair first: a pair's two bits added,
     less one (00: −1; 01, 10: 0; 11: 1), :func:`.pine.wraparound_matrix`'s table. Compiled, eight times faster than
@@ -81,6 +81,8 @@ def wraparound_dots(seed: bytes, tests: int, x: np.ndarray, columns: int = _COLU
     matrix products with int32 sums (torch's ``_int_mm``, several times faster than float32 products of limbs) of
     x's eight bytes, each offset by −128 into int8, and a column of ones that restores the offset, ``columns``
     columns at a time (exact: |a sum| ≤ 128 · columns < 2^31), recombined mod p."""
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
     dim = x.size
     matrix = _entries(wraparound_bytes(seed, tests, dim))[: tests * dim].reshape(tests, dim)
     limbs = np.empty((dim, 9), dtype=np.int8)  # byte i of x less 128, then 1: a_j · byte_i = that + 128 · Σ a_j
