@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedrecgel_secure.federation.device import one_thread
 from fedrecgel_secure.model import head, item_side
 
 
@@ -81,12 +82,8 @@ def imia_scores(
         (jac,) = torch.autograd.grad(logits.sum(), v, create_graph=create_graph)
         return (jac * obs).sum(1) / jac.norm(dim=1).clamp_min(1e-30)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: threads only contend (a 100x slowdown on a loaded machine)
-    try:
+    with one_thread():  # tiny tensors: threads only contend (a 100x slowdown on a loaded machine)
         return _fit_imia(model, cosines, gen, steps, restarts, lr)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _fit_imia(model, cosines, gen, steps: int, restarts: int, lr: float) -> np.ndarray:

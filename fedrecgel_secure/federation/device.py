@@ -8,6 +8,8 @@ tensor the engine makes is moved with ``.to(device)``, a no-op on the CPU.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.utils.deterministic
@@ -57,3 +59,15 @@ def use_threads(setting: int | str) -> int:
     n = max(1, n if _share is None else min(n, _share))
     torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside the block, its count before restored after (an exception too): for work
+    too small to share, where idle pool threads only spin and contend with the machine's other work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

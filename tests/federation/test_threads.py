@@ -32,3 +32,13 @@ def test_a_study_worker_keeps_its_share_of_the_cores_whatever_its_policy_asks(re
     _init_worker(1)  # --jobs N on N cores or fewer: one thread a run
     assert torch.get_num_threads() == 1
     assert device.use_threads("auto") == 1 and device.use_threads(8) == 1
+
+
+def test_one_thread_holds_inside_its_block_and_gives_the_count_back_after_an_error_too(restore_threads):
+    torch.set_num_threads(2)
+    with device.one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError, match="inside"), device.one_thread():
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2

@@ -10,13 +10,13 @@ as int8 matrix products of x's bytes on one thread (:func:`wraparound_dots`).
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 from numba import njit
 
 from fedrecgel_secure.errors import BadInputError
+from fedrecgel_secure.federation.device import one_thread
 
 from . import flp
 from . import goldilocks as g
@@ -89,25 +89,14 @@ def wraparound_dots(seed: bytes, tests: int, x: np.ndarray, columns: int = _COLU
     limbs[:, :8] = (np.ascontiguousarray(x, dtype="<u8").view(np.uint8).reshape(dim, 8) ^ np.uint8(0x80)).view(np.int8)
     limbs[:, 8] = 1
     sums = np.zeros((tests, 9), dtype=np.int64)
-    with _one_thread():
+    # one thread: idle pool threads spin waiting for the next task, which where a node proves for many users beside
+    # other nodes (a few cores) costs more CPU than this product of a few milliseconds
+    with one_thread():
         for lo in range(0, dim, columns):
             part = torch.from_numpy(np.ascontiguousarray(matrix[:, lo : lo + columns]))
             sums += torch._int_mm(part, torch.from_numpy(limbs[lo : lo + columns])).numpy()
     by_byte = sums[:, :8] + 128 * sums[:, 8:]  # ⟨a_j, byte i of x⟩, |·| ≤ 255 · dim
     return g.total(g.mul(g.from_signed(by_byte), _BYTE_WEIGHTS), axis=1)
-
-
-@contextmanager
-def _one_thread():
-    """torch on one intra-op thread for a product of a few milliseconds: idle pool threads spin waiting for the
-    next task, which where a node proves for many users beside other nodes (a few cores) costs more CPU than the
-    product (OpenBLAS's did ~60 ms a proof when this was a float32 product)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _powers(r: int, n: int) -> np.ndarray:
